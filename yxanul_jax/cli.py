@@ -1,0 +1,42 @@
+"""The `yxanul` console script: `yxanul <command> ...` runs `python -m yxanul_jax.<command> ...`."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "plan": "parameter breakdown and memory plan of a config",
+    "train": "train (or --eval-only) a model",
+    "tokenizer": "train a BPE tokenizer or measure characters per token",
+    "prepare": "tokenize a corpus into shards with a manifest",
+    "inspect": "cost, memory and FP8 analysis of a compiled train step",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: yxanul <command> [args]\n\ncommands:")
+        for name, text in COMMANDS.items():
+            print(f"  {name:<10} {text}")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        print(f"error: unknown command '{name}'{hint}; run 'yxanul --help'", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(f"yxanul_jax.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"yxanul_jax.{name}":
+            print(f"error: command '{name}' is not available in this version", file=sys.stderr)
+            return 2
+        raise
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
