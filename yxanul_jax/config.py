@@ -236,7 +236,9 @@ class TrainConfig:
 
 
 def _default_curriculum() -> tuple[StageConfig, ...]:
-    return (StageConfig(),)
+    # The demo shows a stage change: short rows first, then the full length (same tokens per step).
+    return (StageConfig(start_step=0, seq_len=64, batch_size=32, description="short rows"),
+            StageConfig(start_step=150, seq_len=128, batch_size=16, description="full rows"))
 
 
 @dataclass(frozen=True)

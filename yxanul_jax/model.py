@@ -1,0 +1,288 @@
+"""The Yxanul decoder-only transformer in Flax linen: RMSNorm, RoPE, GQA, SwiGLU, factorized embedding.
+
+Shapes are in names: B batch, L sequence, D d_model, H query heads, G kv heads, K head dim,
+F ffn width, R embedding rank, V vocabulary. Parameters are float32 (master weights) and carry
+logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`, `embed_rank`, `layers`) that
+the sharding rules map onto mesh axes. Activations run in `ModelConfig.dtype` (bfloat16 by
+default); the projections named in `FP8Config.targets` run through an FP8 dense backend.
+
+Typical use::
+
+    model = Yxanul(cfg.model, cfg.fp8)
+    variables = model.init(key, tokens_BxL)            # {"params": ..., "fp8_meta": ...}
+    logits_BxLxV = model.apply(variables, tokens_BxL)
+    h_BxLxD = model.apply(variables, tokens_BxL, method=Yxanul.hidden)   # for a chunked loss
+    logits_NxV = model.apply(variables, h_NxD, method=Yxanul.logits)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from yxanul_jax import fp8 as fp8_lib
+from yxanul_jax.config import FP8Config, ModelConfig
+
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+
+
+def _normal(std: float):
+    return nn.initializers.normal(stddev=std)
+
+
+def _logical_param(module: nn.Module, name: str, init, shape, axes):
+    return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * scale, computed in float32."""
+
+    eps: float
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x_BxLxD):
+        scale_D = _logical_param(self, "scale", nn.initializers.ones, (x_BxLxD.shape[-1],), ("embed",))
+        x32 = x_BxLxD.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * scale_D).astype(self.dtype)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """sin, cos tables [L, K/2] for positions 0..L-1 (float32)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles_LxK2 = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.sin(angles_LxK2), jnp.cos(angles_LxK2)
+
+
+def apply_rope(x_BxLxHxK, sin_LxK2, cos_LxK2):
+    """Rotate channel pairs (i, i + K/2) by position-dependent angles (GPT-NeoX/Llama layout)."""
+    x = x_BxLxHxK.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    sin, cos = sin_LxK2[None, :, None, :], cos_LxK2[None, :, None, :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BxLxHxK.dtype)
+
+
+class Matmul(nn.Module):
+    """x[..., I] @ w[I, O] through the configured dense backend; owns the FP8 state of this GEMM."""
+
+    use_fp8: bool
+    fp8: FP8Config
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x, w_IxO):
+        if not self.use_fp8:
+            return jax.lax.dot_general(x.astype(self.dtype), w_IxO.astype(self.dtype),
+                                       (((x.ndim - 1,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.float32).astype(self.dtype)
+        if self.fp8.backend == "te":
+            _, te_flax, _ = fp8_lib.import_te()
+            dot_general = te_flax.make_dot_general_cls(fp8_lib.te_recipe(self.fp8))()
+            return dot_general(x.astype(self.dtype), w_IxO.astype(self.dtype),
+                               (((x.ndim - 1,), (0,)), ((), ()))).astype(self.dtype)
+        h = self.fp8.amax_history_len
+        metas = [self.variable(fp8_lib.FP8_COLLECTION, op, fp8_lib.init_meta, h).value
+                 for op in fp8_lib.OPERANDS]
+        spec = fp8_lib.Fp8Spec(self.dtype, self.fp8.margin, self.fp8.amax_compute_algo)
+        return fp8_lib.fp8_dot(x, w_IxO, *metas, spec)
+
+
+class Dense(nn.Module):
+    """A bias-free projection with a float32 kernel [I, O] named by logical axes."""
+
+    features: int
+    axes: tuple[str, str]
+    std: float
+    use_fp8: bool
+    fp8: FP8Config
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        kernel_IxO = _logical_param(self, "kernel", _normal(self.std), (x.shape[-1], self.features), self.axes)
+        return Matmul(self.use_fp8, self.fp8, self.dtype, name="gemm")(x, kernel_IxO)
+
+
+def _dense(cfg: ModelConfig, fp8: FP8Config, target: str, features: int, axes, std: float, name=None):
+    use = fp8.active and target in fp8.targets
+    return Dense(features, axes, std, use, fp8, DTYPES[cfg.dtype], name=name or target)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query attention with RoPE through `jax.nn.dot_product_attention`."""
+
+    cfg: ModelConfig
+    fp8: FP8Config
+
+    @nn.compact
+    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2):
+        c = self.cfg
+        B, L, D = x_BxLxD.shape
+        H, G, K = c.n_heads, c.n_kv_heads, c.resolved_head_dim
+        out_std = c.init_std / math.sqrt(2 * c.n_layers)
+        q_BxLxHxK = _dense(c, self.fp8, "q", H * K, ("embed", "heads"), c.init_std)(x_BxLxD).reshape(B, L, H, K)
+        k_BxLxGxK = _dense(c, self.fp8, "k", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
+        v_BxLxGxK = _dense(c, self.fp8, "v", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
+        q_BxLxHxK = apply_rope(q_BxLxHxK, sin_LxK2, cos_LxK2)
+        k_BxLxGxK = apply_rope(k_BxLxGxK, sin_LxK2, cos_LxK2)
+        impl = None if c.attention == "auto" else c.attention
+        o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
+                                                 implementation=impl)
+        return _dense(c, self.fp8, "o", D, ("heads", "embed"), out_std)(o_BxLxHxK.reshape(B, L, H * K))
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    cfg: ModelConfig
+    fp8: FP8Config
+
+    @nn.compact
+    def __call__(self, x_BxLxD):
+        c = self.cfg
+        out_std = c.init_std / math.sqrt(2 * c.n_layers)
+        gate_BxLxF = _dense(c, self.fp8, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
+        up_BxLxF = _dense(c, self.fp8, "up", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
+        h_BxLxF = nn.silu(gate_BxLxF) * up_BxLxF
+        return _dense(c, self.fp8, "down", c.d_model, ("mlp", "embed"), out_std)(h_BxLxF)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; (x, sin, cos) -> (x, None) so it can be scanned."""
+
+    cfg: ModelConfig
+    fp8: FP8Config
+
+    @nn.compact
+    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2):
+        c, dt = self.cfg, DTYPES[self.cfg.dtype]
+        x_BxLxD = x_BxLxD + Attention(c, self.fp8, name="attn")(RMSNorm(c.norm_eps, dt, name="attn_norm")(x_BxLxD),
+                                                                sin_LxK2, cos_LxK2)
+        x_BxLxD = x_BxLxD + SwiGLU(c, self.fp8, name="mlp")(RMSNorm(c.norm_eps, dt, name="mlp_norm")(x_BxLxD))
+        return x_BxLxD, None
+
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Yxanul(nn.Module):
+    """Decoder-only LM. `__call__(tokens_BxL) -> logits_BxLxV` (float32)."""
+
+    cfg: ModelConfig
+    fp8: FP8Config
+
+    def setup(self):
+        c = self.cfg
+        V, D, R = c.vocab_size, c.d_model, c.embed_rank
+        if R:
+            self.embedding = _logical_param(self, "embedding", _normal(c.init_std), (V, R), ("vocab", "embed_rank"))
+            # 1/sqrt(R) keeps the product table @ proj at std init_std.
+            self.embed_proj = _logical_param(self, "embed_proj", _normal(1.0 / math.sqrt(R)), (R, D),
+                                             ("embed_rank", "embed"))
+        else:
+            self.embedding = _logical_param(self, "embedding", _normal(c.init_std), (V, D), ("vocab", "embed"))
+        if c.head == "factorized":
+            self.head_proj = _logical_param(self, "head_proj", _normal(c.init_std), (D, R), ("embed", "embed_rank"))
+        elif c.head == "untied":
+            self.head_kernel = _logical_param(self, "head_kernel", _normal(c.init_std), (D, V), ("embed", "vocab"))
+        block = Block
+        if c.remat != "none":
+            block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+        if c.scan_layers:
+            self.layers = nn.scan(block, variable_axes={True: 0}, split_rngs={"params": True},
+                                  in_axes=(nn.broadcast, nn.broadcast), length=c.n_layers,
+                                  metadata_params={nn.PARTITION_NAME: "layers"})(c, self.fp8, name="layers")
+        else:
+            self.layers = [block(c, self.fp8, name=f"layer_{i}") for i in range(c.n_layers)]
+        self.final_norm = RMSNorm(c.norm_eps, DTYPES[c.dtype])
+        self.head_gemm = Matmul(self.fp8.active and "head" in self.fp8.targets, self.fp8, DTYPES[c.dtype])
+
+    def embed(self, tokens_BxL):
+        """Token ids -> residual stream x_BxLxD (compute dtype)."""
+        dt = DTYPES[self.cfg.dtype]
+        rows = jnp.take(self.embedding, tokens_BxL, axis=0).astype(dt)
+        if self.cfg.embed_rank:
+            return jnp.einsum("blr,rd->bld", rows, self.embed_proj.astype(dt))
+        return rows
+
+    def hidden(self, tokens_BxL):
+        """Final-normed hidden states h_BxLxD, before the output head."""
+        c = self.cfg
+        x_BxLxD = self.embed(tokens_BxL)
+        sin_LxK2, cos_LxK2 = rope_tables(tokens_BxL.shape[1], c.resolved_head_dim, c.rope_theta)
+        if c.scan_layers:
+            x_BxLxD, _ = self.layers(x_BxLxD, sin_LxK2, cos_LxK2)
+        else:
+            for layer in self.layers:
+                x_BxLxD, _ = layer(x_BxLxD, sin_LxK2, cos_LxK2)
+        return self.final_norm(x_BxLxD)
+
+    def logits(self, h_NxD):
+        """Output head: h[..., D] -> float32 logits[..., V]."""
+        c, dt = self.cfg, DTYPES[self.cfg.dtype]
+        if c.head == "untied":
+            w_DxV = self.head_kernel
+        elif c.embed_rank:  # d -> r -> vocab through the shared vocab x r table
+            proj_DxR = self.head_proj if c.head == "factorized" else self.embed_proj.T
+            h_NxD = jax.lax.dot_general(h_NxD.astype(dt), proj_DxR.astype(dt), (((h_NxD.ndim - 1,), (0,)), ((), ())),
+                                        preferred_element_type=jnp.float32).astype(dt)
+            w_DxV = self.embedding.T
+        else:
+            w_DxV = self.embedding.T
+        return self.head_gemm(h_NxD, w_DxV).astype(jnp.float32)
+
+    def __call__(self, tokens_BxL):
+        return self.logits(self.hidden(tokens_BxL))
+
+
+# ------------------------------------------------------------------------------------------
+# Parameter accounting
+
+COMPONENTS = ("embedding", "attention", "mlp", "norms", "head")
+
+
+def component_of(path: tuple[str, ...]) -> str:
+    """Which component a parameter path belongs to (for the plan's breakdown)."""
+    names = set(path)
+    if names & {"attn"} and "attn_norm" not in names:
+        return "attention"
+    if "mlp" in names:
+        return "mlp"
+    if names & {"attn_norm", "mlp_norm", "final_norm"}:
+        return "norms"
+    if names & {"head_proj", "head_kernel"}:
+        return "head"
+    if names & {"embedding", "embed_proj"}:
+        return "embedding"
+    raise ValueError(f"unclassified parameter {'/'.join(path)}")
+
+
+def abstract_variables(cfg: ModelConfig, fp8: FP8Config, seq_len: int = 8) -> dict:
+    """Shapes/dtypes of all variables (no memory allocated), with logical-partitioning boxes removed."""
+    model = Yxanul(cfg, fp8)
+    tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+    boxed = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    return nn.meta.unbox(boxed)
+
+
+def param_breakdown(params) -> dict[str, int]:
+    """Parameter count per component (embedding, attention, mlp, norms, head)."""
+    out = {k: 0 for k in COMPONENTS}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        keys = tuple(str(getattr(p, "key", p)) for p in path)
+        out[component_of(keys)] += int(math.prod(leaf.shape))
+    return out
+
+
+def init_variables(cfg: ModelConfig, fp8: FP8Config, key: jax.Array, seq_len: int = 8) -> dict:
+    """Concrete variables with logical-partitioning boxes removed."""
+    tokens = jnp.zeros((1, seq_len), jnp.int32)
+    return nn.meta.unbox(Yxanul(cfg, fp8).init(key, tokens))
