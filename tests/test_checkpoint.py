@@ -1,0 +1,293 @@
+"""Tests for yxanul_jax.checkpoint: real Orbax checkpoints on disk, real signals."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
+from yxanul_jax.config import CheckpointConfig
+from yxanul_jax.errors import UserError
+
+
+def _cfg(**kw) -> CheckpointConfig:
+    base = dict(interval=1, max_to_keep=2, keep_best=True, async_save=False)
+    return CheckpointConfig(**{**base, **kw})
+
+
+def _small_state(value: float) -> dict:
+    return {"w": jnp.full((2, 3), value, jnp.float32), "step": jnp.int32(int(value))}
+
+
+def _template(tree):
+    """Abstract template: ShapeDtypeStruct (with sharding) for jax arrays, numpy zeros for numpy."""
+    def one(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return np.zeros_like(x)
+    return jax.tree.map(one, tree)
+
+
+def _bits(x) -> np.ndarray:
+    if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    a = np.asarray(x)
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else a
+
+
+def _corrupt(step_dir) -> None:
+    """Overwrite every file of a checkpoint step with garbage (as a failing disk might)."""
+    for root, _, files in os.walk(step_dir):
+        for name in files:
+            with open(os.path.join(root, name), "wb") as fh:
+                fh.write(b"\x00garbage")
+
+
+def _wait_for(cond) -> bool:
+    for _ in range(2000):  # the signal handler runs at the interpreter's next check
+        if cond():
+            return True
+        time.sleep(0.001)
+    return cond()
+
+
+def test_round_trip_is_bit_exact(tmp_path):
+    params = {"w": jax.random.normal(jax.random.key(0), (4, 8), jnp.float32),
+              "norm": jnp.ones((8,), jnp.float32)}
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    opt_state = opt.init(params)
+    grads = jax.tree.map(jnp.ones_like, params)
+    _, opt_state = opt.update(grads, opt_state, params)  # non-trivial mu/nu/count
+    bf16_specials = jnp.array([0.0, -0.0, 1e-40, jnp.inf, -jnp.inf, jnp.nan, 3.140625, -65504.0], jnp.bfloat16)
+    state = {
+        "params": params,
+        "opt_state": opt_state,
+        "fp8": {"amax_history": jax.random.uniform(jax.random.key(1), (16,), jnp.bfloat16),
+                "scale": bf16_specials},
+        "ints": jnp.array([-(2**31), -1, 0, 2**31 - 1], jnp.int32),
+        "uints": jnp.array([0, 1, 2**32 - 1], jnp.uint32),
+        "rng": jax.random.key_data(jax.random.key(42)),
+        "typed_key": jax.random.key(7),
+        "host": np.arange(5, dtype=np.float16),
+    }
+    meta = {"data": {"shard": 3, "offset": 12345, "files": ["a.arrow", "b.arrow"]},
+            "curriculum": {"stage": 1}, "config": {"model": {"d_model": 128}, "lr": 3e-3},
+            "note": None, "flag": True}
+    with Checkpointer(str(tmp_path / "ck"), _cfg()) as ckpt:
+        assert ckpt.save(10, state, meta, force=True)
+    with Checkpointer(str(tmp_path / "ck"), _cfg()) as ckpt:
+        step, restored, meta_back = ckpt.restore(_template(state))
+    assert step == 10 and meta_back == meta
+    assert jax.tree.structure(restored) == jax.tree.structure(state)  # optax namedtuples survive
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state)[0], jax.tree.leaves(restored)):
+        assert a.dtype == b.dtype, path
+        assert type(b) is type(a) or isinstance(b, jax.Array) == isinstance(a, jax.Array), path
+        np.testing.assert_array_equal(_bits(a), _bits(b), err_msg=str(path))
+    assert restored["params"]["w"].sharding == state["params"]["w"].sharding
+
+
+def test_rotation_keeps_exactly_max_to_keep_plus_best(tmp_path):
+    directory = str(tmp_path / "ck")
+    ppl = {1: 9.0, 2: 3.0, 3: None, 4: 5.0, 5: None, 6: 4.0}
+    with Checkpointer(directory, _cfg(max_to_keep=2)) as ckpt:
+        for step, value in ppl.items():
+            assert ckpt.save(step, _small_state(step), {"step": step}, val_ppl=value)
+        assert ckpt.all_steps() == [2, 5, 6]
+        assert ckpt.best_step() == 2
+        # a diverged validation never becomes the best, even though it would be the lowest "number"
+        ckpt.save(7, _small_state(7), {}, val_ppl=float("nan"))
+        assert ckpt.all_steps() == [2, 6, 7] and ckpt.best_step() == 2
+    assert sorted(os.listdir(directory)) == ["2", "6", "7"]  # nothing left over on disk
+    # the best is known from disk after a restart, so a resumed run keeps it too
+    with Checkpointer(directory, _cfg(max_to_keep=2)) as ckpt:
+        assert ckpt.best_step() == 2
+        ckpt.save(8, _small_state(8), {})
+        assert ckpt.all_steps() == [2, 7, 8]
+        ckpt.save(9, _small_state(9), {}, val_ppl=1.0)  # a new best: the old one goes
+        assert ckpt.all_steps() == [8, 9] and ckpt.best_step() == 9
+
+
+def test_rotation_without_best_keeps_only_latest(tmp_path):
+    with Checkpointer(str(tmp_path / "ck"), _cfg(max_to_keep=2, keep_best=False)) as ckpt:
+        for step, value in {1: 9.0, 2: 1.0, 3: 5.0, 4: 6.0}.items():
+            ckpt.save(step, _small_state(step), {}, val_ppl=value)
+        assert ckpt.all_steps() == [3, 4]
+
+
+def test_save_interval_and_force(tmp_path):
+    with Checkpointer(str(tmp_path / "ck"), _cfg(interval=3, max_to_keep=5)) as ckpt:
+        assert [s for s in range(11) if ckpt.should_save(s)] == [3, 6, 9]
+        assert not ckpt.save(4, _small_state(4), {})
+        assert ckpt.all_steps() == []
+        assert ckpt.save(4, _small_state(4), {}, force=True)
+        assert ckpt.save(6, _small_state(6), {})
+        assert not ckpt.save(6, _small_state(6), {}, force=True)  # already there: not rewritten
+        assert ckpt.all_steps() == [4, 6] and ckpt.latest_step() == 6
+        with pytest.raises(TypeError, match="JSON"):
+            ckpt.save(9, _small_state(9), {"iterator": b"raw bytes"})
+    never = Checkpointer(str(tmp_path / "never"), _cfg(interval=0))
+    assert not any(never.should_save(s) for s in range(100))
+    never.close()
+
+
+def test_corrupt_latest_falls_back_with_warning(tmp_path, caplog):
+    directory = str(tmp_path / "ck")
+    with Checkpointer(directory, _cfg(max_to_keep=3)) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, _small_state(step), {"step": step}, val_ppl=10.0 - step)
+    _corrupt(os.path.join(directory, "3"))
+    with caplog.at_level(logging.WARNING, logger="yxanul_jax.checkpoint"):
+        ckpt = Checkpointer(directory, _cfg(max_to_keep=3))  # a damaged step must not block opening
+        step, state, meta = ckpt.restore(_template(_small_state(0)))
+    assert step == 2 and meta == {"step": 2}
+    np.testing.assert_array_equal(state["w"], np.full((2, 3), 2.0, np.float32))
+    assert any("step 3" in r.getMessage() and "falling back to step 2" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(UserError, match="step 3 .* is unreadable"):
+        ckpt.restore(_template(_small_state(0)), step=3)
+    ckpt.close()
+
+
+def test_no_readable_checkpoint_is_a_user_error(tmp_path):
+    directory = str(tmp_path / "ck")
+    with Checkpointer(directory, _cfg()) as ckpt:
+        with pytest.raises(UserError, match="no checkpoint in"):
+            ckpt.restore(_template(_small_state(0)))
+        ckpt.save(1, _small_state(1), {})
+        ckpt.save(2, _small_state(2), {})
+    for step in ("1", "2"):
+        _corrupt(os.path.join(directory, step))
+    with Checkpointer(directory, _cfg()) as ckpt:
+        with pytest.raises(UserError, match="no readable checkpoint.*step 2: .*step 1: "):
+            ckpt.restore(_template(_small_state(0)))
+        with pytest.raises(UserError, match="step 5 not found"):
+            ckpt.restore(_template(_small_state(0)), step=5)
+
+
+def test_mismatched_template_is_refused_not_cast(tmp_path):
+    with Checkpointer(str(tmp_path / "ck"), _cfg()) as ckpt:
+        ckpt.save(1, _small_state(1), {}, force=True)
+        wrong_dtype = {"w": jax.ShapeDtypeStruct((2, 3), jnp.bfloat16), "step": jax.ShapeDtypeStruct((), jnp.int32)}
+        with pytest.raises(UserError, match=r"'w' is float32\[2, 3\] in the checkpoint but bfloat16\[2, 3\]"):
+            ckpt.restore(wrong_dtype)
+        missing = {**wrong_dtype, "w": jax.ShapeDtypeStruct((2, 3), jnp.float32), "extra": jax.ShapeDtypeStruct((1,), jnp.float32)}
+        with pytest.raises(UserError, match="'extra' is missing from the checkpoint"):
+            ckpt.restore(missing)
+
+
+def test_interrupted_save_is_ignored(tmp_path):
+    directory = str(tmp_path / "ck")
+    with Checkpointer(directory, _cfg()) as ckpt:
+        ckpt.save(1, _small_state(1), {"step": 1})
+    partial = os.path.join(directory, "2.orbax-checkpoint-tmp-1234567")  # a save killed mid-write
+    os.makedirs(os.path.join(partial, "state"))
+    with open(os.path.join(partial, "state", "manifest.ocdbt"), "wb") as fh:
+        fh.write(b"half")
+    with Checkpointer(directory, _cfg()) as ckpt:
+        assert ckpt.latest_step() == 1
+        assert ckpt.restore(_template(_small_state(0)))[0] == 1
+
+
+def test_async_save_then_wait(tmp_path):
+    directory = str(tmp_path / "ck")
+    big = jax.random.normal(jax.random.key(3), (256, 1024), jnp.float32)
+    expected = np.asarray(big)
+    ckpt = Checkpointer(directory, _cfg(async_save=True, max_to_keep=1))
+    assert ckpt.save(5, {"big": big}, {"step": 5}, force=True)
+    big.delete()  # as if the train step donated the buffer right after save() returned
+    assert ckpt.save(6, {"big": jnp.asarray(expected) + 1}, {"step": 6}, force=True)
+    ckpt.wait()
+    assert sorted(os.listdir(directory)) == ["6"]  # committed, and the older one rotated out
+    step, state, meta = ckpt.restore({"big": jax.ShapeDtypeStruct((256, 1024), jnp.float32)})
+    assert step == 6 and meta == {"step": 6}
+    np.testing.assert_array_equal(np.asarray(state["big"]), expected + 1)
+    ckpt.close()
+
+
+def test_resumed_training_reproduces_losses(tmp_path):
+    """Train a tiny regression 8 steps straight, and 4 + checkpoint + restore + 4: same losses, bit for bit."""
+    opt = optax.adamw(1e-2)
+    true_w = jnp.arange(4.0)
+
+    @jax.jit
+    def train_step(state):
+        key, sub = jax.random.split(jax.random.wrap_key_data(state["rng"]))
+        x = jax.random.normal(sub, (16, 4))
+        loss_fn = lambda p: jnp.mean((x @ p["w"] - x @ true_w) ** 2)
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt_state = opt.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt_state": opt_state, "rng": jax.random.key_data(key)}, loss
+
+    params = {"w": jnp.zeros(4)}
+    init = {"params": params, "opt_state": opt.init(params), "rng": jax.random.key_data(jax.random.key(0))}
+
+    state, straight = init, []
+    for _ in range(8):
+        state, loss = train_step(state)
+        straight.append(np.asarray(loss))
+
+    state, resumed = init, []
+    with Checkpointer(str(tmp_path / "ck"), _cfg()) as ckpt:
+        for step in range(1, 5):
+            state, loss = train_step(state)
+            resumed.append(np.asarray(loss))
+        ckpt.save(4, state, {"data_position": 4})
+    with Checkpointer(str(tmp_path / "ck"), _cfg()) as ckpt:
+        step, state, meta = ckpt.restore(jax.eval_shape(lambda: init))
+    assert step == 4 and meta == {"data_position": 4}
+    for _ in range(4):
+        state, loss = train_step(state)
+        resumed.append(np.asarray(loss))
+    np.testing.assert_array_equal(np.stack(resumed), np.stack(straight))
+
+
+def test_resolve_checkpoint_path(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_checkpoint_path(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="holds no checkpoint"):
+        resolve_checkpoint_path(str(tmp_path / "empty"))
+    directory = tmp_path / "run" / "checkpoints"
+    with Checkpointer(str(directory), _cfg(max_to_keep=3)) as ckpt:
+        ckpt.save(100, _small_state(1), {})
+        ckpt.save(200, _small_state(2), {})
+    assert resolve_checkpoint_path(str(directory)) == (str(directory), None)
+    assert resolve_checkpoint_path(str(directory / "100")) == (str(directory), 100)
+    assert resolve_checkpoint_path(str(tmp_path / "run")) == (str(directory), None)
+    with Checkpointer(*resolve_checkpoint_path(str(directory / "100"))[:1], _cfg()) as ckpt:
+        assert ckpt.restore(_template(_small_state(0)), step=100)[0] == 100
+
+
+def test_signal_guard_sets_flag_and_restores_handlers():
+    calls = []
+    original_int = signal.getsignal(signal.SIGINT)
+    original_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        with SignalGuard() as guard:
+            assert not guard.requested
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert _wait_for(lambda: guard.requested)  # still alive: the default would have killed us
+            assert guard.signal_name == "SIGTERM" and calls == []
+            os.kill(os.getpid(), signal.SIGINT)  # a second signal goes to the previous handler
+            assert _wait_for(lambda: calls == [signal.SIGINT])
+        assert signal.getsignal(signal.SIGTERM) is original_term
+        assert signal.getsignal(signal.SIGINT) is not original_int and callable(signal.getsignal(signal.SIGINT))
+    finally:
+        signal.signal(signal.SIGINT, original_int)
+
+
+def test_tree_is_finite():
+    good = {"a": jnp.ones(3, jnp.bfloat16), "b": (np.zeros(2, np.float32), jnp.arange(3))}
+    assert tree_is_finite(good)
+    assert tree_is_finite({"only_ints": jnp.arange(4), "key": jax.random.key(0)})
+    assert not tree_is_finite({**good, "c": {"d": jnp.array([1.0, jnp.inf], jnp.bfloat16)}})
+    assert not tree_is_finite({**good, "e": np.array([np.nan], np.float32)})

@@ -1,0 +1,395 @@
+"""Orbax checkpoints for training: keep the latest N plus the best by validation perplexity, save
+asynchronously, restore with fallback past damaged checkpoints, and turn SIGTERM/SIGINT into a flag.
+
+One checkpoint is one Orbax step directory `<dir>/<step>/` holding two items written together:
+
+* `state`: a pytree of arrays (params, optimizer state, FP8 state, RNG key data, ...), saved with
+  `StandardSave` (tensorstore/OCDBT) and restored bit-exactly into a template;
+* `meta`: a JSON dict (data-iterator state, curriculum position, the resolved config, ...).
+
+Orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames when complete, so a run killed mid-save
+leaves the previous checkpoints untouched and the half-written one is ignored (and cleaned up).
+
+Retention combines Orbax's `LatestN(max_to_keep)` with `BestN(n=1)` over the metric `val_ppl`
+(lower is better): exactly the `max_to_keep` most recent steps survive, plus the best one when it is
+older. A step saved without a (finite) perplexity is never "best", but is kept while it is recent.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocm
+
+from yxanul_jax.config import CheckpointConfig
+from yxanul_jax.errors import UserError
+
+log = logging.getLogger(__name__)
+
+METRIC = "val_ppl"
+"""Name of the metric that Orbax stores with each step and ranks by (lower is better)."""
+
+RUN_DIR_CHECKPOINTS = "checkpoints"
+"""Sub-directory of a run directory that holds its checkpoints (see monitor.prepare_run_dir)."""
+
+
+def _val_ppl(metrics: dict) -> float:
+    return metrics[METRIC]
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """`Type: first part of the message` on one line (tensorstore errors run over many lines)."""
+    text = " ".join(str(err).split())
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class _Manager(ocp.CheckpointManager):
+    """A CheckpointManager for which an unreadable metrics file means "no metric" for that step.
+
+    Orbax reads every step's metrics file when it opens a directory and fails outright on a
+    corrupt one, so a single damaged checkpoint would block resuming from the intact ones.
+    """
+
+    def _get_metrics(self, step: int):
+        try:
+            return super()._get_metrics(step)
+        except Exception as e:  # noqa: BLE001 - any decode/IO failure means "metric unknown"
+            log.warning("checkpoint step %d: metrics file unreadable (%s); it will not count as best",
+                        step, _one_line(e))
+            return None
+
+
+class _DropMissingMetricWarning(logging.Filter):
+    """Orbax warns on every save without metrics once best-tracking is on; here that is normal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "did not provide metrics" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_missing_metrics():
+    absl_logger, flt = logging.getLogger("absl"), _DropMissingMetricWarning()
+    absl_logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(flt)
+
+
+# --------------------------------------------------------------------------------------------
+# Checking a checkpoint against the state it is restored into
+
+
+def _key_name(key) -> str:
+    # DictKey.key / GetAttrKey.name / SequenceKey.idx: a namedtuple field saved by Orbax comes
+    # back as a dict key, so paths are compared by name only.
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _leaf_specs(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Dotted path -> (shape, dtype name) for every array leaf; typed PRNG keys as their key data."""
+    specs = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            continue
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.eval_shape(jax.random.key_data, leaf)
+        specs[".".join(_key_name(k) for k in path)] = (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+    return specs
+
+
+def _mismatch(saved_specs: dict, wanted_specs: dict) -> str | None:
+    """First difference between a checkpoint's arrays and the template's, or None."""
+    for path, want in wanted_specs.items():
+        if path not in saved_specs:
+            return f"'{path}' is missing from the checkpoint"
+        have = saved_specs[path]
+        if have != want:
+            return (f"'{path}' is {have[1]}{list(have[0])} in the checkpoint "
+                    f"but {want[1]}{list(want[0])} in the state being restored")
+    extra = sorted(set(saved_specs) - set(wanted_specs))
+    if extra:
+        return f"the checkpoint has '{extra[0]}' which the state being restored lacks"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The checkpointer
+
+
+class Checkpointer:
+    """Save and restore training checkpoints in one directory (usually `<run_dir>/checkpoints`).
+
+    Typical use in a training loop::
+
+        ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
+        if ckpt.latest_step() is not None:
+            step, state, meta = ckpt.restore(abstract_state)
+        ...
+        if ckpt.should_save(step) and tree_is_finite(state):
+            ckpt.save(step, state, meta, val_ppl=ppl_or_None)
+        ...
+        ckpt.close()   # waits for the last async save
+    """
+
+    def __init__(self, directory: str, cfg: CheckpointConfig):
+        self.directory = os.path.abspath(os.path.expanduser(directory))
+        self.cfg = cfg
+        policies: list = [ocm.LatestN(n=cfg.max_to_keep)]
+        if cfg.keep_best:
+            policies.append(ocm.BestN(get_metric_fn=_val_ppl, reverse=True, n=1,
+                                      keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=ocm.AnyPreservationPolicy(policies),
+            # best_fn also makes Orbax write each step's metrics to disk, so the best survives a
+            # restart; the metric is recorded even with keep_best off (best_step() still answers).
+            best_fn=_val_ppl,
+            best_mode="min",
+            enable_async_checkpointing=cfg.async_save,
+            cleanup_tmp_directories=True,
+        )
+        # Registering the handlers up front lets a freshly opened manager read item metadata
+        # (used to check the template) before anything has been saved or restored.
+        registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+        state_handler, meta_handler = ocp.StandardCheckpointHandler(), ocp.JsonCheckpointHandler()
+        registry.add("state", ocp.args.StandardSave, state_handler)
+        registry.add("state", ocp.args.StandardRestore, state_handler)
+        registry.add("meta", ocp.args.JsonSave, meta_handler)
+        registry.add("meta", ocp.args.JsonRestore, meta_handler)
+        self._mngr = _Manager(self.directory, options=options, handler_registry=registry)
+
+    # ---- queries
+
+    def should_save(self, step: int) -> bool:
+        """True at every positive multiple of `interval` (never when interval is 0)."""
+        return self.cfg.interval > 0 and step > 0 and step % self.cfg.interval == 0
+
+    def all_steps(self) -> list[int]:
+        """Steps present (including one whose async save is still being written), ascending."""
+        return sorted(self._mngr.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self._mngr.latest_step()
+
+    def best_step(self) -> int | None:
+        """The present step with the lowest finite validation perplexity, or None if none has one."""
+        return self._mngr.best_step()
+
+    # ---- saving
+
+    def save(self, step: int, state: Any, meta: dict, *, val_ppl: float | None = None,
+             force: bool = False) -> bool:
+        """Save `state` (array pytree) and `meta` (JSON dict) as checkpoint `step`.
+
+        Saves when `force` or `should_save(step)`; returns whether a save was started. A step that
+        already exists is not saved again (returns False), so call this after validating that
+        step if `val_ppl` should be attached. With `async_save` the arrays are copied to host before
+        this returns (their device buffers may then be donated); the files are written in the
+        background (`wait()`/`close()` block until done). Old checkpoints beyond `max_to_keep` (and
+        not the best) are deleted once this one is committed.
+
+        `val_ppl`: validation perplexity at this step, or None. A NaN/inf value is recorded as no
+        metric, so a diverged model can never become the best. This does not check `state`
+        itself: refuse non-finite states with `tree_is_finite` before calling.
+        """
+        if not (force or self.should_save(step)):
+            return False
+        if step in self._mngr.all_steps():
+            log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
+            return False
+        try:
+            json.dumps(meta, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"checkpoint meta must be a JSON-serializable dict (bytes -> str first): {e}") from e
+        metrics = None
+        if val_ppl is not None:
+            value = float(val_ppl)
+            if math.isfinite(value):
+                metrics = {METRIC: value}
+            else:
+                log.warning("step %d: validation perplexity is %s; saving without a metric so it "
+                            "can never be the best checkpoint", step, value)
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        with _quiet_missing_metrics():
+            self._mngr.save(step, args=args, metrics=metrics, force=True)
+        return True
+
+    # ---- restoring
+
+    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict]:
+        """Restore checkpoint `step` (None: the latest readable one) into `abstract_state`'s layout.
+
+        `abstract_state` is a pytree like the saved state whose leaves are `jax.ShapeDtypeStruct`
+        (with `.sharding` for a sharded restore; none means the default device), `jax.Array`
+        (restored with its sharding) or `np.ndarray` (restored as numpy). Shapes and dtypes must
+        equal the saved ones: Orbax would otherwise cast silently, so a mismatch raises UserError
+        (usually a different model config). Values come back bit-exact.
+
+        With `step=None`, an unreadable checkpoint is skipped with a logged warning naming the step
+        and the reason, and the previous one is tried, and so on. Raises UserError when the
+        directory holds no checkpoint, when none is readable, or when the requested `step` is
+        missing or unreadable: a run never silently restarts from step 0.
+
+        Returns `(step, state, meta)`.
+        """
+        self._mngr.reload()  # another process may have written here since we opened it
+        present = self.all_steps()
+        if step is not None:
+            if step not in present:
+                raise UserError(f"checkpoint step {step} not found in '{self.directory}'; "
+                                f"steps present: {present or 'none'}")
+            candidates = [step]
+        else:
+            if not present:
+                raise UserError(f"no checkpoint in '{self.directory}'; pass --checkpoint with a "
+                                "checkpoint directory or step directory")
+            candidates = present[::-1]
+        wanted = _leaf_specs(abstract_state)
+        failures = []
+        for i, s in enumerate(candidates):
+            try:
+                saved = _leaf_specs(self._mngr.item_metadata(s)["state"])
+            except Exception as e:  # noqa: BLE001 - anything unreadable means "try the previous one"
+                reason = _one_line(e)
+            else:
+                diff = _mismatch(saved, wanted)
+                if diff:
+                    raise UserError(f"checkpoint step {s} in '{self.directory}' does not match the state "
+                                    f"being restored: {diff}; resume with the config it was saved with "
+                                    "(its meta holds the resolved config)")
+                try:
+                    out = self._mngr.restore(s, args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+                    return s, out["state"], dict(out["meta"])
+                except Exception as e:  # noqa: BLE001
+                    reason = _one_line(e)
+            failures.append(f"step {s}: {reason}")
+            if step is None and i + 1 < len(candidates):
+                log.warning("checkpoint step %d in %s is unreadable (%s); falling back to step %d",
+                            s, self.directory, reason, candidates[i + 1])
+        if step is not None:
+            raise UserError(f"checkpoint step {step} in '{self.directory}' is unreadable ({failures[0]}); "
+                            "pass another step or the checkpoint directory to take the latest readable one")
+        raise UserError(f"no readable checkpoint in '{self.directory}' ({'; '.join(failures)}); "
+                        "restore the files or start a new --run-dir")
+
+    # ---- lifecycle
+
+    def wait(self) -> None:
+        """Block until every started save is committed (and old steps are deleted)."""
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        """Wait for pending saves and release Orbax's threads."""
+        self._mngr.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def tree_is_finite(tree: Any) -> bool:
+    """True if no floating-point leaf of `tree` holds NaN or inf (one device sync in all)."""
+    checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+    return bool(jnp.all(jnp.stack(checks))) if checks else True
+
+
+def _step_dirs(directory: str) -> list[int]:
+    """Committed Orbax step directories (`<dir>/<int>`) in `directory`, ascending."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
+    """Turn `--checkpoint PATH` into `(checkpoint directory, step or None for the latest)`.
+
+    PATH may be a checkpoint directory (`run/checkpoints`), one step inside it
+    (`run/checkpoints/1200`), or a run directory (its `checkpoints/` is used). Raises UserError if
+    PATH does not exist or holds no checkpoint.
+    """
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(full):
+        raise UserError(f"--checkpoint '{path}' does not exist; pass a checkpoint directory "
+                        "(run_dir/checkpoints) or one step directory inside it")
+    if _step_dirs(full):
+        return full, None
+    nested = os.path.join(full, RUN_DIR_CHECKPOINTS)
+    if _step_dirs(nested):
+        return nested, None
+    name = os.path.basename(full)
+    if name.isdigit():  # a step directory; restore() says so if it is damaged or uncommitted
+        return os.path.dirname(full), int(name)
+    raise UserError(f"--checkpoint '{path}' holds no checkpoint (no step directories such as "
+                    f"'{os.path.join(path, '1000')}'); pass a checkpoint directory or a step directory")
+
+
+# --------------------------------------------------------------------------------------------
+# Signals
+
+
+class SignalGuard:
+    """Context manager that turns SIGTERM/SIGINT into a flag the training loop polls.
+
+    Inside the guard the first signal only sets `.requested` (and `.signal_name`, e.g.
+    "SIGTERM"); the loop then saves a checkpoint and exits cleanly. A second signal runs the
+    handler that was installed before the guard (Ctrl-C twice still interrupts). On exit the
+    previous handlers are restored. Outside the main thread (where Python cannot install signal
+    handlers) the guard does nothing and the flag stays False.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+        self.signals = signals
+        self.requested = False
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "SignalGuard":
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("SignalGuard used outside the main thread; signals will not be caught")
+            return self
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if not self.requested:
+            self.requested, self.signal_name = True, name
+            log.warning("%s received: saving a checkpoint and stopping after this step "
+                        "(send it again to stop at once)", name)
+            return
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        self._restore()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signum)
