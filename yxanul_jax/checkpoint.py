@@ -33,14 +33,13 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from yxanul_jax.config import CheckpointConfig
 from yxanul_jax.errors import UserError
+from yxanul_jax.monitor import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
 
 METRIC = "val_ppl"
 """Name of the metric that Orbax stores with each step and ranks by (lower is better)."""
 
-RUN_DIR_CHECKPOINTS = "checkpoints"
-"""Sub-directory of a run directory that holds its checkpoints (see monitor.prepare_run_dir)."""
 
 
 def _val_ppl(metrics: dict) -> float:
@@ -334,7 +333,7 @@ def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
                         "(run_dir/checkpoints) or one step directory inside it")
     if _step_dirs(full):
         return full, None
-    nested = os.path.join(full, RUN_DIR_CHECKPOINTS)
+    nested = os.path.join(full, CHECKPOINT_DIR)
     if _step_dirs(nested):
         return nested, None
     name = os.path.basename(full)

@@ -1,0 +1,205 @@
+"""Tests for yxanul_jax.monitor: run directory, metrics.jsonl + real TensorBoard files, header, progress, FLOPs."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from tensorboardX.proto import event_pb2
+
+from yxanul_jax.config import Config, ModelConfig, from_dict, load_config
+from yxanul_jax.errors import UserError
+from yxanul_jax.monitor import (MetricsWriter, Progress, flops_per_token, mfu, peak_flops_per_device,
+                                prepare_run_dir, run_header)
+
+
+def _cfg(*overrides: str) -> Config:
+    return load_config(None, ["model.d_model=64", "curriculum.0.seq_len=64", *overrides])
+
+
+def _tb_scalars(tb_dir: str) -> dict[tuple[str, int], float]:
+    """(tag, step) -> value from every TFRecord event file in `tb_dir` (length, crc, data, crc)."""
+    out = {}
+    for name in sorted(os.listdir(tb_dir)):
+        with open(os.path.join(tb_dir, name), "rb") as fh:
+            data = fh.read()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                out[(value.tag, event.step)] = value.simple_value
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Run directory
+
+
+def test_config_yaml_round_trips(tmp_path):
+    cfg = _cfg("eval.domains={web: /data/web, code: /data/code}")
+    run_dir = tmp_path / "run"
+    ckpt_dir = prepare_run_dir(str(run_dir), cfg)
+    assert ckpt_dir == str(run_dir / "checkpoints")
+    assert sorted(os.listdir(run_dir)) == ["config.yaml"]  # no temp file left behind
+    back = from_dict(Config, yaml.safe_load((run_dir / "config.yaml").read_text()))
+    assert back == cfg
+    assert prepare_run_dir(str(run_dir), cfg) == ckpt_dir  # same config again: accepted (resume)
+
+
+def test_different_config_is_refused_unless_overwrite(tmp_path):
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), _cfg())
+    original = (run_dir / "config.yaml").read_text()
+    layers, batch = Config().model.n_layers, Config().curriculum[0].batch_size
+    with pytest.raises(UserError, match=rf"'model\.n_layers' is {layers} there but {layers + 1} now; "
+                                        "pass a new --run-dir or overwrite=true"):
+        prepare_run_dir(str(run_dir), _cfg(f"model.n_layers={layers + 1}"))
+    with pytest.raises(UserError, match=rf"'curriculum\.0\.batch_size' is {batch} there but {batch + 1} now"):
+        prepare_run_dir(str(run_dir), _cfg(f"curriculum.0.batch_size={batch + 1}"))
+    assert (run_dir / "config.yaml").read_text() == original
+
+    (run_dir / "checkpoints" / "100").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    new = _cfg(f"model.n_layers={layers + 1}")
+    prepare_run_dir(str(run_dir), new, overwrite=True)
+    assert from_dict(Config, yaml.safe_load((run_dir / "config.yaml").read_text())) == new
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.jsonl").exists()
+    (aside,) = [p for p in run_dir.iterdir() if p.name.startswith("replaced-")]
+    assert (aside / "checkpoints" / "100").is_dir()  # moved, not deleted
+    assert (aside / "config.yaml").read_text() == original
+
+
+def test_fresh_start_refuses_existing_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), _cfg())
+    (run_dir / "checkpoints" / "300").mkdir(parents=True)
+    with pytest.raises(UserError, match="already holds checkpoints \\(latest step 300\\)"):
+        prepare_run_dir(str(run_dir), _cfg(), resume=False)
+    prepare_run_dir(str(run_dir), _cfg(), resume=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+
+
+def test_metrics_jsonl_and_tensorboard(tmp_path):
+    run_dir = str(tmp_path)
+    with MetricsWriter(run_dir) as writer:
+        writer.write({"step": 10, "stage": 0, "seq_len": 128, "loss": jnp.float32(3.5), "lr": 1e-3,
+                      "grad_norm": np.float32(0.75), "tokens": 20480, "tokens_per_sec": 1234.5, "mfu": None})
+        writer.write({"step": 20, "val/web/loss": 2.0, "val/web/ppl": float(np.exp(2.0)), "note": "eval"})
+        writer.write({"step": 30, "loss": float("nan")})
+        with pytest.raises(ValueError, match="without 'step'"):
+            writer.write({"loss": 1.0})
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [10, 20, 30]
+    assert rows[0]["loss"] == 3.5 and rows[0]["grad_norm"] == 0.75 and rows[0]["tokens"] == 20480
+    assert rows[0]["mfu"] is None and rows[1]["note"] == "eval" and rows[2]["loss"] is None
+    scalars = _tb_scalars(os.path.join(run_dir, "tb"))
+    assert scalars[("loss", 10)] == 3.5
+    assert scalars[("tokens", 10)] == 20480.0
+    assert scalars[("val/web/ppl", 20)] == pytest.approx(np.exp(2.0), rel=1e-6)
+    assert np.isnan(scalars[("loss", 30)])
+    assert ("stage", 10) in scalars and ("note", 20) not in scalars
+
+
+def test_metrics_resume_drops_rows_after_the_checkpoint(tmp_path):
+    run_dir = str(tmp_path)
+    with MetricsWriter(run_dir) as writer:
+        for step in (10, 20, 30):
+            writer.write({"step": step, "loss": 1.0 / step})
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as fh:
+        fh.write('{"step": 40, "lo')  # torn by a crash
+    with MetricsWriter(run_dir, resume_step=20) as writer:
+        writer.write({"step": 30, "loss": 0.5})
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert [(r["step"], r["loss"]) for r in rows] == [(10, 0.1), (20, 0.05), (30, 0.5)]
+
+
+# --------------------------------------------------------------------------------------------
+# Header and progress
+
+
+def test_run_header_has_versions_devices_commit_and_config():
+    cfg = _cfg()
+    header = run_header(cfg)
+    for dist, version in (("jax", jax.__version__), ("jaxlib", jax.lib.__version__)):
+        assert f"{dist} {version}" in header
+    for dist in ("yxanul-jax", "flax", "optax", "orbax-checkpoint", "grain"):
+        assert re.search(rf"\b{dist} \d+\.\d+", header), dist
+    assert f"{jax.device_count()} x {jax.devices()[0].device_kind}" in header
+    assert re.search(r"git commit: ([0-9a-f]{40}(\+dirty)?|unknown)\n", header)
+    config_text = header.split("config:\n", 1)[1]
+    assert from_dict(Config, yaml.safe_load(config_text)) == cfg
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_and_eta():
+    times = iter([100.0, 110.0, 130.0])
+    out = io.StringIO()
+    progress = Progress(100, stream=out, clock=lambda: next(times))
+    first = progress.update(10, 0, 128, 4.0, 12345.0, None)
+    assert first.endswith("MFU n/a | ETA --")
+    line = progress.update(20, 1, 512, 2.5, 12345.0, 0.41)
+    assert line == "step 20/100 | stage 1 seq 512 | loss 2.5000 | 12.35k tok/s | MFU 41.0% | ETA 1m20s"
+    progress.update(40, 1, 512, 2.4, 2.5e6, 0.4)  # 30 steps in 30 s over the window: 60 s left
+    assert out.getvalue().splitlines()[-1].endswith("2.50M tok/s | MFU 40.0% | ETA 1m00s")
+    assert out.getvalue().count("\n") == 3 and "\r" not in out.getvalue()
+
+    term = _Terminal()
+    progress = Progress(10, stream=term, clock=iter([0.0, 1.0]).__next__)
+    progress.update(1, 0, 64, 1.0, 10.0, None)
+    progress.update(2, 0, 64, 1.0, 10.0, None)
+    assert term.getvalue().count("\r") == 2 and "\n" not in term.getvalue()
+    progress.close()
+    assert term.getvalue().endswith("\n")
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs and MFU
+
+
+def test_flops_per_token_matches_hand_count():
+    m = ModelConfig(vocab_size=100, d_model=8, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=0,
+                    ffn_dim=16, embed_rank=4, head="tied")
+    # head_dim 4. Per layer: q 8*8=64, k 8*4=32, v 32, o 64 -> 192; SwiGLU 3*8*16=384 -> 576; x2 = 1152.
+    # Embedding r->d projection 4*8=32; tied factorized head d->r->vocab 8*4+4*100=432. N = 1616.
+    # Attention: 12 * 2 layers * 2 heads * 4 * seq 16 = 3072.
+    assert flops_per_token(m, 16) == 6 * 1616 + 3072
+    untied = ModelConfig(**{**m.__dict__, "head": "untied"})  # head d*vocab=800: N = 1152+32+800
+    assert flops_per_token(untied, 16) == 6 * 1984 + 3072
+    full_table = ModelConfig(**{**m.__dict__, "embed_rank": 0})  # no projection, head 800: N = 1952
+    assert flops_per_token(full_table, 0) == 6 * 1952
+
+
+def test_peak_flops_and_mfu(monkeypatch):
+    monkeypatch.delenv("YXANUL_PEAK_TFLOPS", raising=False)
+    assert peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops_per_device("NVIDIA H200") == 989e12
+    assert peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops_per_device("NVIDIA GeForce RTX 4090") == 165e12
+    assert peak_flops_per_device("NVIDIA GeForce RTX 5090") == 209.5e12
+    assert peak_flops_per_device("NVIDIA L4") == 121e12
+    assert peak_flops_per_device("NVIDIA L40S") is None
+    assert peak_flops_per_device(jax.devices("cpu")[0]) is None
+    monkeypatch.setenv("YXANUL_PEAK_TFLOPS", "100")
+    assert peak_flops_per_device(jax.devices("cpu")[0]) == 100e12
+    monkeypatch.setenv("YXANUL_PEAK_TFLOPS", "fast")
+    with pytest.raises(UserError, match="YXANUL_PEAK_TFLOPS"):
+        peak_flops_per_device("NVIDIA H100 80GB HBM3")
+    assert mfu(1000.0, 1e9, 2, 1e12) == 0.5
+    assert mfu(1000.0, 1e9, 2, None) is None

@@ -1,0 +1,425 @@
+"""Run monitoring: the run directory (resolved config, metrics.jsonl, TensorBoard, checkpoints), the
+run-log header (versions, devices, git commit, config), the live progress line, and FLOPs/MFU.
+
+Run directory layout (the names below are the only place they are spelled)::
+
+    run_dir/
+      config.yaml      resolved config, written atomically; a different config is refused
+      metrics.jsonl    one JSON object per logged step / validation
+      tb/              TensorBoard event files (same scalars as metrics.jsonl)
+      checkpoints/     Orbax checkpoints (yxanul_jax.checkpoint)
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from typing import Any, Callable, TextIO
+
+import yaml
+
+from yxanul_jax.config import Config, ModelConfig, to_yaml
+from yxanul_jax.errors import UserError
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+CHECKPOINT_DIR = "checkpoints"
+RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR)
+"""What `prepare_run_dir(overwrite=True)` moves aside before a fresh start."""
+
+
+# --------------------------------------------------------------------------------------------
+# Run directory
+
+
+def _atomic_write(path: str, text: str) -> None:
+    """Write `text` to `path` via a temporary file in the same directory and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _first_difference(old: Any, new: Any, key: str = "") -> tuple[str, Any, Any] | None:
+    """(dotted key, old value, new value) of the first difference between two config dicts."""
+    missing = "<absent>"
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in list(new) + [k for k in old if k not in new]:
+            here = f"{key}.{k}" if key else str(k)
+            if k not in old or k not in new:
+                return here, old.get(k, missing), new.get(k, missing)
+            found = _first_difference(old[k], new[k], here)
+            if found:
+                return found
+        return None
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            found = _first_difference(a, b, f"{key}.{i}" if key else str(i))
+            if found:
+                return found
+        return None
+    return None if old == new else (key or "<root>", old, new)
+
+
+def _checkpoint_steps(ckpt_dir: str) -> list[int]:
+    if not os.path.isdir(ckpt_dir):
+        return []
+    return sorted(int(n) for n in os.listdir(ckpt_dir) if n.isdigit())
+
+
+def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True) -> str:
+    """Create `run_dir`, write its resolved `config.yaml`, and return its checkpoint directory.
+
+    * No config there yet: write it.
+    * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
+      with `resume=False` existing checkpoints are refused (UserError) rather than clobbered.
+    * A different config: UserError naming the first differing key, unless `overwrite`.
+    * `overwrite=True`: start over. Existing artifacts (config.yaml, metrics.jsonl, tb/,
+      checkpoints/) are moved into `run_dir/replaced-<UTC time>/`, nothing is deleted, and the
+      new config is written.
+    """
+    run_dir = os.path.abspath(os.path.expanduser(run_dir))
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise UserError(f"run directory '{run_dir}' is a file; pass a directory as --run-dir")
+    os.makedirs(run_dir, exist_ok=True)
+    config_path = os.path.join(run_dir, CONFIG_FILE)
+    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    text = to_yaml(cfg)
+
+    if overwrite:
+        present = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
+        if present:
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+            aside = os.path.join(run_dir, f"replaced-{stamp}")
+            n = 1
+            while os.path.exists(aside):
+                n += 1
+                aside = os.path.join(run_dir, f"replaced-{stamp}-{n}")
+            os.makedirs(aside)
+            for name in present:
+                os.replace(os.path.join(run_dir, name), os.path.join(aside, name))
+    elif os.path.exists(config_path):
+        try:
+            with open(config_path, encoding="utf-8") as fh:
+                old = yaml.safe_load(fh)
+        except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+            raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
+                            "pass a new --run-dir or overwrite=true")
+        diff = _first_difference(old, yaml.safe_load(text))
+        if diff:
+            key, was, now = diff
+            raise UserError(f"run directory '{run_dir}' holds a different config: '{key}' is {was!r} there "
+                            f"but {now!r} now; pass a new --run-dir or overwrite=true to start over")
+    steps = _checkpoint_steps(ckpt_dir)
+    if steps and not resume:
+        raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
+                        "resume from them, pass a new --run-dir, or overwrite=true to start over")
+    if not os.path.exists(config_path):
+        _atomic_write(config_path, text)
+    return ckpt_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics
+
+
+def _scalar(value: Any) -> Any:
+    """Unwrap a 0-d numpy/jax value into the Python scalar it holds."""
+    return value.item() if hasattr(value, "item") and getattr(value, "ndim", 0) == 0 else value
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON-safe value for a metrics field: NaN/inf become null; only scalars and strings pass."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"metrics value {value!r} ({type(value).__name__}) is not a scalar")
+
+
+def _row_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line; None for a blank or torn line (a crash mid-write)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class MetricsWriter:
+    """Append rows to `run_dir/metrics.jsonl` (flushed per row) and the same numbers to TensorBoard.
+
+    Every row needs an integer "step"; every other numeric field becomes a TensorBoard scalar
+    under its own key (e.g. "loss", "val/web/ppl") at that step. NaN/inf are written to the
+    JSON file as null (and to TensorBoard as they are).
+
+    `resume_step`: when a run resumes from checkpoint step N, rows after N (written by the lost
+    part of the interrupted run) are dropped from metrics.jsonl, and TensorBoard is told to purge
+    its events after N (`purge_step`), so no step appears twice.
+    """
+
+    def __init__(self, run_dir: str, *, resume_step: int | None = None):
+        from tensorboardX import SummaryWriter  # deferred: only writers need TensorBoard
+
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        if resume_step is not None and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as fh:
+                kept = [line for line in fh if _row_step(line) is not None and _row_step(line) <= resume_step]
+            _atomic_write(self.path, "".join(kept))
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = SummaryWriter(logdir=os.path.join(run_dir, TB_DIR), flush_secs=30,
+                                 purge_step=None if resume_step is None else resume_step + 1)
+
+    def write(self, row: dict) -> None:
+        """Append one row (a dict with "step"; values are scalars or strings)."""
+        if "step" not in row:
+            raise ValueError(f"metrics row without 'step': {sorted(row)}")
+        values = {k: _scalar(v) for k, v in row.items()}
+        step = int(values["step"])
+        self._file.write(json.dumps({k: _json_value(v) for k, v in values.items()}, allow_nan=False) + "\n")
+        self._file.flush()
+        for key, value in values.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._tb.add_scalar(key, float(value), global_step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        self._tb.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Run-log header
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def git_commit() -> str:
+    """Commit of the yxanul_jax source tree (`<sha>` or `<sha>+dirty`), or 'unknown' (no git,
+    or the package is not inside its own checkout, e.g. installed from a wheel)."""
+    package_dir = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", package_dir, *args], capture_output=True, text=True, timeout=10)
+        if out.returncode:
+            raise OSError(out.stderr.strip())
+        return out.stdout.strip()
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if not os.path.samefile(os.path.join(top, "yxanul_jax"), package_dir):
+            return "unknown"  # some other repository that happens to contain site-packages
+        sha = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def gpu_driver_info() -> str | None:
+    """`name, driver, memory` per GPU from nvidia-smi, or None where there is no nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return "; ".join(rows) if out.returncode == 0 and rows else None
+
+
+def run_header(cfg: Config) -> str:
+    """The text every run log starts with: versions, Python, devices (and GPU driver), git commit,
+    then the resolved config YAML."""
+    import jax  # deferred: initializing the backend is the caller's choice of moment
+
+    dists = ("yxanul-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
+    devices = jax.devices()
+    kinds = collections.Counter(d.device_kind for d in devices)
+    lines = [
+        "versions: " + ", ".join(f"{d} {_version(d)}" for d in dists),
+        f"python: {platform.python_version()} ({sys.platform})",
+        "devices: " + ", ".join(f"{n} x {kind}" for kind, n in kinds.items())
+        + f" ({devices[0].platform}); {jax.local_device_count()} local, "
+        f"process {jax.process_index()} of {jax.process_count()}",
+        *([f"nvidia-smi: {gpus}"] if (gpus := gpu_driver_info()) else []),
+        f"git commit: {git_commit()}",
+        "config:",
+        to_yaml(cfg).rstrip(),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Progress line
+
+
+def _human(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+    """A live progress line on stderr: one rewritten line on a terminal, plain lines otherwise.
+
+    The ETA divides the remaining steps by the step rate over the last `window` updates, so the
+    first step's compilation drops out after a few updates.
+    """
+
+    def __init__(self, total_steps: int, *, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic, window: int = 20):
+        self.total_steps = total_steps
+        self._stream = stream
+        self._clock = clock
+        self._history: collections.deque[tuple[float, int]] = collections.deque(maxlen=window)
+        self._width = 0
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    def eta_seconds(self) -> float | None:
+        """Seconds to `total_steps` at the recent step rate, or None before two updates."""
+        if len(self._history) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._history[0], self._history[-1]
+        if s1 <= s0 or t1 <= t0:
+            return None
+        return max(self.total_steps - s1, 0) * (t1 - t0) / (s1 - s0)
+
+    def update(self, step: int, stage: int, seq_len: int, loss: float, tokens_per_sec: float,
+               mfu: float | None) -> str:
+        """Record `step` and print the line; returns the line (without control characters)."""
+        now = self._clock()
+        if self._history and step < self._history[-1][1]:
+            self._history.clear()  # restarted from a checkpoint
+        self._history.append((now, step))
+        eta = self.eta_seconds()
+        line = (f"step {step}/{self.total_steps} | stage {stage} seq {seq_len} | loss {loss:.4f} | "
+                f"{_human(tokens_per_sec)} tok/s | MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | "
+                f"ETA {'--' if eta is None else _duration(eta)}")
+        stream = self.stream
+        if stream.isatty():
+            stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+        else:
+            stream.write(line + "\n")
+        stream.flush()
+        return line
+
+    def close(self) -> None:
+        """End the rewritten line on a terminal so later output starts on a fresh line."""
+        if self._width and self.stream.isatty():
+            self.stream.write("\n")
+            self.stream.flush()
+        self._width = 0
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs and MFU
+
+
+def matmul_params(m: ModelConfig) -> int:
+    """Parameters that take part in a matmul for every token (what 6N counts).
+
+    Per layer: q (d x H*K), k and v (d x KV*K each), o (H*K x d), SwiGLU gate/up/down (3 x d x ffn).
+    The factorized input embedding's r -> d projection is a matmul on every token and counts;
+    the row lookup (vocab x r or vocab x d) does not. The output head is d -> vocab, or
+    d -> r -> vocab when it goes through the rank-r factors (tied with embed_rank > 0, factorized).
+    """
+    d, k = m.d_model, m.resolved_head_dim
+    attn = d * m.n_heads * k + 2 * d * m.n_kv_heads * k + m.n_heads * k * d
+    mlp = 3 * d * m.ffn_dim
+    embed_proj = m.embed_rank * d
+    if m.head == "untied" or not m.embed_rank:
+        head = d * m.vocab_size
+    else:
+        head = d * m.embed_rank + m.embed_rank * m.vocab_size
+    return m.n_layers * (attn + mlp) + embed_proj + head
+
+
+def flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward): 6 * matmul_params + attention.
+
+    Attention scores and values cost 2 matmuls of seq_len x head_dim per head and token, i.e.
+    12 * n_layers * n_heads * head_dim * seq_len with the backward pass. The causal mask is counted
+    as full attention, as PaLM and nanoGPT do, so MFU is comparable with theirs (flash attention
+    actually skips about half of it).
+    """
+    m = model_cfg
+    return 6.0 * matmul_params(m) + 12.0 * m.n_layers * m.n_heads * m.resolved_head_dim * seq_len
+
+
+# Dense BF16 tensor-core peaks (no sparsity), matched in order against jax's device_kind.
+_PEAK_BF16 = (
+    (r"H100.*PCIe", 756e12),
+    (r"H100.*NVL", 835e12),
+    (r"H100|GH200", 989e12),  # SXM (device_kind "NVIDIA H100 80GB HBM3")
+    (r"H200", 989e12),
+    (r"A100", 312e12),
+    (r"RTX 4090", 165e12),  # with FP32 accumulation, as XLA uses; 330e12 is the FP16-accumulate figure
+    (r"RTX 5090", 209.5e12),
+    (r"\bL4\b", 121e12),
+)
+
+
+def peak_flops_per_device(device) -> float | None:
+    """Dense BF16 peak FLOP/s of one device (a jax Device or its device_kind string).
+
+    `YXANUL_PEAK_TFLOPS` (e.g. 989) overrides the table; CPUs and unknown devices give None.
+    """
+    override = os.environ.get("YXANUL_PEAK_TFLOPS", "").strip()
+    if override:
+        try:
+            value = float(override)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise UserError(f"YXANUL_PEAK_TFLOPS must be a positive number of TFLOP/s, got {override!r}")
+        return value * 1e12
+    kind = device if isinstance(device, str) else getattr(device, "device_kind", "")
+    for pattern, peak in _PEAK_BF16:
+        if re.search(pattern, kind):
+            return peak
+    return None
+
+
+def mfu(tokens_per_sec: float, flops_per_token: float, n_devices: int, peak: float | None) -> float | None:
+    """Model FLOPs utilization: achieved training FLOP/s over the devices' peak; None if unknown."""
+    if peak is None or peak <= 0 or n_devices <= 0:
+        return None
+    return tokens_per_sec * flops_per_token / (n_devices * peak)
