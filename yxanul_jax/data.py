@@ -1,0 +1,384 @@
+"""Streaming prepared token shards: packed training batches (Grain) and one-pass validation batches.
+
+Format read here (written by `yxanul_jax.prepare`): `DIR/manifest.json`, `DIR/tokenizer.json`, and per
+split `DIR/{train,val}/NNNNN.tokens.npy` (uint16 or uint32, documents back to back, no EOS) with
+`NNNNN.offsets.npy` (int64 [docs + 1]). Token files are memory-mapped; only the per-document offsets
+are held in memory, never the corpus.
+
+The stream. One epoch is the split's documents in a seeded order (`np.random.default_rng([seed,
+epoch]).permutation`, a fresh order every epoch), each preceded by EOS: `EOS d0 EOS d1 EOS d2 ...`
+(EOS separates documents and acts as BOS). Epochs follow each other forever. A batch of
+`batch_size` rows of `seq_len + 1` tokens starting at global position `c` takes row r from
+`[c + r*L, c + r*L + L + 1)`: `inputs = row[:-1]`, `targets = row[1:]`, and the cursor moves to
+`c + B*L`. Consecutive rows overlap by one token, so every token of the stream is a target exactly
+once. The whole position is that one integer cursor, hence:
+  * exact save/restore: `get_state()` is `{"cursor": c, ...}`; any restore replays the same batches;
+  * a curriculum stage change (new seq_len / batch_size) just reads on from `c`: no document is
+    skipped or repeated;
+  * process sharding: process p of P takes rows [p*B/P, (p+1)*B/P) of every global batch, reading
+    only its own tokens; all processes keep the same cursor.
+
+Grain's role: the batch at step k of a stage is a pure function of (cursor at stage start, k,
+shape), so each stage is a `grain.MapDataset.range(...).map(batch_at)` turned into an iterator with
+thread prefetch, and with `num_workers > 0` computed in worker processes by `mp_prefetch`. A stage
+change or a restore starts a new Grain iterator at the cursor; prefetched batches are simply
+dropped, so nothing depends on Grain's own iterator state.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+import grain
+import numpy as np
+
+from yxanul_jax.errors import UserError
+
+FORMAT = "yxanul-tokens"
+SUPPORTED_VERSIONS = (1,)
+_STATE_KIND = "yxanul-train-stream"
+_EPOCHS_CACHED = 2
+
+
+class SplitIndex:
+    """One split's document table; token shards are memory-mapped on first use (per process)."""
+
+    def __init__(self, root: Path, split: str, info: dict):
+        self.split = split
+        self.paths = [str(root / s["tokens"]) for s in info["shards"]]
+        doc_lengths, shard_of, start_in = [], [], []
+        for k, s in enumerate(info["shards"]):
+            path = root / s["offsets"]
+            if not path.is_file() or not (root / s["tokens"]).is_file():
+                raise UserError(f"prepared dataset '{root}' is missing '{s['offsets']}' or '{s['tokens']}'; "
+                                "it is incomplete: prepare it again into a new directory")
+            offsets = np.load(path)
+            if offsets.ndim != 1 or len(offsets) != s["documents"] + 1 or offsets[-1] != s["num_tokens"]:
+                raise UserError(f"'{path}' does not match manifest.json; prepare the dataset again")
+            doc_lengths.append(np.diff(offsets))
+            shard_of.append(np.full(len(offsets) - 1, k, dtype=np.int32))
+            start_in.append(offsets[:-1])
+        empty = np.zeros(0, np.int64)
+        self.lengths = np.concatenate(doc_lengths) if doc_lengths else empty
+        self.shard_of = np.concatenate(shard_of) if shard_of else np.zeros(0, np.int32)
+        self.start_in_shard = np.concatenate(start_in) if start_in else empty
+        self.num_documents = len(self.lengths)
+        self.num_tokens = int(self.lengths.sum())
+        self._maps: list[np.ndarray] | None = None
+
+    def __getstate__(self):  # never pickle memory maps (that would copy the shards)
+        return {**self.__dict__, "_maps": None}
+
+    def doc_slice(self, doc: int, a: int, b: int) -> np.ndarray:
+        """Tokens [a, b) of document `doc` (a view into a memory-mapped shard)."""
+        if self._maps is None:
+            self._maps = [np.load(p, mmap_mode="r") for p in self.paths]
+        base = self.start_in_shard[doc]
+        return self._maps[self.shard_of[doc]][base + a:base + b]
+
+
+class PreparedDataset:
+    """A prepared dataset directory: manifest, tokenizer identity and lazily opened splits."""
+
+    def __init__(self, path: str | os.PathLike, manifest: dict):
+        self.path = str(path)
+        self.manifest = manifest
+        self.vocab_size: int = int(manifest["vocab_size"])
+        self.eos_id: int = int(manifest["eos_id"])
+        tok = Path(path) / manifest.get("tokenizer", {}).get("file", "tokenizer.json")
+        self.tokenizer_path: str | None = str(tok) if tok.is_file() else None
+        self._splits: dict[str, SplitIndex] = {}
+
+    def __repr__(self) -> str:
+        return f"PreparedDataset({self.path!r}, vocab={self.vocab_size}, eos={self.eos_id})"
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """UserError unless the model's embedding has exactly the dataset tokenizer's vocabulary."""
+        if model_vocab_size != self.vocab_size:
+            src = self.manifest.get("tokenizer", {}).get("source", "its tokenizer")
+            raise UserError(f"dataset '{self.path}' was tokenized with vocab {self.vocab_size} ({src}) but "
+                            f"model.vocab_size is {model_vocab_size}; set model.vocab_size={self.vocab_size} "
+                            f"or prepare the data with a {model_vocab_size}-entry tokenizer")
+
+    def split(self, name: str) -> SplitIndex:
+        """The document table of split `name` ('train' or 'val'); UserError if it has no documents."""
+        if name not in self._splits:
+            info = self.manifest.get("splits", {}).get(name)
+            if info is None:
+                raise UserError(f"dataset '{self.path}' has no split '{name}' (splits: "
+                                f"{', '.join(self.manifest.get('splits', {}))})")
+            self._splits[name] = SplitIndex(Path(self.path), name, info)
+        index = self._splits[name]
+        if index.num_documents == 0:
+            hint = "--val-fraction > 0" if name == "val" else "--val-fraction < 1"
+            raise UserError(f"dataset '{self.path}' has no '{name}' documents; prepare it with {hint}")
+        return index
+
+    def num_documents(self, split: str) -> int:
+        return int(self.manifest["splits"][split]["documents"])
+
+    def num_tokens(self, split: str) -> int:
+        return int(self.manifest["splits"][split]["tokens"])
+
+    def fingerprint(self, split: str = "train") -> dict:
+        """What a saved stream position is only valid for."""
+        return {"documents": self.num_documents(split), "tokens": self.num_tokens(split),
+                "tokenizer_sha256": self.manifest.get("tokenizer", {}).get("sha256")}
+
+
+def open_dataset(path: str | os.PathLike) -> PreparedDataset:
+    """Open a prepared dataset directory (reads manifest.json only); UserError if missing or corrupt."""
+    root = Path(path).expanduser()
+    fix = "prepare one with `python -m yxanul_jax.prepare --input ... --tokenizer ... --output DIR`"
+    if not root.exists():
+        raise UserError(f"dataset '{path}' does not exist; {fix}")
+    manifest_path = root / "manifest.json"
+    if not manifest_path.is_file():
+        raise UserError(f"'{path}' is not a prepared dataset (no manifest.json); {fix}")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        ok = (isinstance(manifest, dict) and manifest.get("format") == FORMAT
+              and isinstance(manifest.get("splits"), dict) and "vocab_size" in manifest and "eos_id" in manifest)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise UserError(f"'{manifest_path}' is corrupt or not a yxanul manifest; prepare the dataset again "
+                        "into a new directory")
+    if manifest.get("version") not in SUPPORTED_VERSIONS:
+        raise UserError(f"'{manifest_path}' has format version {manifest.get('version')}, this code reads "
+                        f"{SUPPORTED_VERSIONS}; prepare the dataset again with this version")
+    return PreparedDataset(root, manifest)
+
+
+# --------------------------------------------------------------------------------------------
+# The packed token stream
+
+
+class TokenStream:
+    """Random access to a split's packed stream `EOS d EOS d ...`, shuffled per epoch by `seed`.
+
+    seed=None keeps the stored order and makes the stream finite (one epoch, `length` tokens);
+    positions past the end read as EOS (callers mask them).
+    """
+
+    def __init__(self, index: SplitIndex, eos_id: int, seed: int | None):
+        self.index, self.eos_id, self.seed = index, eos_id, seed
+        self.length = index.num_documents + index.num_tokens  # tokens per epoch
+        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __getstate__(self):
+        return {**self.__dict__, "_epochs": {}}
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Document ids in the order epoch `epoch` visits them (int64[num_documents])."""
+        n = self.index.num_documents
+        if self.seed is None:
+            return np.arange(n)
+        return np.random.default_rng([self.seed % 2**63, epoch]).permutation(n)
+
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        if epoch not in self._epochs:
+            if len(self._epochs) >= _EPOCHS_CACHED:
+                self._epochs.pop(min(self._epochs))
+            order = self.epoch_order(epoch)
+            self._epochs[epoch] = (order, np.cumsum(self.index.lengths[order] + 1))
+        return self._epochs[epoch]
+
+    def read(self, start: int, n: int) -> np.ndarray:
+        """Stream tokens [start, start + n) as int32[n]."""
+        out = np.empty(n, dtype=np.int32)
+        lengths, filled, pos = self.index.lengths, 0, start
+        while filled < n:
+            epoch, p = divmod(pos, self.length)
+            if self.seed is None and epoch > 0:
+                out[filled:] = self.eos_id
+                break
+            order, ends = self._epoch(epoch)
+            i = int(np.searchsorted(ends, p, side="right"))  # the unit (EOS + document) holding p
+            while filled < n and i < len(order):
+                doc = int(order[i])
+                o = p - (int(ends[i]) - int(lengths[doc]) - 1)  # offset inside the unit; 0 is its EOS
+                if o == 0:
+                    out[filled] = self.eos_id
+                    filled, p, pos, o = filled + 1, p + 1, pos + 1, 1
+                take = min(n - filled, int(lengths[doc]) - (o - 1))
+                out[filled:filled + take] = self.index.doc_slice(doc, o - 1, o - 1 + take)
+                filled, p, pos = filled + take, p + take, pos + take
+                i += 1
+        return out
+
+
+def _rows(stream: TokenStream, start: int, seq_len: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    span = stream.read(start, rows * seq_len + 1)
+    return span[:-1].reshape(rows, seq_len), span[1:].reshape(rows, seq_len)
+
+
+class _TrainBatchAt:
+    """Batch k of a stage: a pure function of k (pickled into Grain worker processes)."""
+
+    def __init__(self, stream: TokenStream, cursor0: int, seq_len: int, batch_size: int,
+                 process_index: int, process_count: int):
+        self.stream, self.cursor0, self.seq_len, self.batch_size = stream, cursor0, seq_len, batch_size
+        self.local = batch_size // process_count
+        self.offset = process_index * self.local * seq_len
+
+    def __call__(self, k: int) -> dict:
+        cursor = self.cursor0 + k * self.batch_size * self.seq_len
+        inputs, targets = _rows(self.stream, cursor + self.offset, self.seq_len, self.local)
+        return {"inputs": inputs, "targets": targets, "cursor": np.int64(cursor)}
+
+
+def _allow_grain_workers() -> None:
+    # grain 0.2.18's mp_prefetch reads an absl flag; outside absl.app nobody has parsed flags.
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+class TrainStream:
+    """Infinite packed training batches; `next_batch(seq_len, batch_size)` may change shape at any call."""
+
+    def __init__(self, ds: PreparedDataset, *, seed: int, process_index: int = 0, process_count: int = 1,
+                 num_workers: int = 0, prefetch: int = 2):
+        if not 0 <= process_index < process_count:
+            raise UserError(f"process_index {process_index} is not in [0, {process_count})")
+        if num_workers < 0 or prefetch < 0:
+            raise UserError(f"data.num_workers ({num_workers}) and data.prefetch ({prefetch}) must be >= 0")
+        self.ds, self.seed = ds, int(seed)
+        self.process_index, self.process_count = process_index, process_count
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self.stream = TokenStream(ds.split("train"), ds.eos_id, self.seed)
+        self.cursor = 0
+        self._iter = None
+        self._shape: tuple[int, int] | None = None
+        self._masks: dict[tuple[int, int], np.ndarray] = {}
+
+    def _restart(self, seq_len: int, batch_size: int) -> None:
+        self.close()
+        fn = _TrainBatchAt(self.stream, self.cursor, seq_len, batch_size, self.process_index, self.process_count)
+        threads = 1 if self.prefetch else 0
+        it_ds = grain.MapDataset.range(0, 2**62).map(fn).to_iter_dataset(
+            grain.ReadOptions(num_threads=threads, prefetch_buffer_size=self.prefetch))
+        if self.num_workers > 0:
+            _allow_grain_workers()
+            it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(
+                num_workers=self.num_workers, per_worker_buffer_size=max(self.prefetch, 1)))
+        self._iter = iter(it_ds)
+        self._shape = (seq_len, batch_size)
+
+    def next_batch(self, seq_len: int, batch_size: int) -> dict:
+        """Next global batch's local rows: inputs / targets int32[B_local, L], mask float32 ones.
+
+        B_local = batch_size // process_count. A new (seq_len, batch_size) continues the stream.
+        """
+        if seq_len < 1 or batch_size < 1 or batch_size % self.process_count:
+            raise UserError(f"batch_size {batch_size} must be a positive multiple of the process count "
+                            f"{self.process_count} and seq_len {seq_len} positive")
+        if self._shape != (seq_len, batch_size) or self._iter is None:
+            self._restart(seq_len, batch_size)
+        batch = next(self._iter)
+        if int(batch.pop("cursor")) != self.cursor:  # Grain returned batches out of order: a bug
+            raise RuntimeError(f"data stream out of step: expected cursor {self.cursor}")
+        self.cursor += seq_len * batch_size
+        key = batch["inputs"].shape
+        if key not in self._masks:
+            self._masks[key] = np.ones(key, np.float32)
+            self._masks[key].flags.writeable = False
+        batch["mask"] = self._masks[key]
+        return batch
+
+    @property
+    def tokens_consumed(self) -> int:
+        """Target tokens delivered so far, over all processes (equals the cursor)."""
+        return self.cursor
+
+    def get_state(self) -> dict:
+        """JSON-serializable exact position (the same on every process)."""
+        return {"kind": _STATE_KIND, "version": 1, "cursor": self.cursor, "tokens_consumed": self.cursor,
+                "epoch": self.cursor // self.stream.length, "seed": self.seed,
+                "dataset": self.ds.fingerprint("train")}
+
+    def set_state(self, state: dict) -> None:
+        """Continue from a `get_state()` result; UserError if it belongs to another seed or dataset."""
+        if not isinstance(state, dict) or state.get("kind") != _STATE_KIND or not isinstance(state.get("cursor"), int):
+            raise UserError("saved data-stream state is not a yxanul train stream state; "
+                            "restore it from the same run's checkpoint")
+        if state.get("seed") != self.seed:
+            raise UserError(f"saved data-stream state used data.shuffle_seed={state.get('seed')} but this run "
+                            f"uses {self.seed}; set data.shuffle_seed={state.get('seed')} to resume exactly")
+        if state.get("dataset") != self.ds.fingerprint("train"):
+            raise UserError(f"saved data-stream state belongs to another dataset than '{self.ds.path}' "
+                            "(documents, tokens or tokenizer differ); resume with the same data.train")
+        self.close()
+        self.cursor = int(state["cursor"])
+
+    def close(self) -> None:
+        """Stop prefetch threads / worker processes (a later next_batch restarts them)."""
+        if self._iter is not None:
+            close = getattr(self._iter, "close", None)
+            if close is not None:
+                close()
+            self._iter = None
+            self._shape = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def make_train_stream(ds: PreparedDataset, *, seed: int, process_index: int = 0, process_count: int = 1,
+                      num_workers: int = 0, prefetch: int = 2) -> TrainStream:
+    """The training stream of `ds` (see the module docstring); UserError if it has no train documents."""
+    return TrainStream(ds, seed=seed, process_index=process_index, process_count=process_count,
+                       num_workers=num_workers, prefetch=prefetch)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+class _EvalBatchAt:
+    def __init__(self, stream: TokenStream, seq_len: int, batch_size: int, process_index: int, process_count: int):
+        self.stream, self.seq_len, self.batch_size = stream, seq_len, batch_size
+        self.local = batch_size // process_count
+        self.offset = process_index * self.local * seq_len
+
+    def __call__(self, k: int) -> dict:
+        start = k * self.batch_size * self.seq_len + self.offset
+        inputs, targets = _rows(self.stream, start, self.seq_len, self.local)
+        # target (r, j) is stream position start + r*L + j + 1; real while < stream length
+        pos_1xL = start + 1 + np.arange(self.local * self.seq_len).reshape(self.local, self.seq_len)
+        return {"inputs": inputs, "targets": targets, "mask": (pos_1xL < self.stream.length).astype(np.float32)}
+
+
+def eval_batches(ds_or_path: PreparedDataset | str, *, seq_len: int, batch_size: int, split: str = "val",
+                 max_batches: int = 0, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
+    """One deterministic pass over a split in stored order, packed like training (EOS d EOS d ...).
+
+    Yields {"inputs", "targets": int32[B_local, L], "mask": float32[B_local, L]}; the last batch is
+    padded (EOS tokens, mask 0). Every process yields the same number of batches:
+    ceil((tokens + documents - 1) / (B*L)), at most `max_batches` when > 0.
+    """
+    ds = ds_or_path if isinstance(ds_or_path, PreparedDataset) else open_dataset(ds_or_path)
+    if seq_len < 1 or batch_size < 1 or batch_size % process_count:
+        raise UserError(f"eval batch_size {batch_size} must be a positive multiple of the process count "
+                        f"{process_count} and seq_len {seq_len} positive")
+    stream = TokenStream(ds.split(split), ds.eos_id, seed=None)
+    n = math.ceil((stream.length - 1) / (batch_size * seq_len))
+    if max_batches > 0:
+        n = min(n, max_batches)
+    fn = _EvalBatchAt(stream, seq_len, batch_size, process_index, process_count)
+    it_ds = grain.MapDataset.range(n).map(fn).to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))
+    yield from it_ds
