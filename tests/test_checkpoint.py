@@ -130,6 +130,8 @@ def test_save_interval_and_force(tmp_path):
         assert ckpt.save(6, _small_state(6), {})
         assert not ckpt.save(6, _small_state(6), {}, force=True)  # already there: not rewritten
         assert ckpt.all_steps() == [4, 6] and ckpt.latest_step() == 6
+        with pytest.raises(UserError, match="already holds the later step 6"):
+            ckpt.save(5, _small_state(5), {}, force=True)  # would mix an older history into rotation
         with pytest.raises(TypeError, match="JSON"):
             ckpt.save(9, _small_state(9), {"iterator": b"raw bytes"})
     never = Checkpointer(str(tmp_path / "never"), _cfg(interval=0))

@@ -195,9 +195,9 @@ class Checkpointer:
              force: bool = False) -> bool:
         """Save `state` (array pytree) and `meta` (JSON dict) as checkpoint `step`.
 
-        Saves when `force` or `should_save(step)`; returns whether a save was started. A step that
-        already exists is not saved again (returns False), so call this after validating that
-        step if `val_ppl` should be attached. With `async_save` the arrays are copied to host before
+        Saves when `force` or `should_save(step)`; returns whether a save was started. The latest
+        step is not saved again (returns False), so call this after validating that step if
+        `val_ppl` should be attached; a step older than the latest raises UserError. With `async_save` the arrays are copied to host before
         this returns (their device buffers may then be donated); the files are written in the
         background (`wait()`/`close()` block until done). Old checkpoints beyond `max_to_keep` (and
         not the best) are deleted once this one is committed.
@@ -208,7 +208,13 @@ class Checkpointer:
         """
         if not (force or self.should_save(step)):
             return False
-        if step in self._mngr.all_steps():
+        latest = self._mngr.latest_step()
+        if latest is not None and step < latest:
+            # Rotation orders checkpoints by step, so an older step saved after a newer one would
+            # mix two histories (and later saves would collide with the newer steps).
+            raise UserError(f"cannot save step {step} into '{self.directory}': it already holds the later "
+                            f"step {latest}; continue from an earlier checkpoint in a new --run-dir")
+        if step == latest:
             log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
             return False
         try:
