@@ -261,9 +261,12 @@ class Config:
 # Building from dicts, with type checks
 
 
-def _suggest(key: str, choices) -> str:
+def _suggest(key: str, choices, prefix: str = "") -> str:
+    """A close match spelled as a full dotted key, else the list of valid keys."""
     close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.5)
-    return f" (did you mean '{close[0]}'?)" if close else f" (valid: {', '.join(sorted(choices))})"
+    if close:
+        return f" (did you mean '{_join(prefix, close[0])}'?)"
+    return f" (valid: {', '.join(sorted(choices))})"
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -320,6 +323,11 @@ def _coerce(value: Any, tp, key: str) -> Any:
             raise UserError(f"config key '{key}' must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"config key '{key}' must be a number, got {value!r}")
         return float(value)
@@ -345,7 +353,7 @@ def from_dict(cls, data: dict, prefix: str = ""):
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            raise UserError(f"unknown config key '{_join(prefix, key)}'{_suggest(str(key), names)}")
+            raise UserError(f"unknown config key '{_join(prefix, key)}'{_suggest(str(key), names, prefix)}")
         kwargs[key] = _coerce(value, hints[key], _join(prefix, key))
     return cls(**kwargs)
 
@@ -399,7 +407,7 @@ def _set_path(obj, path: list[str], raw: Any, done: str):
         raise UserError(f"config key '{done}' has no sub-keys")
     names = {f.name for f in dataclasses.fields(obj)}
     if key not in names:
-        raise UserError(f"unknown config key '{here}'{_suggest(key, names)}")
+        raise UserError(f"unknown config key '{here}'{_suggest(key, names, done)}")
     tp = _hints(type(obj))[key]
     if len(path) == 1:
         value = _coerce(raw, tp, here)

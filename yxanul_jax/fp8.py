@@ -65,6 +65,15 @@ def update_meta(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> dict:
     return {"amax_history": history, "scale": scale}
 
 
+def step_scale(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> jax.Array:
+    """The scale this step quantizes with: the delayed one from the state, except while the
+    history is still empty (the very first step), when the current amax stands in. A unit scale
+    there would flush weights below 2**-9 and nearly every gradient to zero."""
+    empty = jnp.max(meta["amax_history"]) <= 0
+    current = jnp.maximum(amax, jnp.finfo(jnp.float32).tiny) * (2.0 ** spec.margin) / fp8_max(q_dtype)
+    return jnp.where(empty & jnp.isfinite(amax), current, meta["scale"])
+
+
 def quantize(x: jax.Array, q_dtype, scale: jax.Array) -> jax.Array:
     """Saturating cast of x / scale to an FP8 dtype."""
     m = fp8_max(q_dtype)
@@ -101,19 +110,24 @@ def _fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
 
 def _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
     dt = spec.compute_dtype
-    x_q = quantize(x, E4M3, x_meta["scale"])
-    w_q = quantize(w, E4M3, w_meta["scale"])
-    y = _dot_last(dequantize(x_q, x_meta["scale"], dt), dequantize(w_q, w_meta["scale"], dt), dt)
-    new_x = update_meta(x_meta, _amax(x), E4M3, spec)
-    new_w = update_meta(w_meta, _amax(w), E4M3, spec)
+    x_amax, w_amax = _amax(x), _amax(w)
+    x_scale = step_scale(x_meta, x_amax, E4M3, spec)
+    w_scale = step_scale(w_meta, w_amax, E4M3, spec)
+    x_q = quantize(x, E4M3, x_scale)
+    w_q = quantize(w, E4M3, w_scale)
+    y = _dot_last(dequantize(x_q, x_scale, dt), dequantize(w_q, w_scale, dt), dt)
+    new_x = update_meta(x_meta, x_amax, E4M3, spec)
+    new_w = update_meta(w_meta, w_amax, E4M3, spec)
     # Residuals are the FP8 tensors themselves: half the bytes of saving BF16 activations.
-    return y, (x_q, x_meta["scale"], w_q, w_meta["scale"], new_x, new_w, g_meta)
+    return y, (x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta)
 
 
 def _fp8_bwd(spec: Fp8Spec, res, g):
     x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta = res
     dt = spec.compute_dtype
-    g_dq = dequantize(quantize(g, E5M2, g_meta["scale"]), g_meta["scale"], dt)
+    g_amax = _amax(g)
+    g_scale = step_scale(g_meta, g_amax, E5M2, spec)
+    g_dq = dequantize(quantize(g, E5M2, g_scale), g_scale, dt)
     x_dq = dequantize(x_q, x_scale, dt)
     w_dq = dequantize(w_q, w_scale, dt)
     # dx[..., I] = g[..., O] @ w[I, O]^T
@@ -122,7 +136,7 @@ def _fp8_bwd(spec: Fp8Spec, res, g):
     # dw[I, O] = sum over all leading dims of x[..., I] g[..., O]
     lead = tuple(range(g.ndim - 1))
     dw = jax.lax.dot_general(x_dq, g_dq, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
-    new_g = update_meta(g_meta, _amax(g), E5M2, spec)
+    new_g = update_meta(g_meta, g_amax, E5M2, spec)
     return dx, dw.astype(spec.kernel_dtype), new_x, new_w, new_g
 
 

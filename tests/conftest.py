@@ -1,0 +1,39 @@
+"""Shared test setup: CPU only, deterministic, and the tiny configs the suite runs on."""
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import dataclasses  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from yxanul_jax.config import Config, FP8Config, ModelConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, or skip the test with the reason when it is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: ../shared (real data and tokenizers) sits beside the checkout only in CI "
+                    "and developer workspaces")
+    return path
+
+
+def micro_model(**overrides) -> ModelConfig:
+    """A very small float32 model for numerics tests (fast to compile, exact comparisons)."""
+    base = dict(name="micro", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64,
+                embed_rank=8, head="tied", dtype="float32", max_position=256)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def no_fp8() -> FP8Config:
+    return FP8Config(enabled=False)
+
+
+def micro_config(**model_overrides) -> Config:
+    return dataclasses.replace(Config(), model=micro_model(**model_overrides))

@@ -1,0 +1,91 @@
+"""Config system: defaults, sparse YAML, dotted overrides, and one-line errors with exit code 2."""
+import subprocess
+import sys
+
+import pytest
+
+from yxanul_jax import plan
+from yxanul_jax.config import Config, apply_overrides, from_dict, load_config, to_dict, to_yaml, validate
+from yxanul_jax.errors import UserError
+
+from conftest import REPO
+
+
+def test_defaults_validate_and_roundtrip():
+    cfg = validate(Config())
+    again = from_dict(Config, to_dict(cfg))
+    assert again == cfg
+    import yaml
+    assert from_dict(Config, yaml.safe_load(to_yaml(cfg))) == cfg
+
+
+def test_yaml_overrides_sparsely(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  d_model: 64\n  n_heads: 2\n  n_kv_heads: 1\n")
+    cfg = load_config(str(path))
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.n_kv_heads) == (64, 2, 1)
+    assert cfg.model.n_layers == Config().model.n_layers  # untouched fields keep their defaults
+    assert cfg.fp8 == Config().fp8
+
+
+def test_dotted_overrides_types_and_lists():
+    cfg = apply_overrides(Config(), ["model.d_model=256", "optim.lr=1e-3", "fp8.enabled=false",
+                                     "fp8.targets=[q,k]", "curriculum.1.batch_size=4", "eval.domains.code=/x"])
+    assert cfg.model.d_model == 256 and isinstance(cfg.model.d_model, int)
+    assert cfg.optim.lr == 1e-3 and cfg.fp8.enabled is False
+    assert cfg.fp8.targets == ("q", "k")
+    assert cfg.curriculum[1].batch_size == 4 and cfg.curriculum[0].batch_size == Config().curriculum[0].batch_size
+    assert cfg.eval.domains == {"code": "/x"}
+    assert apply_overrides(Config(), ["optim.lr=1"]).optim.lr == 1.0  # int accepted for float
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("model.d_modle=3", "model.d_modle' (did you mean 'model.d_model'"),
+    ("modle.d_model=3", "did you mean 'model'"),
+    ("model.d_model=wide", "model.d_model' must be an integer"),
+    ("fp8.enabled=maybe", "fp8.enabled' must be true or false"),
+    ("model.head=shared", "model.head' must be one of"),
+    ("model.n_kv_heads=3", "model.n_kv_heads"),
+    ("curriculum.5.seq_len=8", "index 5 out of range"),
+    ("curriculum.1.start_step=0", "curriculum.1.start_step"),
+    ("curriculum.0.seq_len=99999", "curriculum.0.seq_len"),
+    ("fp8.targets=[q,kk]", "fp8.targets.1"),
+    ("optim.lr=-1", "optim.lr"),
+    ("model.d_model", "key.sub=value"),
+])
+def test_bad_overrides_name_the_key(override, needle):
+    with pytest.raises(UserError) as e:
+        load_config(None, [override])
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_yaml_key_and_bad_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  n_layer: 3\n")
+    with pytest.raises(UserError, match=r"model.n_layer' \(did you mean 'model.n_layers'"):
+        load_config(str(bad))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(str(broken))
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["model.d_modle=3"], "model.d_modle"),               # unknown key
+    (["model.n_layers=two"], "model.n_layers"),           # wrong type
+    (["model.n_kv_heads=3"], "model.n_kv_heads"),         # bad value (3 does not divide 4 heads)
+])
+def test_cli_exits_2_with_one_line(args, needle):
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.plan", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+
+
+def test_plan_main_returns_2_in_process(capsys):
+    assert plan.main(["model.d_model=abc"]) == 2
+    assert "model.d_model" in capsys.readouterr().err

@@ -1,0 +1,172 @@
+"""Model: parameter counts against an independent formula, causality, GQA and RoPE references, gradients."""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from yxanul_jax import fp8 as fp8_lib
+from yxanul_jax.config import FP8Config, load_config
+from yxanul_jax.model import Attention, Yxanul, apply_rope, init_variables, param_breakdown, rope_tables
+from yxanul_jax.plan import build_plan
+
+from conftest import REPO, micro_model, no_fp8
+
+CONFIGS = sorted(str(p) for p in (REPO / "configs").glob("*.yaml"))
+
+
+def formula_params(m) -> int:
+    """Independent count: per layer Q, K, V, O, SwiGLU, two norms; embedding; head; final norm."""
+    d, k = m.d_model, (m.head_dim or m.d_model // m.n_heads)
+    per_layer = d * m.n_heads * k * 2 + 2 * d * m.n_kv_heads * k + 3 * d * m.ffn_dim + 2 * d
+    r, v = m.embed_rank, m.vocab_size
+    embedding = v * r + r * d if r else v * d
+    head = {"tied": 0, "factorized": d * r, "untied": d * v}[m.head]
+    return m.n_layers * per_layer + embedding + head + d
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.rsplit("/", 1)[-1])
+def test_shipped_config_param_counts_match_formula(path):
+    cfg = load_config(path)
+    plan = build_plan(cfg)
+    assert plan["params_total"] == formula_params(cfg.model)
+    assert sum(plan["params_by_component"].values()) == plan["params_total"]
+
+
+def test_reference_figures_from_the_spec():
+    m197 = load_config(str(REPO / "configs/yxanul_197m.yaml")).model
+    assert formula_params(m197) == 196_398_464
+    assert round(formula_params(dataclasses.replace(m197, head="factorized")) / 1e6, 2) == 196.50
+    assert round(formula_params(load_config(str(REPO / "configs/yxanul_270m.yaml")).model) / 1e6, 1) == 273.3
+
+
+def _variables(m, fp8, tokens, key=0):
+    """Fresh variables; with FP8, the state after one train step (delayed scales in use)."""
+    model = Yxanul(m, fp8)
+    variables = init_variables(m, fp8, jax.random.key(key))
+    if fp8.active:
+        params, state = fp8_lib.split_state(variables)
+        state = jax.grad(_loss, argnums=2)(model, params, state, tokens)
+        variables = {"params": params, **state}
+    return variables
+
+
+@pytest.mark.parametrize("fp8", [no_fp8(), FP8Config(amax_history_len=4)], ids=["bf16", "fp8"])
+def test_causality(fp8):
+    m = micro_model()
+    model = Yxanul(m, fp8)
+    tokens = jax.random.randint(jax.random.key(1), (2, 24), 0, m.vocab_size)
+    variables = _variables(m, fp8, tokens)
+    t = 11
+    changed = tokens.at[:, t].set((tokens[:, t] + 1) % m.vocab_size)
+    a, b = model.apply(variables, tokens), model.apply(variables, changed)
+    np.testing.assert_array_equal(np.asarray(a[:, :t]), np.asarray(b[:, :t]))
+    assert not np.allclose(np.asarray(a[:, t:]), np.asarray(b[:, t:]))
+
+
+def _reference_attention(p, x_BxLxD, m):
+    """Plain multi-head attention in float32 einsums, kv heads repeated to the query heads."""
+    B, L, D = x_BxLxD.shape
+    H, G, K = m.n_heads, m.n_kv_heads, m.resolved_head_dim
+    q = (x_BxLxD @ p["q"]["kernel"]).reshape(B, L, H, K)
+    k = (x_BxLxD @ p["k"]["kernel"]).reshape(B, L, G, K)
+    v = (x_BxLxD @ p["v"]["kernel"]).reshape(B, L, G, K)
+    sin, cos = rope_tables(L, K, m.rope_theta)
+    q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+    k, v = jnp.repeat(k, H // G, axis=2), jnp.repeat(v, H // G, axis=2)
+    s = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(K)
+    s = jnp.where(jnp.tril(jnp.ones((L, L), bool)), s, -jnp.inf)
+    o = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(s, axis=-1), v).reshape(B, L, H * K)
+    return o @ p["o"]["kernel"]
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_attention_matches_einsum_reference(kv_heads):
+    m = micro_model(n_heads=4, n_kv_heads=kv_heads)
+    x = jax.random.normal(jax.random.key(2), (2, 16, m.d_model), jnp.float32)
+    attn = Attention(m, no_fp8())
+    sin, cos = rope_tables(16, m.resolved_head_dim, m.rope_theta)
+    variables = jax.tree_util.tree_map(lambda a: a, attn.init(jax.random.key(3), x, sin, cos))
+    variables = __import__("flax").linen.meta.unbox(variables)
+    got = attn.apply(variables, x, sin, cos)
+    want = _reference_attention(variables["params"], x, m)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    K, L = 16, 32
+    q = jax.random.normal(jax.random.key(4), (K,))
+    k = jax.random.normal(jax.random.key(5), (K,))
+    sin, cos = rope_tables(L, K, 10_000.0)
+    q_L = apply_rope(jnp.broadcast_to(q, (1, L, 1, K)), sin, cos)[0, :, 0]
+    k_L = apply_rope(jnp.broadcast_to(k, (1, L, 1, K)), sin, cos)[0, :, 0]
+    s_LxL = np.asarray(q_L @ k_L.T)
+    for shift in (1, 5, 13):
+        np.testing.assert_allclose(s_LxL[shift:, shift:], s_LxL[:-shift, :-shift], rtol=1e-4, atol=1e-4)
+    assert not np.allclose(s_LxL[0, 0], s_LxL[5, 0])  # but it does depend on the offset
+
+
+def _loss(model, params, state, tokens):
+    logits = model.apply({"params": params, **state}, tokens[:, :-1])
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(), dict(head="factorized"), dict(head="untied", embed_rank=0), dict(head="tied", embed_rank=0),
+    dict(scan_layers=True, remat="full"),
+], ids=["tied-factorized", "factorized-head", "untied-full", "tied-full", "scan-remat"])
+def test_every_parameter_gets_a_nonzero_gradient(overrides):
+    m = micro_model(**overrides)
+    fp8 = FP8Config(amax_history_len=4)
+    model = Yxanul(m, fp8)
+    params, state = fp8_lib.split_state(init_variables(m, fp8, jax.random.key(0)))
+    tokens = jax.random.randint(jax.random.key(6), (2, 17), 0, m.vocab_size)
+    grads = jax.grad(_loss, argnums=1)(model, params, state, tokens)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        assert float(jnp.max(jnp.abs(g))) > 0, jax.tree_util.keystr(path)
+    assert set(param_breakdown(params)) == {"embedding", "attention", "mlp", "norms", "head"}
+
+
+def test_scan_and_remat_match_the_unrolled_model():
+    m = micro_model()
+    tokens = jax.random.randint(jax.random.key(7), (2, 12), 0, m.vocab_size)
+    v_loop = init_variables(m, no_fp8(), jax.random.key(0))
+    p = v_loop["params"]
+    layers = [p[f"layer_{i}"] for i in range(m.n_layers)]
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+    p_scan = {k: v for k, v in p.items() if not k.startswith("layer_")} | {"layers": stacked}
+    m_scan = dataclasses.replace(m, scan_layers=True, remat="dots")
+    want = Yxanul(m, no_fp8()).apply({"params": p}, tokens)
+    got = Yxanul(m_scan, no_fp8()).apply({"params": p_scan}, tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    g_loop = jax.grad(_loss, argnums=1)(Yxanul(m, no_fp8()), p, {}, tokens)
+    g_scan = jax.grad(_loss, argnums=1)(Yxanul(m_scan, no_fp8()), p_scan, {}, tokens)
+    np.testing.assert_allclose(np.asarray(g_scan["layers"]["mlp"]["up"]["kernel"][1]),
+                               np.asarray(g_loop["layer_1"]["mlp"]["up"]["kernel"]), rtol=1e-4, atol=1e-6)
+
+
+def test_hidden_then_logits_equals_call_and_dtypes():
+    m = micro_model(dtype="bfloat16")
+    model = Yxanul(m, FP8Config(amax_history_len=4))
+    v = init_variables(m, model.fp8, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(8), (2, 8), 0, m.vocab_size)
+    h = model.apply(v, tokens, method=Yxanul.hidden)
+    assert h.shape == (2, 8, m.d_model) and h.dtype == jnp.bfloat16
+    logits = model.apply(v, h, method=Yxanul.logits)
+    assert logits.dtype == jnp.float32 and logits.shape == (2, 8, m.vocab_size)
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(model.apply(v, tokens)))
+    assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(v["params"]))  # FP32 master weights
+
+
+def test_parameters_carry_logical_axis_names():
+    import flax.linen as nn
+
+    m = micro_model(scan_layers=True)
+    boxed = Yxanul(m, no_fp8()).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    specs = nn.get_partition_spec(boxed)["params"]
+    assert tuple(specs["embedding"]) == ("vocab", "embed_rank")
+    assert tuple(specs["layers"]["attn"]["q"]["kernel"]) == ("layers", "embed", "heads")
+    assert tuple(specs["layers"]["mlp"]["down"]["kernel"]) == ("layers", "mlp", "embed")
