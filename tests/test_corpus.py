@@ -1,0 +1,61 @@
+"""Tests of yxanul_jax/corpus.py: the stdlib demo corpus and its cached, race-safe preparation."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from yxanul_jax import corpus
+from yxanul_jax.data import eval_batches, make_train_stream, open_dataset
+from yxanul_jax.errors import UserError
+
+
+def test_stdlib_files_are_deterministic_sorted_capped_and_skip_tests():
+    files = corpus.stdlib_files(1_000_000)
+    assert files == corpus.stdlib_files(1_000_000) and files == sorted(files)
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rel = [f.relative_to(root).parts for f in files]
+    assert all(not ({"test", "tests", "site-packages"} & set(parts)) for parts in rel)
+    assert len({parts[0] for parts in rel}) > 10  # spread over the library, not just its 'a...' start
+    total = sum(f.stat().st_size for f in files)
+    assert 500_000 < total <= 1_000_000
+
+
+def test_demo_dataset_is_built_once_into_the_cache_and_streams(tmp_path, monkeypatch):
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    path = corpus.ensure_demo_dataset()
+    assert Path(path) == tmp_path / "cache" / "demo-v1-4096"
+    ds = open_dataset(path)
+    assert ds.vocab_size == 4096 and ds.manifest["tokens"] > 500_000
+    assert ds.manifest["tokenizer"]["vocab_size"] == 4096 and ds.tokenizer_path
+    stamp = (Path(path) / "manifest.json").stat().st_mtime_ns
+    assert corpus.ensure_demo_dataset() == path  # cached: not rebuilt
+    assert (Path(path) / "manifest.json").stat().st_mtime_ns == stamp
+    batch = make_train_stream(ds, seed=0).next_batch(128, 4)
+    assert batch["inputs"].shape == (4, 128) and batch["inputs"].max() < 4096
+    assert next(eval_batches(ds, seq_len=128, batch_size=4))["mask"].sum() > 0
+
+
+def _build(args):
+    cache_dir, vocab = args
+    return corpus.ensure_demo_dataset(cache_dir, vocab, max_bytes=300_000)
+
+
+def test_two_racing_processes_build_one_dataset(tmp_path):
+    target = str(tmp_path / "demo")
+    with mp.get_context("spawn").Pool(2) as pool:
+        paths = pool.map(_build, [(target, 512), (target, 512)])
+    assert paths == [target, target]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".demo.tmp")] == []
+    ds = open_dataset(target)
+    assert ds.vocab_size == 512 and np.all(make_train_stream(ds, seed=0).next_batch(16, 2)["inputs"] < 512)
+
+
+def test_a_foreign_dataset_in_the_cache_slot_is_refused(tmp_path):
+    target = tmp_path / "demo"
+    corpus.ensure_demo_dataset(str(target), 512, max_bytes=200_000)
+    with pytest.raises(UserError, match="another dataset"):
+        corpus.ensure_demo_dataset(str(target), 640, max_bytes=200_000)

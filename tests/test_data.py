@@ -1,0 +1,201 @@
+"""Tests of yxanul_jax/data.py: packing, determinism, exact resume, stage changes, sharding, eval."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from data_fixtures import docs, prepared, tiny_tok  # noqa: F401  (fixtures)
+from yxanul_jax.data import eval_batches, make_train_stream, open_dataset
+from yxanul_jax.errors import UserError
+from yxanul_jax.prepare import prepare_documents
+
+
+def split_docs(ds, split):
+    idx = ds.split(split)
+    return [np.asarray(idx.doc_slice(d, 0, int(idx.lengths[d])), dtype=np.int32) for d in range(idx.num_documents)]
+
+
+def packed(docs_in_order, eos):
+    return np.concatenate([np.concatenate([[eos], d]) for d in docs_in_order]).astype(np.int32)
+
+
+def flat_targets(stream, shapes):
+    return np.concatenate([stream.next_batch(L, B)["targets"].ravel() for L, B in shapes])
+
+
+def test_rows_have_shape_dtype_and_shifted_targets(prepared):
+    ds = open_dataset(prepared)
+    s = make_train_stream(ds, seed=0)
+    b = s.next_batch(16, 4)
+    assert set(b) == {"inputs", "targets", "mask"}
+    assert b["inputs"].shape == b["targets"].shape == b["mask"].shape == (4, 16)
+    assert b["inputs"].dtype == b["targets"].dtype == np.int32 and b["mask"].dtype == np.float32
+    assert (b["mask"] == 1).all()
+    np.testing.assert_array_equal(b["inputs"][:, 1:], b["targets"][:, :-1])  # targets = inputs shifted
+    np.testing.assert_array_equal(b["inputs"][1:, 0], b["targets"][:-1, -1])  # rows overlap by one token
+    assert b["inputs"][0, 0] == ds.eos_id  # the stream starts with the first document's EOS
+    assert 0 <= b["inputs"].min() and b["inputs"].max() < ds.vocab_size
+
+
+def test_epoch_has_every_token_exactly_once_with_eos_between_documents(prepared):
+    ds = open_dataset(prepared)
+    s = make_train_stream(ds, seed=3)
+    length = s.stream.length
+    chunks = []
+    while s.cursor < length:
+        chunks.append(s.next_batch(16, 4)["targets"].ravel())
+    stream0 = np.concatenate([[ds.eos_id], np.concatenate(chunks)[:length - 1]])  # positions 0..T-1
+    docs = split_docs(ds, "train")
+    assert all(ds.eos_id not in d for d in docs)
+    # EOS separates documents: cutting at EOS gives back exactly the split's documents, each once
+    cuts = np.flatnonzero(stream0 == ds.eos_id)
+    pieces = [tuple(stream0[a + 1:b]) for a, b in zip(cuts, list(cuts[1:]) + [length])]
+    assert sorted(pieces) == sorted(tuple(d) for d in docs)
+    order = s.stream.epoch_order(0)
+    assert sorted(order) == list(range(len(docs))) and list(order) != sorted(order)  # shuffled
+    np.testing.assert_array_equal(stream0, packed([docs[i] for i in order], ds.eos_id))
+    assert s.get_state()["epoch"] == 1 and s.get_state()["tokens_consumed"] == s.cursor
+
+
+def test_next_epoch_is_reshuffled_and_complete(prepared):
+    ds = open_dataset(prepared)
+    s = make_train_stream(ds, seed=3)
+    T = s.stream.length
+    s.set_state({**s.get_state(), "cursor": T - 1})  # the next target is position T, epoch 1's first
+    flat = flat_targets(s, [(64, 4)] * (T // 256 + 2))
+    epoch1 = flat[:T]  # positions T .. 2T-1
+    docs = split_docs(ds, "train")
+    order1 = s.stream.epoch_order(1)
+    assert list(order1) != list(s.stream.epoch_order(0))
+    np.testing.assert_array_equal(epoch1, packed([docs[i] for i in order1], ds.eos_id))
+
+
+def test_same_seed_same_batches_other_seed_other_batches(prepared):
+    ds = open_dataset(prepared)
+    shapes = [(32, 4)] * 5
+    a = flat_targets(make_train_stream(ds, seed=7), shapes)
+    b = flat_targets(make_train_stream(open_dataset(prepared), seed=7), shapes)
+    c = flat_targets(make_train_stream(ds, seed=8), shapes)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_restore_mid_epoch_gives_identical_next_batches_also_from_workers(prepared):
+    ds = open_dataset(prepared)
+    with make_train_stream(ds, seed=1, num_workers=2, prefetch=2) as s:
+        for _ in range(5):
+            s.next_batch(16, 4)
+        state = json.loads(json.dumps(s.get_state()))
+        expected = [s.next_batch(16, 4) for _ in range(3)] + [s.next_batch(24, 2)]
+    assert 0 < state["cursor"] < s.stream.length  # mid-epoch
+    r = make_train_stream(open_dataset(prepared), seed=1)  # in-process reader, fresh object
+    r.set_state(state)
+    got = [r.next_batch(16, 4) for _ in range(3)] + [r.next_batch(24, 2)]
+    for e, g in zip(expected, got):
+        for key in ("inputs", "targets", "mask"):
+            np.testing.assert_array_equal(e[key], g[key])
+
+
+def test_stage_change_continues_the_same_token_stream(prepared):
+    ds = open_dataset(prepared)
+    shapes = [(16, 4)] * 3 + [(32, 2)] * 2 + [(8, 3)] * 4 + [(64, 1)] * 2
+    staged = make_train_stream(ds, seed=5)
+    mixed = flat_targets(staged, shapes)
+    assert staged.cursor == sum(L * B for L, B in shapes) == len(mixed)
+    plain = flat_targets(make_train_stream(ds, seed=5), [(8, 1)] * (len(mixed) // 8 + 1))
+    np.testing.assert_array_equal(mixed, plain[:len(mixed)])  # no token skipped or repeated
+    # and a state saved right after a stage change resumes there
+    again = make_train_stream(ds, seed=5)
+    flat_targets(again, shapes[:4])
+    state = again.get_state()
+    tail = flat_targets(again, shapes[4:])
+    resumed = make_train_stream(ds, seed=5)
+    resumed.set_state(state)
+    np.testing.assert_array_equal(flat_targets(resumed, shapes[4:]), tail)
+
+
+def test_processes_get_disjoint_row_shards_of_the_global_batch(prepared):
+    ds = open_dataset(prepared)
+    whole = make_train_stream(ds, seed=2)
+    parts = [make_train_stream(ds, seed=2, process_index=p, process_count=2) for p in range(2)]
+    for L, B in [(16, 4), (16, 4), (8, 6)]:
+        full = whole.next_batch(L, B)
+        local = [p.next_batch(L, B) for p in parts]
+        assert local[0]["inputs"].shape == (B // 2, L)
+        for key in ("inputs", "targets"):
+            np.testing.assert_array_equal(np.concatenate([x[key] for x in local]), full[key])
+    assert parts[0].get_state() == parts[1].get_state() == whole.get_state()
+    with pytest.raises(UserError, match="multiple of the process count"):
+        parts[0].next_batch(16, 3)
+
+
+def test_eval_is_one_deterministic_masked_pass(prepared):
+    ds = open_dataset(prepared)
+    docs = split_docs(ds, "val")
+    stream = packed(docs, ds.eos_id)
+    batches = list(eval_batches(ds, seq_len=16, batch_size=4))
+    assert len(batches) == -(-(len(stream) - 1) // 64)
+    assert all(b["inputs"].shape == b["mask"].shape == (4, 16) for b in batches)
+    mask = np.concatenate([b["mask"].ravel() for b in batches])
+    targets = np.concatenate([b["targets"].ravel() for b in batches])
+    assert mask.sum() == len(stream) - 1 and mask[-1] == 0  # the last batch is padded
+    np.testing.assert_array_equal(targets[mask == 1], stream[1:])
+    again = list(eval_batches(str(prepared), seq_len=16, batch_size=4))
+    np.testing.assert_array_equal(np.concatenate([b["targets"] for b in again]).ravel(), targets)
+    assert len(list(eval_batches(ds, seq_len=16, batch_size=4, max_batches=2))) == 2
+    halves = [list(eval_batches(ds, seq_len=16, batch_size=4, process_index=p, process_count=2)) for p in range(2)]
+    assert len(halves[0]) == len(halves[1]) == len(batches)
+    np.testing.assert_array_equal(np.concatenate([halves[0][-1]["mask"], halves[1][-1]["mask"]]), batches[-1]["mask"])
+
+
+def test_shards_are_memory_mapped_not_loaded(prepared):
+    ds = open_dataset(prepared)
+    piece = ds.split("train").doc_slice(0, 0, 4)
+    assert isinstance(piece, np.memmap)
+
+
+def test_dataset_errors_are_one_line_user_errors(prepared, tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        open_dataset(tmp_path / "nope")
+    with pytest.raises(UserError, match="no manifest.json"):
+        open_dataset(tmp_path)
+    bad = tmp_path / "bad"
+    shutil.copytree(prepared, bad)
+    (bad / "manifest.json").write_text("{not json")
+    with pytest.raises(UserError, match="corrupt"):
+        open_dataset(bad)
+    broken = tmp_path / "broken"
+    shutil.copytree(prepared, broken)
+    next((broken / "train").glob("*.tokens.npy")).unlink()
+    with pytest.raises(UserError, match="incomplete"):
+        make_train_stream(open_dataset(broken), seed=0)
+
+
+def test_vocab_mismatch_names_both_numbers_and_the_fix(prepared):
+    ds = open_dataset(prepared)
+    ds.check_vocab(ds.vocab_size)
+    with pytest.raises(UserError) as e:
+        ds.check_vocab(4096)
+    msg = str(e.value)
+    assert str(ds.vocab_size) in msg and "4096" in msg and f"model.vocab_size={ds.vocab_size}" in msg
+    assert "\n" not in msg
+
+
+def test_restore_refuses_other_seed_or_dataset(prepared, tmp_path, docs, tiny_tok):
+    ds = open_dataset(prepared)
+    state = make_train_stream(ds, seed=1).get_state()
+    with pytest.raises(UserError, match="shuffle_seed=1"):
+        make_train_stream(ds, seed=2).set_state(state)
+    other = tmp_path / "other"
+    prepare_documents([docs[:40]], tiny_tok, other, request={"t": 1}, val_fraction=0.0, progress=False)
+    with pytest.raises(UserError, match="another dataset"):
+        make_train_stream(open_dataset(other), seed=1).set_state(state)
+    with pytest.raises(UserError, match="no 'val' documents"):
+        next(eval_batches(other, seq_len=8, batch_size=2))
+    only_val = tmp_path / "only_val"
+    prepare_documents([docs[:40]], tiny_tok, only_val, request={"t": 2}, val_fraction=1.0, progress=False)
+    with pytest.raises(UserError, match="no 'train' documents"):
+        make_train_stream(open_dataset(only_val), seed=0)

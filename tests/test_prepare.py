@@ -1,0 +1,183 @@
+"""Tests of yxanul_jax/prepare.py and yxanul_jax/sources.py: shards, manifest, split, reruns, bad input."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from data_fixtures import (GPT2, GSM8K, docs, need_shared, run_cli, tiny_tok, tiny_tok_path,  # noqa: F401
+                           write_jsonl, write_parquet)
+from yxanul_jax import prepare
+from yxanul_jax.data import open_dataset
+from yxanul_jax.sources import DocumentSource
+
+
+def read_split(out, split):
+    ds = open_dataset(out)
+    idx = ds.split(split)
+    return [tuple(int(t) for t in idx.doc_slice(d, 0, int(idx.lengths[d]))) for d in range(idx.num_documents)]
+
+
+def assert_nothing_written(tmp_path, out):
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.tmp")]
+
+
+def test_prepare_writes_shards_and_manifest_matching_the_tokenizer(tmp_path, docs, tiny_tok, tiny_tok_path):
+    src = write_parquet(tmp_path / "in.parquet", {"text": docs, "n": list(range(len(docs)))})
+    out = tmp_path / "out"
+    rc, stdout, _ = run_cli(prepare.main, ["--input", src, "--tokenizer", tiny_tok_path, "--output", out,
+                                           "--val-fraction", "0.2", "--no-progress", "--workers", "2"])
+    assert rc == 0 and "train" in stdout
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["vocab_size"] == tiny_tok.vocab_size and m["eos_id"] == tiny_tok.eos_id and m["dtype"] == "uint16"
+    assert m["tokenizer"]["sha256"] == tiny_tok.sha256
+    train, val = m["splits"]["train"], m["splits"]["val"]
+    assert train["documents"] + val["documents"] == m["documents"] == len(docs)
+    assert train["characters"] + val["characters"] == sum(map(len, docs))
+    assert train["chars_per_token"] == pytest.approx(train["characters"] / train["tokens"])
+    assert 0.1 < val["documents"] / len(docs) < 0.3
+    # shard contents are exactly the tokenizer's output, documents in input order per split
+    expected = {"train": [], "val": []}
+    for text, ids in zip(docs, tiny_tok.encode_batch(docs)):
+        expected[prepare.split_of(text, 0.2)].append(tuple(int(t) for t in ids))
+    assert read_split(out, "train") == expected["train"] and read_split(out, "val") == expected["val"]
+    assert sum(len(d) for d in expected["train"]) == train["tokens"]
+    assert open_dataset(out).tokenizer_path == str(out / "tokenizer.json")
+
+
+def test_split_is_disjoint_and_stable_across_order_and_batching(tmp_path, docs, tiny_tok):
+    a, b = tmp_path / "a", tmp_path / "b"
+    prepare.prepare_documents([docs], tiny_tok, a, request={"r": 1}, val_fraction=0.25, progress=False)
+    shuffled = list(reversed(docs))
+    prepare.prepare_documents([shuffled[i:i + 7] for i in range(0, len(docs), 7)], tiny_tok, b,
+                              request={"r": 2}, val_fraction=0.25, progress=False, shard_tokens=2000)
+    assert len(json.loads((b / "manifest.json").read_text())["splits"]["train"]["shards"]) > 1
+    val_a, val_b = set(read_split(a, "val")), set(read_split(b, "val"))
+    train_a = set(read_split(a, "train"))
+    assert val_a == val_b and train_a == set(read_split(b, "train"))
+    assert val_a and not (val_a & train_a)
+
+
+def test_rerun_is_a_noop_and_a_different_request_is_refused(tmp_path, docs, tiny_tok_path):
+    src = write_parquet(tmp_path / "in.parquet", {"text": docs[:60]})
+    out = tmp_path / "out"
+    args = ["--input", src, "--tokenizer", tiny_tok_path, "--output", out, "--no-progress"]
+    assert run_cli(prepare.main, args)[0] == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    rc, _, err = run_cli(prepare.main, args)
+    assert rc == 0 and "nothing to do" in err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    rc, _, err = run_cli(prepare.main, args + ["--val-fraction", "0.5"])
+    assert rc == 2 and "different request" in err and err.count("\n") == 1
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # never mixed
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    rc, _, err = run_cli(prepare.main, ["--input", src, "--tokenizer", tiny_tok_path, "--output", foreign])
+    assert rc == 2 and "not a prepared dataset" in err and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+def test_jsonl_gz_template_txt_paragraphs_directory_and_glob_inputs(tmp_path):
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    with gzip.open(data / "sub" / "qa.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps({"question": "What is 2+2?", "answer": 4}) + "\n")
+        fh.write(json.dumps({"question": "Name a prime.", "answer": None}) + "\n")
+    (data / "notes.txt").write_text("First paragraph\nstill first.\n\n \nSecond one.\n", encoding="utf-8")
+    source = DocumentSource([str(data / "sub" / "*.jsonl.gz")], text_template="Q: {question}\nA: {answer}")
+    assert [d for b in source.batches() for d in b] == ["Q: What is 2+2?\nA: 4", "Q: Name a prime.\nA: "]
+    source = DocumentSource([str(data)], text_template="{question}")  # a directory: both files, sorted
+    assert source.files[0].name == "notes.txt"
+    txt = DocumentSource([str(data / "notes.txt")])
+    assert [d for b in txt.batches() for d in b] == ["First paragraph\nstill first.\n", "Second one.\n"]
+    whole = DocumentSource([str(data / "notes.txt")], txt_docs="file")
+    assert len([d for b in whole.batches() for d in b]) == 1
+    parquet = write_parquet(tmp_path / "p.parquet", {"text": ["a", "", None, "  ", "b"]})
+    src = DocumentSource([str(parquet)])
+    assert [d for b in src.batches() for d in b] == ["a", "b"] and src.skipped_empty == 3
+
+
+def test_gsm8k_has_no_text_column_but_a_template_works(tmp_path):
+    need_shared(GSM8K)
+    out = tmp_path / "gsm"
+    rc, _, err = run_cli(prepare.main, ["--input", GSM8K, "--tokenizer", GPT2, "--output", out])
+    assert rc == 2 and "no column 'text'" in err and "question, answer" in err and str(GSM8K) in err
+    assert_nothing_written(tmp_path, out)
+    rc, _, _ = run_cli(prepare.main, ["--input", GSM8K, "--tokenizer", GPT2, "--output", out, "--no-progress",
+                                      "--text-template", r"{question}\n{answer}", "--val-fraction", "1"])
+    m = json.loads((out / "manifest.json").read_text())
+    assert rc == 0 and m["splits"]["val"]["documents"] == 1319 and m["eos_id"] == 50256
+    first = open_dataset(out).split("val")
+    from yxanul_jax.tokenizer import load_tokenizer
+    text = load_tokenizer(GPT2).tokenizer.decode(np.asarray(first.doc_slice(0, 0, int(first.lengths[0]))).tolist())
+    assert "\n" in text and "####" in text  # question, a real newline, then the answer
+
+
+# ---- bad input: one line naming the file/column, exit 2, nothing written
+
+
+def bad(tmp_path, tok_path, inputs, *extra):
+    out = tmp_path / "out"
+    argv = ["--input", *inputs, "--tokenizer", tok_path, "--output", out, "--no-progress", *extra]
+    rc, _, err = run_cli(prepare.main, argv)
+    assert rc == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert_nothing_written(tmp_path, out)
+    return err
+
+
+def test_missing_path(tmp_path, tiny_tok_path):
+    assert "does not exist" in bad(tmp_path, tiny_tok_path, [tmp_path / "missing.parquet"])
+    assert "matches no" in bad(tmp_path, tiny_tok_path, [str(tmp_path / "none-*.parquet")])
+
+
+def test_empty_input(tmp_path, tiny_tok_path):
+    (tmp_path / "empty_dir").mkdir()
+    assert "holds no" in bad(tmp_path, tiny_tok_path, [tmp_path / "empty_dir"])
+    blank = write_parquet(tmp_path / "blank.parquet", {"text": ["", "  ", None]})
+    assert "no documents" in bad(tmp_path, tiny_tok_path, [blank])
+
+
+def test_missing_column_and_template_column(tmp_path, tiny_tok_path):
+    src = write_parquet(tmp_path / "qa.parquet", {"question": ["q?"], "answer": ["a."]})
+    err = bad(tmp_path, tiny_tok_path, [src])
+    assert "qa.parquet" in err and "'text'" in err and "--text-template" in err
+    err = bad(tmp_path, tiny_tok_path, [src], "--text-template", "{question} {solution}")
+    assert "qa.parquet" in err and "'solution'" in err and "question, answer" in err
+    jl = write_jsonl(tmp_path / "rows.jsonl", [{"text": "ok"}, {"body": "no text here"}])
+    err = bad(tmp_path, tiny_tok_path, [jl])
+    assert "rows.jsonl' line 2" in err and "'text'" in err
+
+
+def test_non_utf8_fails_by_default_and_is_counted_when_replaced(tmp_path, tiny_tok_path):
+    good = tmp_path / "a_good.txt"
+    good.write_text("fine text\n\nmore fine text\n", encoding="utf-8")
+    broken = tmp_path / "b_broken.txt"
+    broken.write_bytes(b"caf\xe9 au lait\n\nok \xff\xfe bytes\n")
+    err = bad(tmp_path, tiny_tok_path, [good, broken])  # fails on the second file: nothing half-written
+    assert "b_broken.txt' line 1" in err and "--bad-utf8 replace" in err
+    out = tmp_path / "out"
+    rc, _, err = run_cli(prepare.main, ["--input", good, broken, "--tokenizer", tiny_tok_path, "--output", out,
+                                        "--no-progress", "--bad-utf8", "replace"])
+    assert rc == 0 and "replaced 3 invalid UTF-8" in err  # \xe9, \xff, \xfe
+    assert json.loads((out / "manifest.json").read_text())["replaced_utf8"] == 3
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    jl = fresh / "bad.jsonl"
+    jl.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    assert "bad.jsonl' line 2" in bad(fresh, tiny_tok_path, [jl])
+
+
+def test_tokenizer_file_that_does_not_parse(tmp_path, docs):
+    src = write_parquet(tmp_path / "in.parquet", {"text": docs[:5]})
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": [1, 2')
+    assert "does not parse" in bad(tmp_path, broken, [src]) and "tokenizer.json" in bad(tmp_path, broken, [src])
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    (vm / "vocab.json").write_text('{"a": 0, "b": 1, "ab": 2}')
+    (vm / "merges.txt").write_text("#version: 0.2\na b c d\n")
+    assert "do not parse" in bad(tmp_path, vm, [src])
