@@ -36,6 +36,7 @@ class Fp8Spec(NamedTuple):
     margin: int = 0
     amax_algo: str = "max"
     kernel_dtype: Any = jnp.float32
+    input_dtype: Any = jnp.bfloat16
 
 
 def fp8_max(dtype) -> float:
@@ -99,8 +100,8 @@ def fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
 
     The *_meta arguments are the layer's FP8 state; their "gradients" are the updated state.
     """
-    return _fp8_dot(x.astype(spec.compute_dtype), w, x_meta, w_meta, g_meta,
-                    spec._replace(kernel_dtype=jnp.dtype(w.dtype)))
+    return _fp8_dot(x, w, x_meta, w_meta, g_meta,
+                    spec._replace(kernel_dtype=jnp.dtype(w.dtype), input_dtype=jnp.dtype(x.dtype)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -132,7 +133,7 @@ def _fp8_bwd(spec: Fp8Spec, res, g):
     w_dq = dequantize(w_q, w_scale, dt)
     # dx[..., I] = g[..., O] @ w[I, O]^T
     dx = jax.lax.dot_general(g_dq, w_dq, (((g.ndim - 1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32).astype(dt)
+                             preferred_element_type=jnp.float32).astype(spec.input_dtype)
     # dw[I, O] = sum over all leading dims of x[..., I] g[..., O]
     lead = tuple(range(g.ndim - 1))
     dw = jax.lax.dot_general(x_dq, g_dq, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
