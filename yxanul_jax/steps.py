@@ -1,0 +1,125 @@
+"""Pure train and eval steps: `train_step(state, batch) -> (state, metrics)`, one per curriculum stage.
+
+The train state is a plain dict pytree (what Orbax saves):
+  step      int32 []            optimizer steps taken
+  params    float32 pytree      master weights
+  opt_state optax state         AdamW moments (float32)
+  fp8       dict of collections FP8 state ({} when FP8 is off); never a gradient
+  rng       uint32 key data     for anything stochastic (kept so a resume is exact)
+
+A batch is a dict of arrays shaped [A, B, L]: A micro-batches (gradient accumulation inside the
+jitted step, by `lax.scan`) of B rows of L tokens: `inputs`, `targets` (int32) and `mask` (float32).
+Losses and gradients are sums over tokens until the very end, so 4 x 2 accumulation equals one
+batch of 8 up to float rounding.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from yxanul_jax import fp8 as fp8_lib
+from yxanul_jax.config import Config, StageConfig
+from yxanul_jax.loss import chunked_cross_entropy, n_chunks
+from yxanul_jax.model import Yxanul, init_variables
+from yxanul_jax.optim import clip_by_global_norm, lr_schedule, make_optimizer
+
+HEAD_STATE = "head_gemm"
+
+
+def init_train_state(cfg: Config, key: jax.Array) -> dict:
+    """A fresh state: parameters from `key`, zero moments, empty FP8 histories."""
+    k_params, k_rng = jax.random.split(key)
+    params, fp8_state = fp8_lib.split_state(init_variables(cfg.model, cfg.fp8, k_params))
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": make_optimizer(cfg).init(params),
+            "fp8": fp8_state, "rng": jax.random.key_data(k_rng)}
+
+
+def abstract_train_state(cfg: Config) -> dict:
+    """Shapes and dtypes of the train state, with no memory allocated."""
+    return jax.eval_shape(lambda: init_train_state(cfg, jax.random.key(cfg.train.seed)))
+
+
+def _split_head(fp8_state: dict):
+    """(FP8 state of the body, FP8 state of the output head or None)."""
+    meta = fp8_state.get(fp8_lib.FP8_COLLECTION, {})
+    if HEAD_STATE not in meta:
+        return fp8_state, None
+    body = {**fp8_state, fp8_lib.FP8_COLLECTION: {k: v for k, v in meta.items() if k != HEAD_STATE}}
+    return body, meta[HEAD_STATE]
+
+
+def _join_head(body: dict, head) -> dict:
+    if head is None:
+        return body
+    return {**body, fp8_lib.FP8_COLLECTION: {**body.get(fp8_lib.FP8_COLLECTION, {}), HEAD_STATE: head}}
+
+
+def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
+    """(NLL sum + z_loss * z sum, (NLL sum, z sum)) of one micro-batch [B, L]; the head runs in chunks."""
+    model = Yxanul(cfg.model, cfg.fp8)
+    h_BxLxD = model.apply({"params": params, **body_fp8}, batch["inputs"], method=Yxanul.hidden)
+
+    def logits_fn(h_CxD, head_state):
+        variables = {"params": params}
+        if head_state is not None:
+            variables[fp8_lib.FP8_COLLECTION] = {HEAD_STATE: head_state}
+        return model.apply(variables, h_CxD, method=Yxanul.logits)
+
+    d = h_BxLxD.shape[-1]
+    nll, z = chunked_cross_entropy(logits_fn, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
+                                   batch["mask"].reshape(-1), cfg.train.loss_chunk, head_copies)
+    return nll + cfg.train.z_loss * z, (nll, z)
+
+
+def make_train_step(cfg: Config, stage: StageConfig):
+    """The train step of one stage (its clip and shapes are static; compile it once per stage)."""
+    optimizer = make_optimizer(cfg)
+    schedule = lr_schedule(cfg)
+    grad_fn = jax.grad(lambda *a: loss_sums(cfg, *a), argnums=(0, 1, 2), has_aux=True)
+    chunks = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk)
+
+    def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
+        params = state["params"]
+        body_fp8, head = _split_head(state["fp8"])
+        # Per-chunk copies of the head's FP8 state keep each chunk's update separate (max-merged below).
+        head_copies = None if head is None else jax.tree_util.tree_map(
+            lambda x: jnp.broadcast_to(x, (chunks, *x.shape)), head)
+
+        def micro(carry, mb):
+            g_acc, fp8_acc, nll_acc, z_acc = carry
+            (g_params, g_body, g_head), (nll, z) = grad_fn(params, body_fp8, head_copies, mb)
+            new_head = None if head is None else jax.tree_util.tree_map(lambda x: jnp.max(x, axis=0), g_head)
+            new_fp8 = _join_head(g_body, new_head)  # the "gradients" of FP8 state are its new values
+            g_acc = jax.tree_util.tree_map(jnp.add, g_acc, g_params)
+            return (g_acc, fp8_lib.merge_fp8_max(fp8_acc, new_fp8), nll_acc + nll, z_acc + z), None
+
+        zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731  (FP8 state is >= 0)
+        init = (zeros(params), zeros(state["fp8"]), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+        (grads, new_fp8, nll, z), _ = jax.lax.scan(micro, init, batch)
+        n_tokens = jnp.maximum(jnp.sum(batch["mask"]), 1.0)
+        grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
+        grads, grad_norm = clip_by_global_norm(grads, stage.grad_clip)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
+        new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
+                     "opt_state": opt_state, "fp8": new_fp8, "rng": state["rng"]}
+        metrics = {"loss": nll / n_tokens, "z_loss": z / n_tokens, "grad_norm": grad_norm,
+                   "lr": schedule(state["step"]), "step_tokens": jnp.sum(batch["mask"])}
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(cfg: Config):
+    """eval_step(params, fp8, batch[B, L]) -> (NLL sum, token count): no state change."""
+
+    def eval_step(params, fp8_state, batch):
+        body, head = _split_head(fp8_state)
+        copies = None
+        if head is not None:
+            chunks = n_chunks(batch["inputs"].size, cfg.train.loss_chunk)
+            copies = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (chunks, *x.shape)), head)
+        _, (nll, _) = loss_sums(cfg, params, body, copies, batch)
+        return nll, jnp.sum(batch["mask"])
+
+    return eval_step
