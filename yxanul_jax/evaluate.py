@@ -1,0 +1,106 @@
+"""Multi-domain validation: resolve `eval.domains`, tokenize raw validation files once, report loss/ppl.
+
+A domain value is either a prepared dataset directory (its `val` split is used) or a raw input
+file (parquet / jsonl / txt) with an optional text template after `::`, e.g.
+`data/gsm8k.parquet::{question}\\n{answer}`. Raw files are tokenized with the training data's
+tokenizer on first use into a cache keyed by file identity and tokenizer hash. A missing file is
+skipped with a warning; with no domain left (or none configured) the training data's held-out
+split is used, so validation always reports something.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from yxanul_jax.corpus import default_cache_root
+from yxanul_jax.data import PreparedDataset, eval_batches, open_dataset
+from yxanul_jax.errors import UserError
+
+
+@dataclass
+class Domain:
+    name: str
+    dataset: PreparedDataset
+    split: str = "val"
+
+
+def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedDataset) -> PreparedDataset:
+    from yxanul_jax.prepare import prepare_dataset
+    from yxanul_jax.sources import DocumentSource
+
+    if train_ds.tokenizer_path is None:
+        raise UserError(f"eval domain '{name}': dataset '{train_ds.path}' has no tokenizer.json to tokenize "
+                        f"'{path}' with; point eval.domains.{name} at a prepared dataset instead")
+    st = os.stat(path)
+    key = json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns, template,
+                      train_ds.manifest.get("tokenizer", {}).get("sha256"), train_ds.vocab_size])
+    out = default_cache_root() / "eval" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    if not (out / "manifest.json").exists():
+        source = DocumentSource([path], text_template=template) if template else DocumentSource([path])
+        prepare_dataset(source, train_ds.tokenizer_path, out, val_fraction=1.0, progress=False)
+    return open_dataset(out)
+
+
+def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[Domain]:
+    """Domains to validate on, in config order; falls back to the training data's held-out split."""
+    out = []
+    for name, spec in domains.items():
+        path, _, template = spec.partition("::")
+        template = template.replace("\\n", "\n") or None
+        if not os.path.exists(path):
+            warnings.warn(f"eval domain '{name}': '{path}' does not exist; skipping it", stacklevel=2)
+            continue
+        if Path(path, "manifest.json").exists():
+            ds = open_dataset(path)
+        else:
+            ds = _prepare_raw(name, path, template, train_ds)
+        ds.check_vocab(train_ds.vocab_size)
+        out.append(Domain(name, ds))
+    if not out:
+        out.append(Domain("heldout", train_ds))
+    return out
+
+
+def evaluate(eval_step: Callable, params, fp8_state, domains: list[Domain], *, seq_len: int, batch_size: int,
+             max_batches: int = 0, put: Callable = lambda b: b, process_index: int = 0,
+             process_count: int = 1) -> dict:
+    """Per-domain mean loss and perplexity plus their token-weighted mean, as a flat metrics dict."""
+    row: dict = {}
+    total_nll, total_tokens = 0.0, 0.0
+    for d in domains:
+        nll, count = 0.0, 0.0
+        for batch in eval_batches(d.dataset, seq_len=seq_len, batch_size=batch_size, split=d.split,
+                                  max_batches=max_batches, process_index=process_index,
+                                  process_count=process_count):
+            s, c = eval_step(params, fp8_state, put(batch))
+            nll, count = nll + float(s), count + float(c)
+        loss = nll / max(count, 1.0)
+        row[f"val/{d.name}/loss"] = loss
+        row[f"val/{d.name}/ppl"] = math.exp(min(loss, 50.0))
+        row[f"val/{d.name}/tokens"] = int(count)
+        total_nll, total_tokens = total_nll + nll, total_tokens + count
+    mean = total_nll / max(total_tokens, 1.0)
+    row["val/mean/loss"] = mean
+    row["val/mean/ppl"] = math.exp(min(mean, 50.0))
+    return row
+
+
+def format_eval(row: dict) -> str:
+    names = [k.split("/")[1] for k in row if k.endswith("/loss")]
+    lines = [f"{'domain':<12}{'tokens':>12}{'loss':>10}{'ppl':>14}"]
+    for n in names:
+        tokens = row.get(f"val/{n}/tokens", "")
+        lines.append(f"{n:<12}{tokens!s:>12}{row[f'val/{n}/loss']:>10.4f}{row[f'val/{n}/ppl']:>14.2f}")
+    return "\n".join(lines)
+
+
+def is_finite(row: dict) -> bool:
+    return all(np.isfinite(v) for k, v in row.items() if k.endswith("/loss"))

@@ -1,0 +1,263 @@
+"""`python -m yxanul_jax.train`: train (or `--eval-only`) a Yxanul model; with no arguments, the tiny
+model on the embedded demo corpus (the Python standard library's sources, tokenized on first use).
+
+This module only orchestrates: config -> data -> run directory -> state (fresh or restored) ->
+per-stage compiled steps -> loop with one-step-behind metrics, validation, checkpoints and
+signal-safe exit. The pieces live in config, data, steps, stages, evaluate, checkpoint, monitor.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from yxanul_jax import fp8 as fp8_lib
+from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
+from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
+from yxanul_jax.data import PreparedDataset, make_train_stream, open_dataset
+from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
+from yxanul_jax.monitor import (MetricsWriter, Progress, flops_per_token, mfu, peak_flops_per_device,
+                                prepare_run_dir, run_header)
+from yxanul_jax.stages import StageCompiler, enable_compilation_cache, stage_index
+from yxanul_jax.steps import abstract_train_state, init_train_state, make_eval_step
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; the last good checkpoint is left as it was."""
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m yxanul_jax.train", description=__doc__.split("\n\n")[0])
+    add_config_args(p)
+    p.add_argument("--checkpoint", default=None, help="resume from this checkpoint (directory or step dir)")
+    p.add_argument("--eval-only", action="store_true", help="validate the checkpoint and exit")
+    p.add_argument("--disable-fp8", action="store_true", help="train the same model in BF16 (fp8.enabled=false)")
+    p.add_argument("--run-dir", default=None, help="run directory (default: runs/<model.name>)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="reuse a run directory that holds a different config (old files are moved aside)")
+    return p.parse_args(argv)
+
+
+def load_run_config(args) -> Config:
+    cfg = config_from_args(args)
+    if args.disable_fp8:
+        cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=False))
+    fp8_lib.check_backend(cfg.fp8)
+    return cfg
+
+
+def open_training_data(cfg: Config) -> PreparedDataset:
+    if cfg.data.train:
+        ds = open_dataset(cfg.data.train)
+    else:
+        from yxanul_jax.corpus import ensure_demo_dataset
+
+        print(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
+              "built on first use)", flush=True)
+        ds = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size))
+    ds.check_vocab(cfg.model.vocab_size)
+    return ds
+
+
+def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None):
+    """(state, meta, restored_from_step or None)."""
+    abstract = abstract_train_state(cfg)
+    if explicit:
+        directory, step = resolve_checkpoint_path(explicit)
+        source = ckpt if os.path.abspath(directory) == os.path.abspath(ckpt.directory) else \
+            Checkpointer(directory, cfg.checkpoint)
+        step, state, meta = source.restore(abstract, step)
+        if source is not ckpt:
+            source.close()
+        return state, meta, step
+    if ckpt.latest_step() is not None:
+        step, state, meta = ckpt.restore(abstract)
+        return state, meta, step
+    return jax.jit(lambda key: init_train_state(cfg, key))(jax.random.key(cfg.train.seed)), {}, None
+
+
+def _batch_for(stream, stage) -> dict:
+    """The next [A, B, L] batch of a stage, as device arrays."""
+    b = stream.next_batch(stage.seq_len, stage.batch_size * stage.grad_accum_steps)
+    a = stage.grad_accum_steps
+    return {k: jnp.asarray(np.asarray(v).reshape(a, -1, *v.shape[1:])) for k, v in b.items()}
+
+
+class Trainer:
+    """The loop's state that outlives one step: writers, checkpointer, compiled stages, counters."""
+
+    def __init__(self, cfg: Config, ds: PreparedDataset, run_dir: str, ckpt: Checkpointer):
+        self.cfg, self.ds, self.run_dir, self.ckpt = cfg, ds, run_dir, ckpt
+        self.domains = resolve_domains(cfg.eval.domains, ds)
+        self.eval_step = jax.jit(make_eval_step(cfg))
+        self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None)
+        self.stream = make_train_stream(ds, seed=cfg.data.shuffle_seed, process_index=jax.process_index(),
+                                        process_count=jax.process_count(), num_workers=cfg.data.num_workers,
+                                        prefetch=cfg.data.prefetch)
+        self.peak = peak_flops_per_device(jax.devices()[0])
+        self.tokens = 0
+
+    def meta(self, stage: int) -> dict:
+        return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
+
+    def validate(self, state, step: int, seq_len: int, writer: MetricsWriter | None) -> dict:
+        e = self.cfg.eval
+        row = evaluate(self.eval_step, state["params"], state["fp8"], self.domains, seq_len=e.seq_len or seq_len,
+                       batch_size=e.batch_size, max_batches=e.max_batches)
+        if writer is not None:
+            writer.write({"step": step, **row})
+        return row
+
+    def save(self, state, step: int, stage: int, val_ppl: float | None = None) -> bool:
+        if not tree_is_finite(state["params"]):
+            print(f"warning: parameters are not finite at step {step}; not saving", file=sys.stderr)
+            return False
+        return self.ckpt.save(step, state, self.meta(stage), val_ppl=val_ppl, force=True)
+
+    def run(self, state, start_step: int, writer: MetricsWriter, progress: Progress):
+        cfg = self.cfg
+        total = cfg.train.steps
+        pending = None  # metrics of the last dispatched step, fetched after the next one is queued
+        last_time = time.perf_counter()
+        stage_i = stage_index(cfg, start_step)
+        self.compiler.prefetch(stage_i)
+
+        def flush():
+            nonlocal pending, last_time
+            if pending is None:
+                return
+            step, si, metrics = pending
+            pending = None
+            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            now = time.perf_counter()
+            stage = cfg.curriculum[si]
+            tps = m["step_tokens"] / max(now - last_time, 1e-9)
+            last_time = now
+            if not math.isfinite(m["loss"]):
+                raise TrainingDiverged(f"loss became {m['loss']} at step {step}")
+            self.tokens += int(m["step_tokens"])
+            util = mfu(tps, flops_per_token(cfg.model, stage.seq_len), jax.device_count(), self.peak)
+            progress.update(step, si, stage.seq_len, m["loss"], tps, util)
+            if step % cfg.train.log_every == 0 or step == total:
+                writer.write({"step": step, "stage": si, "seq_len": stage.seq_len, "loss": m["loss"],
+                              "lr": m["lr"], "grad_norm": m["grad_norm"], "tokens": self.tokens,
+                              "tokens_per_sec": tps, "mfu": util, **({"z_loss": m["z_loss"]} if cfg.train.z_loss else {})})
+
+        with SignalGuard() as guard:
+            for step in range(start_step, total):
+                si = stage_index(cfg, step)
+                if si != stage_i or step == start_step:
+                    stage_i = si
+                    if si + 1 < len(cfg.curriculum):
+                        self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
+                stage = cfg.curriculum[si]
+                compiled = self.compiler.get(si)
+                batch = _batch_for(self.stream, stage)
+                if cfg.profile.start_step == step:
+                    jax.profiler.start_trace(os.path.join(self.run_dir, "profile"))
+                state, metrics = compiled(state, batch)
+                flush()
+                pending = (step + 1, si, metrics)
+                if cfg.profile.start_step >= 0 and step + 1 == cfg.profile.start_step + cfg.profile.num_steps:
+                    jax.block_until_ready(state)
+                    jax.profiler.stop_trace()
+                done = step + 1
+                do_eval = cfg.eval.interval > 0 and done % cfg.eval.interval == 0 and done < total
+                if do_eval or self.ckpt.should_save(done) or guard.requested:
+                    flush()
+                    row = self.validate(state, done, stage.seq_len, writer) if do_eval else {}
+                    if do_eval:
+                        progress.close()
+                        print(f"step {done} validation\n{format_eval(row)}", flush=True)
+                    self.save(state, done, si, row.get("val/mean/ppl"))
+                if guard.requested:
+                    progress.close()
+                    self.ckpt.wait()
+                    print(f"stopped by {guard.signal_name} at step {done}; checkpoint saved. "
+                          "Run the same command again to resume.", flush=True)
+                    return state, done, True
+            flush()
+        return state, cfg.train.steps, False
+
+
+def _report_eval(row: dict, step: int) -> None:
+    print(f"validation at step {step}\n{format_eval(row)}")
+    print(json.dumps({"step": step, **row}))
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = load_run_config(args)
+    run_dir = args.run_dir or os.path.join("runs", cfg.model.name)
+    ds = open_training_data(cfg)
+    enable_compilation_cache()
+    if args.eval_only:
+        return eval_only(cfg, ds, run_dir, args.checkpoint)
+    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=args.overwrite)
+    print(run_header(cfg), flush=True)
+    ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
+    state, meta, restored = restore_or_init(cfg, ckpt, args.checkpoint)
+    trainer = Trainer(cfg, ds, run_dir, ckpt)
+    start = int(state["step"])
+    if restored is not None:
+        trainer.stream.set_state(meta["data"])
+        trainer.tokens = int(meta.get("tokens", 0))
+        print(f"resumed from step {restored} (stage {meta.get('stage')}, {trainer.tokens:,} tokens)", flush=True)
+    n_params = sum(int(x.size) for x in jax.tree_util.tree_leaves(state["params"]))
+    print(f"model {cfg.model.name}: {n_params:,} parameters; FP8 "
+          f"{cfg.fp8.backend if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} stage(s); "
+          f"{cfg.train.steps} steps; run dir {run_dir}", flush=True)
+    writer = MetricsWriter(run_dir, resume_step=start if restored is not None else None)
+    progress = Progress(cfg.train.steps)
+    try:
+        state, step, interrupted = trainer.run(state, start, writer, progress)
+        if not interrupted and start < cfg.train.steps:
+            progress.close()
+            stage = cfg.curriculum[-1] if step >= cfg.curriculum[-1].start_step else cfg.curriculum[stage_index(cfg, step - 1)]
+            row = trainer.validate(state, step, stage.seq_len, writer)
+            _report_eval(row, step)
+            trainer.save(state, step, stage_index(cfg, step - 1), row["val/mean/ppl"])
+    except TrainingDiverged as e:
+        progress.close()
+        last = ckpt.latest_step()
+        print(f"error: {e}; stopping. The last good checkpoint (step {last}) is intact; lower optim.lr or "
+              "raise warmup, then resume from it.", file=sys.stderr)
+        return 1
+    finally:
+        ckpt.wait()
+        ckpt.close()
+        writer.close()
+        trainer.stream.close()
+    return 0
+
+
+def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | None) -> int:
+    """Validate a checkpoint (explicit, or the run directory's latest) on every domain."""
+    target = checkpoint or os.path.join(run_dir, "checkpoints")
+    directory, step = resolve_checkpoint_path(target)
+    ckpt = Checkpointer(directory, cfg.checkpoint)
+    try:
+        step, state, _ = ckpt.restore(abstract_train_state(cfg), step)
+    finally:
+        ckpt.close()
+    trainer_domains = resolve_domains(cfg.eval.domains, ds)
+    e = cfg.eval
+    seq_len = e.seq_len or cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
+    row = evaluate(jax.jit(make_eval_step(cfg)), state["params"], state["fp8"], trainer_domains, seq_len=seq_len,
+                   batch_size=e.batch_size, max_batches=e.max_batches)
+    _report_eval(row, step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
