@@ -23,10 +23,11 @@ import argparse
 import hashlib
 import json
 import os
-import queue
+import itertools
 import sys
-import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -88,36 +89,9 @@ class _ShardWriter:
                 "shards": self.shards}
 
 
-def _background(batches: Iterable[list[str]], depth: int = 2) -> Iterator[list[str]]:
-    """Read the next batches in a thread while the (GIL-free) encoder works on this one."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    done = object()
-    stop = threading.Event()
-
-    def work():
-        try:
-            for b in batches:
-                if stop.is_set():
-                    return
-                q.put(b)
-            q.put(done)
-        except BaseException as e:  # re-raised in the consumer (UserError included)
-            q.put(e)
-
-    thread = threading.Thread(target=work, daemon=True, name="prepare-reader")
-    thread.start()
-    try:
-        while (item := q.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(0.05)
+def _encode(tokenizer: LoadedTokenizer, batch: list[str], val_fraction: float) -> list[tuple[str, np.ndarray, int]]:
+    """(split, token ids, characters) per document; runs in a pool thread (the encoder drops the GIL)."""
+    return [(split_of(t, val_fraction), ids, len(t)) for t, ids in zip(batch, tokenizer.encode_batch(batch))]
 
 
 def _existing(output: Path, request: dict) -> dict | None:
@@ -163,12 +137,20 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
             writers = {s: _ShardWriter(tmp, s, dtype, shard_tokens) for s in SPLITS}
             bar = tqdm(total=documents_hint, unit="doc", disable=not progress, desc="tokenizing", file=sys.stderr)
             tokens = 0
-            for batch in _background(batches):
-                for text, ids in zip(batch, tokenizer.encode_batch(batch)):
-                    writers[split_of(text, val_fraction)].add(ids, len(text))
-                    tokens += len(ids)
-                bar.update(len(batch))
-                bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+            # Two batches encode at once so that the Rust thread pool never idles at the tail of one
+            # batch (a few long documents); the main thread reads the next batch and writes meanwhile.
+            with ThreadPoolExecutor(max_workers=2, thread_name_prefix="encode") as pool:
+                pending: deque = deque()
+                for batch in itertools.chain(batches, [None]):
+                    if batch is not None:
+                        pending.append(pool.submit(_encode, tokenizer, batch, val_fraction))
+                    while pending and (batch is None or len(pending) > 2):
+                        done = pending.popleft().result()
+                        for split, ids, chars in done:
+                            writers[split].add(ids, chars)
+                            tokens += len(ids)
+                        bar.update(len(done))
+                        bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
             bar.close()
             if sum(w.documents for w in writers.values()) == 0:
                 raise UserError("the input holds no documents (every text is empty); "
