@@ -5,6 +5,8 @@ import gzip
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from data_fixtures import (GPT2, GSM8K, docs, need_shared, run_cli, tiny_tok, tiny_tok_path,  # noqa: F401
@@ -164,6 +166,12 @@ def test_non_utf8_fails_by_default_and_is_counted_when_replaced(tmp_path, tiny_t
                                         "--no-progress", "--bad-utf8", "replace"])
     assert rc == 0 and "replaced 3 invalid UTF-8" in err  # \xe9, \xff, \xfe
     assert json.loads((out / "manifest.json").read_text())["replaced_utf8"] == 3
+    bad_parquet = tmp_path / "p"
+    bad_parquet.mkdir()
+    invalid = pa.array([b"ok", b"caf\xe9"], type=pa.binary()).view(pa.string())  # a string column, bad bytes
+    pq.write_table(pa.table({"text": invalid}), bad_parquet / "bad.parquet")
+    err = bad(bad_parquet, tiny_tok_path, [bad_parquet / "bad.parquet"])
+    assert "column 'text' of" in err and "bad.parquet' row 1" in err
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     jl = fresh / "bad.jsonl"

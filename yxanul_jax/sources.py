@@ -213,7 +213,7 @@ class DocumentSource:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
             if self.bad_utf8 == "fail":
-                raise UserError(f"{where} holds invalid UTF-8 (byte {e.start} of the value: {data[e.start:e.start + 4]!r}); "
+                raise UserError(f"{where} holds invalid UTF-8 at byte {e.start} ({data[e.start:e.start + 4]!r}); "
                                 "fix the file or pass --bad-utf8 replace to substitute U+FFFD")
             text = data.decode("utf-8", errors="replace")
             self.replaced_utf8 += text.count("\ufffd") - data.count(_REPLACEMENT_UTF8)
@@ -233,9 +233,11 @@ class DocumentSource:
     def _parquet(self, path: Path) -> Iterator[str]:
         pf = pq.ParquetFile(path)
         columns = self._needed()
+        row0 = 0
         for rb in pf.iter_batches(batch_size=1024, columns=columns):
-            cols = {name: self._column_values(path, name, rb.column(name)) for name in columns}
+            cols = {name: self._column_values(path, name, rb.column(name), row0) for name in columns}
             n = rb.num_rows
+            row0 += n
             if self.fields is None:
                 yield from (v or "" for v in cols[self.text_column])
             else:
@@ -243,7 +245,7 @@ class DocumentSource:
                     yield self.text_template.format_map(
                         {k: ("" if cols[k][i] is None else cols[k][i]) for k in self.fields})
 
-    def _column_values(self, path: Path, name: str, arr: pa.Array) -> list:
+    def _column_values(self, path: Path, name: str, arr: pa.Array, row0: int) -> list:
         tp = arr.type
         is_bin = pa.types.is_binary(tp) or pa.types.is_large_binary(tp)
         if not is_bin:
@@ -251,7 +253,8 @@ class DocumentSource:
                 return arr.to_pylist()
             except UnicodeDecodeError:  # a string column with invalid bytes: re-read it as bytes
                 arr = arr.view(pa.large_binary() if pa.types.is_large_string(tp) else pa.binary())
-        return [None if b is None else self._decode(b, f"column '{name}' of '{path}'") for b in arr.to_pylist()]
+        return [None if b is None else self._decode(b, f"column '{name}' of '{path}' row {row0 + i}")
+                for i, b in enumerate(arr.to_pylist())]
 
     def _json_records(self, path: Path, limit: int | None = None) -> Iterator[tuple[int, dict]]:
         opener = gzip.open if path.name.lower().endswith(".gz") else open

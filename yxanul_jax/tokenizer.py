@@ -331,7 +331,7 @@ def _cmd_stats(args) -> int:
     result = measure(tok, source)
     warn_replaced(source)
     result = {"tokenizer": tok.source, "superbpe": tok.superbpe, **result}
-    rows = [("tokenizer", tok.source), ("pre-tokenizer", "SuperBPE" if tok.superbpe else "as loaded"),
+    rows = [("tokenizer", tok.source), ("pre-tokenizer", "SuperBPE" if tok.superbpe else "standard"),
             ("vocab size", f"{tok.vocab_size:,}"), ("EOS", f"{tok.eos_token} = {tok.eos_id}"),
             ("documents", f"{result['documents']:,}"), ("characters", f"{result['characters']:,}"),
             ("tokens", f"{result['tokens']:,}"), ("characters/token", f"{result['chars_per_token']:.3f}"),
