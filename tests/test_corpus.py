@@ -59,3 +59,16 @@ def test_a_foreign_dataset_in_the_cache_slot_is_refused(tmp_path):
     corpus.ensure_demo_dataset(str(target), 512, max_bytes=200_000)
     with pytest.raises(UserError, match="another dataset"):
         corpus.ensure_demo_dataset(str(target), 640, max_bytes=200_000)
+
+
+def test_demo_vocab_equals_a_cap_larger_than_the_corpus_supports(tmp_path):
+    ds = open_dataset(corpus.ensure_demo_dataset(str(tmp_path / "demo"), 20_000, max_bytes=200_000))
+    assert ds.vocab_size == 20_000  # matches model.vocab_size although merges ran out earlier
+    from yxanul_jax.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(ds.tokenizer_path)
+    assert tok.vocab_size == 20_000 and tok.tokenizer.token_to_id("<|reserved_19999|>") == 19_999
+    train = ds.split("train")
+    ids = np.concatenate([np.asarray(train.doc_slice(d, 0, int(train.lengths[d]))) for d in range(train.num_documents)])
+    first_reserved = min(i for t, i in tok.tokenizer.get_vocab().items() if t.startswith("<|reserved_"))
+    assert ids.max() < first_reserved  # reserved entries are never produced

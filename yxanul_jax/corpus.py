@@ -101,13 +101,17 @@ def _locked(path: Path):
 
 
 def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, max_bytes: int = MAX_BYTES) -> str:
-    """Path of the prepared demo dataset (stdlib sources, BPE capped at `vocab_size`), built on first use.
+    """Path of the prepared demo dataset (stdlib sources, BPE of exactly `vocab_size`), built on first use.
+
+    The BPE is trained with `vocab_size` as cap; the ~3 MB corpus runs out of merges near 21,600
+    entries, so a larger cap is filled with never-produced reserved entries (`pad_vocabulary`) and
+    the dataset always matches `model.vocab_size`.
 
     Default location `default_cache_root() / f"demo-v1-{vocab_size}"`. Building is atomic (temp dir,
     then rename) and serialized by a lock file, so concurrent callers build it once.
     """
     from yxanul_jax.prepare import prepare_documents
-    from yxanul_jax.tokenizer import train_bpe
+    from yxanul_jax.tokenizer import pad_vocabulary, train_bpe
 
     out = Path(cache_dir).expanduser() if cache_dir else default_cache_root() / f"{DEMO_VERSION}-{vocab_size}"
     if _ready(out, vocab_size):
@@ -115,7 +119,7 @@ def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, ma
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out.parent / f".{out.name}.lock"):
         if not _ready(out, vocab_size):
-            tok = train_bpe(stdlib_documents(max_bytes), vocab_size)
+            tok = pad_vocabulary(train_bpe(stdlib_documents(max_bytes), vocab_size), vocab_size)
             tok.source = f"byte-level BPE trained on the Python {platform.python_version()} stdlib"
             prepare_documents(stdlib_documents(max_bytes), tok, out, request=_request(vocab_size, max_bytes),
                               val_fraction=0.05, progress=False)

@@ -226,6 +226,23 @@ def train_bpe(batches: Iterable[list[str]], vocab_size: int, *, eos_token: str =
     return LoadedTokenizer(tok, "<trained>", tok.token_to_id(eos_token), eos_token, False)
 
 
+def pad_vocabulary(tok: LoadedTokenizer, size: int) -> LoadedTokenizer:
+    """Grow a trained BPE's vocabulary to exactly `size` with never-produced `<|reserved_i|>` entries.
+
+    For a small corpus whose merges run out below the cap: encoding is unchanged (no merge makes the
+    new entries), but the vocabulary then matches an embedding table of `size` rows.
+    """
+    have = tok.vocab_size
+    if have >= size:
+        return tok
+    data = json.loads(tok.tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    for i in range(have, size):
+        vocab[f"<|reserved_{i}|>"] = i
+    padded = Tokenizer.from_str(json.dumps(data))
+    return LoadedTokenizer(padded, tok.source, tok.eos_id, tok.eos_token, tok.superbpe)
+
+
 def measure(tok: LoadedTokenizer, source: DocumentSource) -> dict:
     """Documents, characters, UTF-8 bytes, tokens and their ratios over every document of `source`."""
     docs = chars = nbytes = tokens = 0
