@@ -1,0 +1,176 @@
+"""The training entry point end to end (CPU, tiny models): loss falls, stages, resume, guards, eval-only."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from yxanul_jax.checkpoint import Checkpointer
+from yxanul_jax.config import load_config
+from yxanul_jax.data import open_dataset
+
+from conftest import REPO, shared_path
+
+# A model small enough that each CLI run takes seconds; vocab 512 matches the 512-entry demo corpus.
+FAST = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+        "model.ffn_dim=128", "model.embed_rank=16", "curriculum.0.seq_len=32", "curriculum.0.batch_size=8",
+        "curriculum.1.start_step=6", "curriculum.1.seq_len=64", "curriculum.1.batch_size=4", "train.steps=12",
+        "train.log_every=1", "eval.interval=6", "eval.max_batches=2", "eval.batch_size=4",
+        "checkpoint.interval=4", "checkpoint.async_save=false", "optim.warmup_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    return {**os.environ, "YXANUL_CACHE": str(cache), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+
+
+def train(env, *args, timeout=600, check=True):
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def rows(run_dir, kind="loss"):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [r for r in map(json.loads, fh) if kind in r]
+
+
+def test_default_command_loss_falls(env, tmp_path):
+    run = str(tmp_path / "run")
+    train(env, "--run-dir", run, "train.steps=30", "curriculum.1.start_step=15", "train.log_every=1",
+          "eval.max_batches=2")
+    losses = [r["loss"] for r in rows(run)]
+    assert len(losses) == 30
+    assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+    row = rows(run)[-1]
+    for key in ("step", "stage", "seq_len", "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "mfu"):
+        assert key in row
+    assert {r["stage"] for r in rows(run)} == {0, 1} and rows(run)[-1]["seq_len"] == 128
+    val = rows(run, "val/mean/loss")
+    assert val and "val/heldout/ppl" in val[-1]
+    assert os.path.exists(os.path.join(run, "config.yaml")) and os.listdir(os.path.join(run, "tb"))
+
+
+def test_kill_then_resume_gives_the_uninterrupted_losses(env, tmp_path):
+    straight = str(tmp_path / "straight")
+    train(env, "--run-dir", straight, *FAST)
+    want = {r["step"]: r["loss"] for r in rows(straight)}
+
+    run = str(tmp_path / "killed")
+    cmd = [sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *FAST, "checkpoint.interval=100"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = os.path.join(run, "metrics.jsonl")
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(metrics) and len(rows(run)) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "stopped by SIGTERM" in out
+    stopped_at = Checkpointer(os.path.join(run, "checkpoints"), load_config(None, FAST).checkpoint).latest_step()
+    assert stopped_at is not None and 3 <= stopped_at < 12
+
+    resumed = train(env, "--run-dir", run, *FAST, "checkpoint.interval=100")
+    assert f"resumed from step {stopped_at}" in resumed.stdout
+    got = {r["step"]: r["loss"] for r in rows(run)}
+    assert sorted(got) == sorted(want)  # no step lost or logged twice
+    assert got == want  # bit-exact on CPU
+
+
+def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("YXANUL_CACHE", env["YXANUL_CACHE"])
+    from yxanul_jax.corpus import ensure_demo_dataset
+    from yxanul_jax.monitor import MetricsWriter, Progress
+    from yxanul_jax.steps import init_train_state
+    from yxanul_jax.train import Trainer
+
+    cfg = load_config(None, FAST + ["eval.interval=0", "checkpoint.interval=0"])
+    ds = open_dataset(ensure_demo_dataset(vocab_size=512))
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), cfg.checkpoint)
+    trainer = Trainer(cfg, ds, str(tmp_path), ckpt)
+    state = init_train_state(cfg, jax.random.key(0))
+    with MetricsWriter(str(tmp_path)) as writer:
+        state, step, interrupted = trainer.run(state, 0, writer, Progress(cfg.train.steps, stream=open(os.devnull, "w")))
+    ckpt.close()
+    assert (step, interrupted, int(state["step"])) == (12, False, 12)
+    assert trainer.compiler.compile_counts == [1, 1]
+    s0, s1 = cfg.curriculum
+    expected = s1.start_step * s0.tokens_per_step + (12 - s1.start_step) * s1.tokens_per_step
+    assert trainer.stream.tokens_consumed == expected == trainer.tokens
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(env, tmp_path):
+    run = str(tmp_path / "nan")
+    # Stage 1 multiplies the learning rate by 1e30: the parameters overflow and the loss turns NaN.
+    proc = train(env, "--run-dir", run, *FAST, "curriculum.1.start_step=4", "curriculum.1.lr_scale=1e30",
+                 "eval.interval=0", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "loss became nan" in proc.stderr.lower() and "intact" in proc.stderr
+    cfg = load_config(None, FAST)
+    ckpt = Checkpointer(os.path.join(run, "checkpoints"), cfg.checkpoint)
+    assert ckpt.all_steps() == [4]
+    from yxanul_jax.checkpoint import tree_is_finite
+    from yxanul_jax.steps import abstract_train_state
+    step, state, _ = ckpt.restore(abstract_train_state(dataclasses.replace(cfg)))
+    assert step == 4 and tree_is_finite(state["params"])
+    ckpt.close()
+
+
+def _domain_files(tmp_path):
+    """Three small real-text validation files (stdlib sources and docs) in three input formats."""
+    import sysconfig
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    texts = [open(os.path.join(stdlib, f), encoding="utf-8").read()[:4000] for f in ("json/__init__.py", "csv.py")]
+    prose = tmp_path / "prose.txt"
+    prose.write_text(__import__("this").__doc__ or "".join(texts))
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("\n".join(json.dumps({"question": t[:300], "answer": t[300:600]}) for t in texts))
+    code = tmp_path / "code.parquet"
+    pq.write_table(pa.table({"text": texts}), code)
+    return {"prose": str(prose), "qa": f"{qa}::{{question}}\\n{{answer}}", "code": str(code)}
+
+
+def _eval_only(env, run, domains):
+    args = [f"eval.domains.{k}={v}" for k, v in domains.items()]
+    proc = train(env, "--run-dir", run, "--eval-only", *FAST, *args)
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in domains:
+        assert data[f"val/{name}/loss"] > 0 and data[f"val/{name}/ppl"] > 1
+    assert "val/mean/ppl" in data and data["step"] == 12
+    return data
+
+
+def test_eval_only_reports_every_domain(env, tmp_path):
+    run = str(tmp_path / "run")
+    train(env, "--run-dir", run, *FAST)
+    _eval_only(env, run, _domain_files(tmp_path))
+    # Real validation sets of the SPEC (C4, GSM8K, HumanEval) when ../shared is present.
+    val = shared_path("data", "validation")
+    _eval_only(env, run, {"english": str(val / "c4_validation_2k.parquet"),
+                          "math": f"{val / 'gsm8k_validation.parquet'}::{{question}}\\n{{answer}}",
+                          "code": f"{val / 'humaneval_validation.parquet'}::{{prompt}}{{canonical_solution}}"})
+
+
+def test_run_dir_with_another_config_is_refused(env, tmp_path):
+    run = str(tmp_path / "run")
+    train(env, "--run-dir", run, *FAST, "train.steps=2", "eval.interval=0")
+    proc = train(env, "--run-dir", run, *FAST, "train.steps=2", "model.d_model=32", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "model.d_model" in proc.stderr
+    eval_missing = train(env, "--run-dir", str(tmp_path / "nothing"), "--eval-only", *FAST, check=False)
+    assert eval_missing.returncode == 2 and "error: " in eval_missing.stderr
