@@ -212,8 +212,9 @@ class TokenStream:
 
 
 def _rows(stream: TokenStream, start: int, seq_len: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    span = stream.read(start, rows * seq_len + 1)
-    return span[:-1].reshape(rows, seq_len), span[1:].reshape(rows, seq_len)
+    """(inputs_BxL, targets_BxL) of `rows` rows from stream position `start`; rows overlap by one token."""
+    span_N = stream.read(start, rows * seq_len + 1)
+    return span_N[:-1].reshape(rows, seq_len), span_N[1:].reshape(rows, seq_len)
 
 
 class _TrainBatchAt:
@@ -359,8 +360,8 @@ class _EvalBatchAt:
         start = k * self.batch_size * self.seq_len + self.offset
         inputs, targets = _rows(self.stream, start, self.seq_len, self.local)
         # target (r, j) is stream position start + r*L + j + 1; real while < stream length
-        pos_1xL = start + 1 + np.arange(self.local * self.seq_len).reshape(self.local, self.seq_len)
-        return {"inputs": inputs, "targets": targets, "mask": (pos_1xL < self.stream.length).astype(np.float32)}
+        pos_BxL = start + 1 + np.arange(self.local * self.seq_len).reshape(self.local, self.seq_len)
+        return {"inputs": inputs, "targets": targets, "mask": (pos_BxL < self.stream.length).astype(np.float32)}
 
 
 def eval_batches(ds_or_path: PreparedDataset | str, *, seq_len: int, batch_size: int, split: str = "val",
