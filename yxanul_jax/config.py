@@ -205,6 +205,12 @@ class MeshConfig:
     """Data-parallel axis size."""
     fsdp: int = 1
     """Fully-sharded axis size (parameters and optimizer state are sharded over it)."""
+    coordinator_address: str = ""
+    """Multi-host: host:port of process 0 (else JAX_COORDINATOR_ADDRESS; empty: single process)."""
+    num_processes: int = 0
+    """Multi-host: number of processes (else JAX_NUM_PROCESSES)."""
+    process_id: int = -1
+    """Multi-host: this process's index (else JAX_PROCESS_ID)."""
 
 
 @dataclass(frozen=True)

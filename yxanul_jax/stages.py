@@ -24,33 +24,47 @@ def stage_index(cfg: Config, step: int) -> int:
     return max(0, bisect.bisect_right(starts, step) - 1)
 
 
-def abstract_batch(stage: StageConfig, process_count: int = 1) -> dict:
-    """Shapes of one stage's [A, B, L] batch as the step sees it."""
-    shape = (stage.grad_accum_steps, stage.batch_size // process_count, stage.seq_len)
-    return {"inputs": jax.ShapeDtypeStruct(shape, jnp.int32), "targets": jax.ShapeDtypeStruct(shape, jnp.int32),
-            "mask": jax.ShapeDtypeStruct(shape, jnp.float32)}
+def abstract_batch(stage: StageConfig, sharding=None) -> dict:
+    """Shapes of one stage's global [A, B, L] batch as the step sees it."""
+    shape = (stage.grad_accum_steps, stage.batch_size, stage.seq_len)
+    return {k: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
+            for k, dt in (("inputs", jnp.int32), ("targets", jnp.int32), ("mask", jnp.float32))}
 
 
-def compile_stage(cfg: Config, stage: StageConfig, state_shapes=None):
-    """The compiled train step of one stage (donates the incoming state's buffers)."""
+def compile_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None):
+    """The compiled train step of one stage (donates the incoming state's buffers).
+
+    With a mesh, the state is laid out by `sharding.state_shardings` and the batch split over
+    data x fsdp; without one, everything sits on the default device.
+    """
     state_shapes = state_shapes if state_shapes is not None else abstract_train_state(cfg)
-    step_fn = jax.jit(make_train_step(cfg, stage), donate_argnums=0)
-    return step_fn.lower(state_shapes, abstract_batch(stage)).compile()
+    step = make_train_step(cfg, stage)
+    if mesh is None:
+        return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage)).compile()
+    from yxanul_jax import sharding as sh
+
+    state_sh = sh.state_shardings(cfg, mesh, state_shapes)
+    batch_sh = sh.batch_sharding(mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
+                      donate_argnums=0)
+    return step_fn.lower(sh.with_shardings(state_shapes, state_sh), abstract_batch(stage, batch_sh)).compile()
 
 
 class StageCompiler:
     """Compiles stages on demand or ahead of time (one background thread); each stage once."""
 
-    def __init__(self, cfg: Config, hlo_dir: str | None = None):
+    def __init__(self, cfg: Config, hlo_dir: str | None = None, mesh=None):
         self.cfg = cfg
         self.hlo_dir = hlo_dir
+        self.mesh = mesh
         self.state_shapes = abstract_train_state(cfg)
         self.compile_counts = [0] * len(cfg.curriculum)
         self._futures: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compile")
 
     def _compile(self, i: int):
-        compiled = compile_stage(self.cfg, self.cfg.curriculum[i], self.state_shapes)
+        compiled = compile_stage(self.cfg, self.cfg.curriculum[i], self.state_shapes, self.mesh)
         self.compile_counts[i] += 1
         if self.hlo_dir:
             os.makedirs(os.path.join(self.hlo_dir, "hlo"), exist_ok=True)

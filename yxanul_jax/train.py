@@ -16,17 +16,17 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
 from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
 from yxanul_jax.data import PreparedDataset, make_train_stream, open_dataset
-from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.errors import cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
 from yxanul_jax.monitor import (MetricsWriter, Progress, flops_per_token, mfu, peak_flops_per_device,
                                 prepare_run_dir, run_header)
+from yxanul_jax import sharding as sh
 from yxanul_jax.stages import StageCompiler, enable_compilation_cache, stage_index
 from yxanul_jax.steps import abstract_train_state, init_train_state, make_eval_step
 
@@ -68,9 +68,10 @@ def open_training_data(cfg: Config) -> PreparedDataset:
     return ds
 
 
-def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None):
-    """(state, meta, restored_from_step or None)."""
-    abstract = abstract_train_state(cfg)
+def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, mesh):
+    """(state, meta, restored_from_step or None), laid out on the mesh."""
+    shardings = sh.state_shardings(cfg, mesh, abstract_train_state(cfg))
+    abstract = sh.with_shardings(abstract_train_state(cfg), shardings)
     if explicit:
         directory, step = resolve_checkpoint_path(explicit)
         source = ckpt if os.path.abspath(directory) == os.path.abspath(ckpt.directory) else \
@@ -82,24 +83,28 @@ def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None):
     if ckpt.latest_step() is not None:
         step, state, meta = ckpt.restore(abstract)
         return state, meta, step
-    return jax.jit(lambda key: init_train_state(cfg, key))(jax.random.key(cfg.train.seed)), {}, None
+    init = jax.jit(lambda key: init_train_state(cfg, key), out_shardings=shardings)
+    return init(jax.random.key(cfg.train.seed)), {}, None
 
 
-def _batch_for(stream, stage) -> dict:
-    """The next [A, B, L] batch of a stage, as device arrays."""
+def _batch_for(stream, stage, sharding) -> dict:
+    """The next global [A, B, L] batch of a stage, assembled from this process's rows."""
     b = stream.next_batch(stage.seq_len, stage.batch_size * stage.grad_accum_steps)
     a = stage.grad_accum_steps
-    return {k: jnp.asarray(np.asarray(v).reshape(a, -1, *v.shape[1:])) for k, v in b.items()}
+    return sh.global_batch({k: np.asarray(v).reshape(a, -1, *v.shape[1:]) for k, v in b.items()}, sharding)
 
 
 class Trainer:
     """The loop's state that outlives one step: writers, checkpointer, compiled stages, counters."""
 
-    def __init__(self, cfg: Config, ds: PreparedDataset, run_dir: str, ckpt: Checkpointer):
+    def __init__(self, cfg: Config, ds: PreparedDataset, run_dir: str, ckpt: Checkpointer, mesh=None):
         self.cfg, self.ds, self.run_dir, self.ckpt = cfg, ds, run_dir, ckpt
+        self.mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
+        sh.check_divisible(cfg, self.mesh)
+        self.batch_sharding = sh.batch_sharding(self.mesh)
         self.domains = resolve_domains(cfg.eval.domains, ds)
         self.eval_step = jax.jit(make_eval_step(cfg))
-        self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None)
+        self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None, self.mesh)
         self.stream = make_train_stream(ds, seed=cfg.data.shuffle_seed, process_index=jax.process_index(),
                                         process_count=jax.process_count(), num_workers=cfg.data.num_workers,
                                         prefetch=cfg.data.prefetch)
@@ -112,7 +117,9 @@ class Trainer:
     def validate(self, state, step: int, seq_len: int, writer: MetricsWriter | None) -> dict:
         e = self.cfg.eval
         row = evaluate(self.eval_step, state["params"], state["fp8"], self.domains, seq_len=e.seq_len or seq_len,
-                       batch_size=e.batch_size, max_batches=e.max_batches)
+                       batch_size=e.batch_size, max_batches=e.max_batches,
+                       put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(self.mesh)),
+                       process_index=jax.process_index(), process_count=jax.process_count())
         if writer is not None:
             writer.write({"step": step, **row})
         return row
@@ -161,7 +168,7 @@ class Trainer:
                         self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
                 stage = cfg.curriculum[si]
                 compiled = self.compiler.get(si)
-                batch = _batch_for(self.stream, stage)
+                batch = _batch_for(self.stream, stage, self.batch_sharding)
                 if cfg.profile.start_step == step:
                     jax.profiler.start_trace(os.path.join(self.run_dir, "profile"))
                 state, metrics = compiled(state, batch)
@@ -194,44 +201,57 @@ def _report_eval(row: dict, step: int) -> None:
     print(json.dumps({"step": step, **row}))
 
 
+class _NullWriter:
+    """Metrics sink of the processes other than 0 (only process 0 writes the run directory)."""
+
+    def write(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_run_config(args)
+    sh.maybe_initialize_distributed(cfg.mesh)
+    mesh = sh.make_mesh(cfg.mesh)
+    lead = jax.process_index() == 0
     run_dir = args.run_dir or os.path.join("runs", cfg.model.name)
     ds = open_training_data(cfg)
     enable_compilation_cache()
     if args.eval_only:
-        return eval_only(cfg, ds, run_dir, args.checkpoint)
-    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=args.overwrite)
-    print(run_header(cfg), flush=True)
+        return eval_only(cfg, ds, run_dir, args.checkpoint, mesh)
+    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=args.overwrite) if lead else os.path.join(run_dir, "checkpoints")
+    if lead:
+        print(run_header(cfg), flush=True)
     ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
-    state, meta, restored = restore_or_init(cfg, ckpt, args.checkpoint)
-    trainer = Trainer(cfg, ds, run_dir, ckpt)
+    state, meta, restored = restore_or_init(cfg, ckpt, args.checkpoint, mesh)
+    trainer = Trainer(cfg, ds, run_dir, ckpt, mesh)
     start = int(state["step"])
     if restored is not None:
         trainer.stream.set_state(meta["data"])
         trainer.tokens = int(meta.get("tokens", 0))
         print(f"resumed from step {restored} (stage {meta.get('stage')}, {trainer.tokens:,} tokens)", flush=True)
     n_params = sum(int(x.size) for x in jax.tree_util.tree_leaves(state["params"]))
-    print(f"model {cfg.model.name}: {n_params:,} parameters; FP8 "
-          f"{cfg.fp8.backend if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} stage(s); "
-          f"{cfg.train.steps} steps; run dir {run_dir}", flush=True)
-    writer = MetricsWriter(run_dir, resume_step=start if restored is not None else None)
-    progress = Progress(cfg.train.steps)
+    print(f"model {cfg.model.name}: {n_params:,} parameters; FP8 {cfg.fp8.backend if cfg.fp8.active else 'off'}; "
+          f"{len(cfg.curriculum)} stage(s); {cfg.train.steps} steps; mesh data={mesh.shape['data']} x "
+          f"fsdp={mesh.shape['fsdp']}; run dir {run_dir}", flush=True)
+    writer = MetricsWriter(run_dir, resume_step=start if restored is not None else None) if lead else _NullWriter()
+    progress = Progress(cfg.train.steps, stream=None if lead else open(os.devnull, "w"))
     try:
         state, step, interrupted = trainer.run(state, start, writer, progress)
         if not interrupted and start < cfg.train.steps:
             progress.close()
-            stage = cfg.curriculum[-1] if step >= cfg.curriculum[-1].start_step else cfg.curriculum[stage_index(cfg, step - 1)]
-            row = trainer.validate(state, step, stage.seq_len, writer)
-            _report_eval(row, step)
-            trainer.save(state, step, stage_index(cfg, step - 1), row["val/mean/ppl"])
+            last_stage = stage_index(cfg, step - 1)
+            row = trainer.validate(state, step, cfg.curriculum[last_stage].seq_len, writer)
+            _report_eval(row, step)  # every process: the values are global, so they must agree
+            trainer.save(state, step, last_stage, row["val/mean/ppl"])
     except TrainingDiverged as e:
         progress.close()
-        last = ckpt.latest_step()
-        print(f"error: {e}; stopping. The last good checkpoint (step {last}) is intact; lower optim.lr or "
-              "raise warmup, then resume from it.", file=sys.stderr)
+        print(f"error: {e}; stopping. The last good checkpoint (step {ckpt.latest_step()}) is intact; lower "
+              "optim.lr or raise the warmup, then resume from it.", file=sys.stderr)
         return 1
     finally:
         ckpt.wait()
@@ -241,21 +261,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | None) -> int:
+def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | None, mesh) -> int:
     """Validate a checkpoint (explicit, or the run directory's latest) on every domain."""
     target = checkpoint or os.path.join(run_dir, "checkpoints")
     directory, step = resolve_checkpoint_path(target)
     ckpt = Checkpointer(directory, cfg.checkpoint)
+    abstract = abstract_train_state(cfg)
     try:
-        step, state, _ = ckpt.restore(abstract_train_state(cfg), step)
+        step, state, _ = ckpt.restore(sh.with_shardings(abstract, sh.state_shardings(cfg, mesh, abstract)), step)
     finally:
         ckpt.close()
     trainer_domains = resolve_domains(cfg.eval.domains, ds)
     e = cfg.eval
     seq_len = e.seq_len or cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
     row = evaluate(jax.jit(make_eval_step(cfg)), state["params"], state["fp8"], trainer_domains, seq_len=seq_len,
-                   batch_size=e.batch_size, max_batches=e.max_batches)
-    _report_eval(row, step)
+                   batch_size=e.batch_size, max_batches=e.max_batches,
+                   put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(mesh)),
+                   process_index=jax.process_index(), process_count=jax.process_count())
+    if jax.process_index() == 0:
+        _report_eval(row, step)
     return 0
 
 

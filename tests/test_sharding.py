@@ -1,0 +1,109 @@
+"""Sharding and multi-host: the same run on 1 device, 8 virtual devices (data x fsdp) and 2 processes."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from yxanul_jax.config import MeshConfig
+from yxanul_jax.errors import UserError
+from yxanul_jax.sharding import mesh_shape
+
+from conftest import REPO
+
+# float32, no FP8: the comparison across layouts is then a pure reduction-order question (tol 1e-5).
+RUN = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+       "model.ffn_dim=128", "model.embed_rank=16", "model.dtype=float32", "fp8.enabled=false",
+       "curriculum.0.seq_len=32", "curriculum.0.batch_size=8", "curriculum.1.start_step=10",
+       "curriculum.1.seq_len=64", "curriculum.1.batch_size=8", "train.steps=20", "train.log_every=1",
+       "eval.interval=0", "eval.max_batches=2", "eval.batch_size=8", "checkpoint.interval=0",
+       "checkpoint.async_save=false"]
+
+
+def test_mesh_shape_resolution_and_errors():
+    assert mesh_shape(MeshConfig(data=-1, fsdp=4), 8) == (2, 4)
+    assert mesh_shape(MeshConfig(data=2, fsdp=-1), 8) == (2, 4)
+    assert mesh_shape(MeshConfig(), 1) == (1, 1)
+    with pytest.raises(UserError, match="does not fit 8 devices"):
+        mesh_shape(MeshConfig(data=3, fsdp=1), 8)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def _env(cache, devices=1):
+    env = {**os.environ, "YXANUL_CACHE": cache, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [r["loss"] for r in map(json.loads, fh) if "loss" in r]
+
+
+def _train(env, *args):
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path):
+    one = _train(_env(cache, 1), "--run-dir", str(tmp_path / "one"), *RUN)
+    eight = _train(_env(cache, 8), "--run-dir", str(tmp_path / "eight"), *RUN, "mesh.data=2", "mesh.fsdp=4")
+    assert "data=1 x fsdp=1" in one.stdout and "data=2 x fsdp=4" in eight.stdout
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "eight")
+    assert len(a) == len(b) == 20
+    for x, y in zip(a, b):
+        assert abs(x - y) <= 1e-5 * abs(x), (a, b)
+
+
+def test_parameters_are_sharded_over_fsdp(cache):
+    code = """
+import jax
+from yxanul_jax.config import load_config
+from yxanul_jax.sharding import make_mesh, state_shardings
+from yxanul_jax.steps import abstract_train_state
+cfg = load_config('configs/yxanul_197m.yaml', ['mesh.data=2', 'mesh.fsdp=4'])
+mesh = make_mesh(cfg.mesh)
+s = state_shardings(cfg, mesh, abstract_train_state(cfg))
+p = s['params']
+print(p['layers']['mlp']['up']['kernel'].spec, p['embedding'].spec, s['opt_state'][0].mu['layers']['mlp']['up']['kernel'].spec,
+      s['fp8']['fp8_meta']['layers']['mlp']['up']['gemm']['input']['scale'].spec)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(cache, 8), cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.strip()
+    assert out.count("'fsdp'") >= 3, out  # kernel, embedding table and its Adam moment are sharded
+    assert out.endswith("P()"), out  # FP8 state replicated
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_train_together_and_agree(cache, tmp_path):
+    port = _free_port()
+    run = str(tmp_path / "multi")
+    args = [*RUN, "train.steps=6", "curriculum.1.start_step=3", f"mesh.coordinator_address=127.0.0.1:{port}",
+            "mesh.num_processes=2"]
+    procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
+                               f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-2000:] + err[-3000:]
+    assert "data=2 x fsdp=1" in outs[0][0]
+    losses = _losses(run)
+    assert len(losses) == 6 and all(x > 0 for x in losses)
+    # Both processes computed the same global validation loss from their own halves of the data.
+    vals = [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for out, _ in outs]
+    assert vals[0]["val/mean/loss"] > 0 and vals[0] == vals[1]
