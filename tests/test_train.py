@@ -174,3 +174,13 @@ def test_run_dir_with_another_config_is_refused(env, tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "model.d_model" in proc.stderr
     eval_missing = train(env, "--run-dir", str(tmp_path / "nothing"), "--eval-only", *FAST, check=False)
     assert eval_missing.returncode == 2 and "error: " in eval_missing.stderr
+
+
+def test_profile_trace_and_hlo_dump_for_requested_steps(env, tmp_path):
+    run = tmp_path / "prof"
+    train(env, "--run-dir", str(run), *FAST, "train.steps=5", "eval.interval=0", "profile.start_step=2",
+          "profile.num_steps=2", "profile.dump_hlo=true")
+    traces = list((run / "profile").rglob("*.xplane.pb"))
+    assert traces and traces[0].stat().st_size > 0
+    hlo = (run / "hlo" / "stage_0.txt").read_text()
+    assert "ENTRY" in hlo and "f8e4m3fn" in hlo

@@ -34,7 +34,7 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 CHECKPOINT_DIR = "checkpoints"
-RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR)
+RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, "profile", "hlo")
 """What `prepare_run_dir(overwrite=True)` moves aside before a fresh start."""
 
 
