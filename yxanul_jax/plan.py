@@ -1,19 +1,33 @@
-"""`python -m yxanul_jax.plan`: what a config costs, starting with its parameters by component.
+"""`python -m yxanul_jax.plan`: what a config costs: parameters by component, memory per stage, what fits a GPU.
 
-The counts come from the real model (`jax.eval_shape` of `Yxanul.init`: no memory is
-allocated, so the 270M config plans instantly on a laptop). The report is a dict built by
-`build_plan`; later sections (memory per stage, largest batch per GPU) are added to the same dict
-so the table and the `--json` line never disagree.
+    python -m yxanul_jax.plan --config FILE [--gpu NAME|GB] [--headroom 0.1] [key=value ...] [--json]
+
+The parameter counts come from the real model (`jax.eval_shape` of `Yxanul.init`: no memory is
+allocated, so the 270M config plans instantly on a laptop). Memory per curriculum stage is
+`memory.estimate_stage` (weights, gradients, optimizer moments, FP8 state, batch, activations with
+and without remat, logits of the chunked loss), checked against XLA's compiled memory analysis by
+scripts/check_plan.py. For the GPU (default rtx4090, the seeds' card) the plan gives each stage's
+largest micro-batch that fits JAX's memory pool less a headroom, and, when a stage does not fit, a
+scaled-down config that does, printed as YAML. The report is one dict (`build_plan`), so the table
+and the `--json` line never disagree.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 
-from yxanul_jax.config import Config, add_config_args, config_from_args
+import yaml
+
+from yxanul_jax import memory
+from yxanul_jax.config import Config, StageConfig, add_config_args, config_from_args, to_dict
 from yxanul_jax.errors import cli_entry
 from yxanul_jax.model import COMPONENTS, abstract_variables, param_breakdown
+
+DEFAULT_GPU = "rtx4090"
+GB = 1e9
 
 
 def fp8_state_count(variables: dict) -> int:
@@ -23,20 +37,66 @@ def fp8_state_count(variables: dict) -> int:
     return sum(int(x.size) for k, v in variables.items() if k != "params" for x in jax.tree_util.tree_leaves(v))
 
 
-def build_plan(cfg: Config) -> dict:
-    """Everything the plan reports, as plain JSON-ready values."""
-    variables = abstract_variables(cfg.model, cfg.fp8)
+def sparse_config_dict(cfg: Config) -> dict:
+    """The fields of `cfg` that differ from the dataclass defaults: a YAML config that rebuilds it."""
+    full, base = to_dict(cfg), to_dict(Config())
+    out = {}
+    for section, values in full.items():
+        if section == "curriculum":
+            stage0 = to_dict(StageConfig())
+            out[section] = [{k: v for k, v in s.items() if v != stage0[k]} or {"start_step": 0} for s in values]
+            continue
+        diff = {k: v for k, v in values.items() if v != base[section][k]}
+        if diff:
+            out[section] = diff
+    return out
+
+
+def _stage_report(cfg: Config, i: int, stage: StageConfig, gpu: memory.Gpu, state: dict) -> dict:
+    est = memory.estimate_stage(cfg, stage, state=state)
+    by_remat = {r: memory.estimate_stage(cfg, stage, remat=r, state=state) for r in ("none", "dots", "full")}
+    return {"stage": i, "start_step": stage.start_step, "seq_len": stage.seq_len, "batch_size": stage.batch_size,
+            "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step,
+            "bytes": {k: v for k, v in est.items() if k not in ("bytes_total", "phase")},
+            "peak_phase": est["phase"], "bytes_total": est["bytes_total"],
+            "activations_by_remat": {r: e["activations"] for r, e in by_remat.items()},
+            "bytes_total_by_remat": {r: e["bytes_total"] for r, e in by_remat.items()},
+            "max_batch_size": memory.max_batch_size(cfg, stage, gpu.budget_bytes, state=state),
+            "fits": est["bytes_total"] <= gpu.budget_bytes}
+
+
+def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True) -> dict:
+    """Everything the plan reports, as plain JSON-ready values (bytes are ints)."""
+    gpu = gpu or memory.parse_gpu(DEFAULT_GPU)
+    # Shapes do not depend on the attention kernel; tracing with cuDNN's would fail on a machine without it.
+    variables = abstract_variables(dataclasses.replace(cfg.model, attention="xla"), cfg.fp8)
     by_component = param_breakdown(variables["params"])
     total = sum(by_component.values())
-    return {
+    state = memory.state_bytes(cfg)
+    stages = [_stage_report(cfg, i, s, gpu, state) for i, s in enumerate(cfg.curriculum)]
+    plan = {
         "model": cfg.model.name,
         "params_total": total,
         "params_by_component": by_component,
         "fp8_state_values": fp8_state_count(variables),
-        "stages": [{"stage": i, "start_step": s.start_step, "seq_len": s.seq_len, "batch_size": s.batch_size,
-                    "grad_accum_steps": s.grad_accum_steps, "tokens_per_step": s.tokens_per_step}
-                   for i, s in enumerate(cfg.curriculum)],
+        "platform": "gpu",
+        "gpu": {"name": gpu.name, "total_bytes": gpu.total_bytes, "mem_fraction": gpu.mem_fraction,
+                "headroom": gpu.headroom, "budget_bytes": gpu.budget_bytes},
+        "remat": cfg.model.remat, "scan_layers": cfg.model.scan_layers, "loss_chunk": cfg.train.loss_chunk,
+        "state_bytes": {"weights": state["weights"], "gradients": state["weights"], "optimizer": state["optimizer"],
+                        "fp8_state": state["fp8_state"]},
+        "stages": stages,
+        "fits": all(s["fits"] for s in stages),
+        "suggestion": None,
     }
+    if suggest and not plan["fits"]:
+        new, notes, ok = memory.suggest_config(cfg, gpu.budget_bytes, tag=re.sub(r"[^a-z0-9]+", "", gpu.name.lower()))
+        plan["suggestion"] = {"fits": ok, "changes": notes, "yaml": yaml.safe_dump(sparse_config_dict(new),
+                                                                                    sort_keys=False),
+                              "params_total": memory.param_count(new),
+                              "stages": [_stage_report(new, i, s, gpu, memory.state_bytes(new))["bytes_total"]
+                                         for i, s in enumerate(new.curriculum)]}
+    return plan
 
 
 def format_plan(plan: dict) -> str:
@@ -49,10 +109,32 @@ def format_plan(plan: dict) -> str:
     lines.append(f"{'total':<12}{total:>16,}{total / 1e6:>10.2f}{100.0:>8.1f}%")
     if plan["fp8_state_values"]:
         lines.append(f"FP8 state: {plan['fp8_state_values']:,} float32 values (amax histories and scales)")
-    lines += ["", f"{'stage':<7}{'start':>8}{'seq_len':>9}{'batch':>8}{'accum':>7}{'tokens/step':>13}"]
+    sb = plan["state_bytes"]
+    lines += ["", "train state (GB): " + ", ".join(f"{k.replace('_', ' ')} {v / GB:.3f}" for k, v in sb.items())
+              + "  (float32 weights and gradients, AdamW mu and nu)"]
+    g = plan["gpu"]
+    lines.append(f"GPU {g['name']}: {g['total_bytes'] / 2**30:.1f} GiB x JAX pool {g['mem_fraction']:.2f} "
+                 f"(XLA_PYTHON_CLIENT_MEM_FRACTION) x (1 - headroom {g['headroom']:.2f}) = budget "
+                 f"{g['budget_bytes'] / GB:.2f} GB; remat {plan['remat']}, scan_layers {plan['scan_layers']}, "
+                 f"loss chunk {plan['loss_chunk']:,} tokens")
+    lines += ["", f"{'stage':<6}{'seq':>6}{'batch':>7}{'accum':>6}{'tokens/step':>12}"
+                  f"{'act none':>10}{'act ' + plan['remat']:>10}{'logits':>8}{'layer bwd':>10}{'total GB':>10}"
+                  f"{'max batch':>10}{'fits':>6}"]
     for s in plan["stages"]:
-        lines.append(f"{s['stage']:<7}{s['start_step']:>8}{s['seq_len']:>9}{s['batch_size']:>8}"
-                     f"{s['grad_accum_steps']:>7}{s['tokens_per_step']:>13,}")
+        b = s["bytes"]
+        lines.append(f"{s['stage']:<6}{s['seq_len']:>6}{s['batch_size']:>7}{s['grad_accum_steps']:>6}"
+                     f"{s['tokens_per_step']:>12,}{s['activations_by_remat']['none'] / GB:>10.2f}"
+                     f"{b['activations'] / GB:>10.2f}{b['logits'] / GB:>8.2f}{b['working'] / GB:>10.2f}"
+                     f"{s['bytes_total'] / GB:>10.2f}{s['max_batch_size']:>10,}{'yes' if s['fits'] else 'NO':>6}")
+    lines.append("(GB = 1e9 bytes; act = activations saved for the backward pass; the peak adds the larger of "
+                 "'logits' and 'layer bwd' to the state, batch and activations)")
+    sug = plan.get("suggestion")
+    if sug:
+        lines += ["", f"does not fit {g['name']}: suggested config ({'fits' if sug['fits'] else 'STILL DOES NOT FIT'}, "
+                      f"{sug['params_total'] / 1e6:.1f} M parameters, peak "
+                      f"{max(sug['stages']) / GB:.2f} GB); save it as a file and train with --config FILE:"]
+        lines += [f"  - {c}" for c in sug["changes"]]
+        lines += ["---", sug["yaml"].rstrip()]
     return "\n".join(lines)
 
 
@@ -60,10 +142,15 @@ def format_plan(plan: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m yxanul_jax.plan", description=__doc__.splitlines()[0])
     add_config_args(parser)
+    parser.add_argument("--gpu", default=DEFAULT_GPU,
+                        help=f"GPU to fit: {', '.join(memory.GPUS)}, or its memory in GB (default {DEFAULT_GPU})")
+    parser.add_argument("--headroom", type=float, default=memory.DEFAULT_HEADROOM,
+                        help="share of JAX's memory pool kept free (default 0.1)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole plan")
     args = parser.parse_args(argv)
+    gpu = memory.parse_gpu(args.gpu, args.headroom)
     cfg = config_from_args(args)
-    plan = build_plan(cfg)
+    plan = build_plan(cfg, gpu)
     print(format_plan(plan))
     if args.json:
         print(json.dumps(plan))

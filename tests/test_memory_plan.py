@@ -1,0 +1,189 @@
+"""The memory planner (yxanul_jax/memory.py, yxanul_jax/plan.py): exact state and residual accounting,
+agreement with XLA's compiled memory analysis, largest batches, and scaled-down configs that fit."""
+import contextlib
+import dataclasses
+import io
+import json
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.ad_checkpoint import print_saved_residuals
+
+from yxanul_jax import memory, plan
+from yxanul_jax.config import StageConfig, load_config
+from yxanul_jax.errors import UserError
+from yxanul_jax.stages import compile_stage
+from yxanul_jax.steps import _split_head, abstract_train_state, loss_sums
+
+from conftest import REPO
+
+TINY, PYTHIA, Y197 = (str(REPO / "configs" / f) for f in ("tiny.yaml", "pythia_70m_capped.yaml", "yxanul_197m.yaml"))
+
+
+def _size(tree) -> int:
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree))
+
+
+@pytest.mark.parametrize("path,overrides", [
+    (TINY, []), (Y197, []), (str(REPO / "configs/yxanul_270m.yaml"), []), (PYTHIA, []),
+    (TINY, ["model.head=factorized", "fp8.targets=[q,head]", "model.scan_layers=true"]),
+    (TINY, ["fp8.enabled=false", "model.embed_rank=0", "fp8.amax_history_len=16"]),
+])
+def test_state_bytes_and_param_count_are_exact(path, overrides):
+    cfg = load_config(path, overrides)
+    state = abstract_train_state(cfg)
+    assert memory.state_bytes(cfg) == {"weights": _size(state["params"]), "optimizer": _size(state["opt_state"]),
+                                       "fp8_state": _size(state["fp8"]),
+                                       "misc_state": _size(state["step"]) + _size(state["rng"])}
+    assert memory.param_count(cfg) == plan.build_plan(cfg, suggest=False)["params_total"]
+
+
+_ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "u32": 4, "bool": 1, "f8_e4m3fn": 1, "f8_e5m2": 1, "i8": 1}
+
+
+def _residual_bytes(cfg, batch: int, seq_len: int) -> int:
+    """Bytes JAX saves for the backward pass of the real loss (public `print_saved_residuals`),
+    leaving out the parameters and the batch themselves."""
+    st = abstract_train_state(cfg)
+    body, _ = _split_head(st["fp8"])
+    shape = (batch, seq_len)
+    data = {"inputs": jnp.zeros(shape, jnp.int32), "targets": jnp.zeros(shape, jnp.int32),
+            "mask": jnp.ones(shape, jnp.float32)}
+    params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), st["params"])
+    fp8 = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), body)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_saved_residuals(lambda p: loss_sums(cfg, p, fp8, None, data)[0], params)
+    total = 0
+    for line in out.getvalue().splitlines():
+        m = re.match(r"(\w+)\[([\d,]*)\]", line.strip())
+        if m and "from the argument" not in line:
+            total += _ITEMSIZE[m.group(1)] * math.prod(int(d) for d in m.group(2).split(",") if d)
+    return total
+
+
+@pytest.mark.parametrize("overrides", [
+    ["fp8.enabled=false"], [], ["fp8.targets=[q,o,up]"], ["model.dtype=float32", "fp8.enabled=false"],
+    ["model.remat=dots", "model.scan_layers=true"], ["model.remat=full", "model.scan_layers=true"],
+])
+def test_saved_residual_formula_equals_what_jax_saves(overrides):
+    # Per layer and per token: the double difference over layers (1 -> 2) and rows (2 -> 4) cancels
+    # everything that is not per layer per token (weights' BF16/FP8 copies, RoPE tables, the loss).
+    L = 32
+    cfgs = {n: load_config(TINY, overrides + [f"model.n_layers={n}", "model.vocab_size=256"]) for n in (1, 2)}
+    r = {(n, b): _residual_bytes(cfgs[n], b, L) for n in (1, 2) for b in (2, 4)}
+    measured = (r[2, 4] - r[1, 4] - r[2, 2] + r[1, 2]) / (2 * L)
+    cfg = cfgs[1]
+    assert measured == memory.saved_bytes_per_token(cfg, L, cfg.model.remat)
+
+
+@pytest.mark.parametrize("path,overrides", [
+    (TINY, []),                                   # 4 unrolled layers, FP8, no remat: the loss sets the peak
+    (PYTHIA, ["model.scan_layers=true", "model.remat=full", "curriculum.0.batch_size=128"]),  # 35 M, scanned
+])
+def test_planner_agrees_with_xla_compiled_memory_within_15_percent(path, overrides):
+    cfg = load_config(path, overrides)
+    stage = cfg.curriculum[0]
+    mem = compile_stage(cfg, stage).memory_analysis()
+    xla = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+           + mem.temp_size_in_bytes)
+    est = memory.estimate_stage(cfg, stage, platform="cpu")
+    assert abs(est["bytes_total"] - xla) / xla < 0.15, (est["bytes_total"] / 1e6, xla / 1e6)
+    # The parts that are exact are exact: XLA's arguments are the state plus the batch.
+    state = memory.state_bytes(cfg)
+    assert mem.argument_size_in_bytes == sum(state.values()) + est["batch"]
+
+
+def test_chunked_loss_is_what_lets_the_seeds_batch_fit_a_24gb_card():
+    # SPEC 9: "batch 8192 at seq_len 8 on 24 GB" holds only if the logits never exist all at once.
+    cfg = load_config(Y197)
+    gpu = memory.parse_gpu("rtx4090")
+    stage = cfg.curriculum[0]
+    assert (stage.seq_len, stage.batch_size) == (8, 8192)
+    assert memory.estimate_stage(cfg, stage)["bytes_total"] < gpu.budget_bytes
+    one_chunk = dataclasses.replace(cfg.train, loss_chunk=stage.seq_len * stage.batch_size)
+    unchunked = dataclasses.replace(cfg, train=one_chunk)
+    assert memory.estimate_stage(unchunked, stage)["bytes_total"] > gpu.total_bytes
+
+
+def test_remat_orders_planned_activations():
+    cfg = load_config(Y197)
+    stage = cfg.curriculum[4]
+    acts = {r: memory.estimate_stage(cfg, stage, remat=r)["activations"] for r in ("none", "dots", "full")}
+    assert acts["none"] > acts["dots"] > acts["full"] > 0
+    assert acts["full"] == cfg.model.n_layers * stage.batch_size * stage.seq_len * 2 * cfg.model.d_model
+
+
+def test_plan_json_has_memory_per_stage_and_a_consistent_max_batch(capsys):
+    assert plan.main(["--config", Y197, "--gpu", "h100", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    data = json.loads(out[-1])
+    assert data["params_total"] == 196_398_464 and isinstance(data["fits"], bool)
+    budget = data["gpu"]["budget_bytes"]
+    cfg = load_config(Y197)
+    for s, stage in zip(data["stages"], cfg.curriculum):
+        assert {"seq_len", "batch_size", "bytes_total", "max_batch_size", "fits"} <= set(s)
+        assert s["fits"] == (s["bytes_total"] <= budget)
+        b = s["max_batch_size"]
+        at = memory.estimate_stage(cfg, dataclasses.replace(stage, batch_size=b))["bytes_total"]
+        above = memory.estimate_stage(cfg, dataclasses.replace(stage, batch_size=b + 1))["bytes_total"]
+        assert at <= budget < above
+    assert data["fits"] == all(s["fits"] for s in data["stages"])
+    assert any("max batch" in line for line in out[:-1])
+
+
+def _check_suggestion_fits(cfg, gpu_name, tmp_path):
+    gpu = memory.parse_gpu(gpu_name)
+    first = plan.build_plan(cfg, gpu)
+    assert not first["fits"] and first["suggestion"]["fits"]
+    path = tmp_path / "suggested.yaml"
+    path.write_text(first["suggestion"]["yaml"])
+    suggested = load_config(str(path))  # the printed YAML is a complete, valid config
+    second = plan.build_plan(suggested, gpu)
+    assert second["fits"] and second["suggestion"] is None
+    assert all(s["bytes_total"] <= gpu.budget_bytes for s in second["stages"])
+    # Same curriculum: stage boundaries, lengths and tokens per step unchanged.
+    for a, b in zip(cfg.curriculum, suggested.curriculum):
+        assert (a.start_step, a.seq_len, a.tokens_per_step) == (b.start_step, b.seq_len, b.tokens_per_step)
+    assert suggested.model.vocab_size == cfg.model.vocab_size
+    return suggested
+
+
+def test_gtx1650_suggestion_for_yxanul_197m_plans_as_fitting(tmp_path):
+    suggested = _check_suggestion_fits(load_config(Y197), "gtx1650", tmp_path)
+    assert suggested.model.d_model < 768 and suggested.train.loss_chunk < 1024  # it had to shrink the model
+
+
+def test_gtx1650_suggestion_for_the_seeds_32k_vocab_model_plans_as_fitting(tmp_path):
+    # GTX1650_MEMORY.md: vocab 32,000, width 2,048, 512-token rows: over 5 GB on a 4 GB card.
+    cfg = load_config(TINY, ["model.vocab_size=32000", "model.d_model=2048", "model.n_heads=16",
+                             "model.n_kv_heads=4", "model.ffn_dim=5632", "model.n_layers=8",
+                             "model.embed_rank=0", "model.max_position=512"])
+    cfg = dataclasses.replace(cfg, curriculum=(StageConfig(seq_len=512, batch_size=16),))
+    suggested = _check_suggestion_fits(cfg, "gtx1650", tmp_path)
+    assert memory.param_count(suggested) < memory.param_count(cfg)
+
+
+def test_a_config_that_only_needs_smaller_batches_keeps_its_model(tmp_path):
+    suggested = _check_suggestion_fits(load_config(Y197), "rtx4090", tmp_path)
+    assert suggested.model.d_model == 768 and suggested.model.n_layers == 28
+    assert any(s.grad_accum_steps > 1 for s in suggested.curriculum)
+
+
+def test_gpu_names_sizes_and_mistakes(capsys, monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert memory.parse_gpu("H100").total_bytes == 81559 * 2**20
+    g = memory.parse_gpu("24", headroom=0.0)
+    assert g.total_bytes == 24 * 2**30 and g.budget_bytes == int(24 * 2**30 * 0.75)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    assert memory.parse_gpu("a100-80").mem_fraction == 0.9
+    with pytest.raises(UserError, match="did you mean 'rtx4090'"):
+        memory.parse_gpu("rtx4900")
+    assert plan.main(["--config", TINY, "--gpu", "rtx4900"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown GPU 'rtx4900'") and len(err.splitlines()) == 1
+    assert plan.main(["--config", TINY, "--headroom", "1.5"]) == 2
+    assert "--headroom" in capsys.readouterr().err

@@ -1,0 +1,437 @@
+"""Memory estimate of one curriculum stage's train step, from shapes alone (no compile, no allocation).
+
+The estimate follows what `steps.make_train_step` does, compiled with `donate_argnums=0`:
+
+    peak = arguments + outputs - aliased + temporaries            (XLA's own memory analysis)
+         = state + batch + temporaries                            (the state is donated: outputs alias it)
+
+* state (exact; `state_bytes` equals `steps.abstract_train_state`, tested): float32 params (4 P
+  bytes), AdamW mu and nu (8 P), FP8 state (per FP8 GEMM 3 operands x (amax_history_len + 1)
+  float32), step and rng. P is `param_count` (equal to the plan's parameter count, tested).
+* batch (exact): inputs, targets (int32) and mask (float32) of all A micro-batches: 12 A B L bytes.
+* temporaries: the larger of two phases of the backward pass of one micro-batch of N = B L tokens,
+
+      loss phase  = g_l G + saved + k_l C V                   (the chunked loss runs)
+      layer phase = g_b G + saved + N w_layer                  (a layer's backward pass runs)
+      temp        = max(loss phase, layer phase) + e 4 V r + t_h 4 N D
+
+  - G = 4 P bytes of float32 gradients, plus g_accum 4 P when grad_accum_steps > 1 (accumulator
+    and micro-batch gradient both alive); g_l, g_b: how much of it is alive in each phase.
+  - `saved`: what the forward pass keeps for the backward pass, n_layers x N x s(remat) bytes.
+    Per token and layer (a = bytes of model.dtype, K head dim, H/G query/kv heads, F ffn width):
+      none  s = 2 (8 D + 8)                      RMSNorm: float32 input and normalized copy, 2 stats
+              + GEMM inputs                      a D per norm output feeding BF16 GEMMs, 1 byte per
+                                                 FP8 GEMM input (q, k, v, gate, up: D; o: H K; down: F),
+                                                 a H K (o) and a F (down) when those are BF16
+              + a (H K + 2 G K)                  RoPE'd q and k, v
+              + H L (9 + a) + 8 H                causal mask, float32 scores and exp, probabilities
+              + 5 a F                            gate and up outputs, the three residuals of silu
+      dots  s = 4 (H K + 2 G K + D + 2 F) + a D  float32 GEMM outputs (q, k, v, o, gate, up) and input
+      full  s = a D                              block input only
+    These equal, byte for byte, what `jax.ad_checkpoint.print_saved_residuals` lists for the real
+    model (tested for FP8 on/off/partial, bfloat16/float32, none/dots/full).
+  - `w_layer`: one layer's backward working set per token: its recomputed `none` residuals (when
+    remat is on) plus t_D D + t_F F + t_S H L bytes of gradients in flight.
+  - k_l C V: the chunked cross-entropy's logits and their gradient, C = min(train.loss_chunk, N);
+    k_l = loss_multi with several chunks, loss_single when one chunk covers the micro-batch (XLA
+    then inlines the one-step loop and keeps BF16 copies of the logits as well).
+  - e 4 V r: float32 copies of the vocabulary-sized matrices (embedding gradient and its scatter;
+    r = embed_rank, or d_model; an untied head adds its D x V); t_h 4 N D: hidden-state buffers.
+
+Calibration. The coefficients (`Calibration`) were fitted (robust least squares on the relative
+error of the peak) to XLA's CPU memory analysis of the real step (`compile_stage(...)
+.memory_analysis()`, jax 0.10.2, 60 compiles): tiny, a 4-layer 256-wide model, pythia-70m-capped,
+yxanul-197m and yxanul-270m shapes, remat none/dots/full, scanned and unrolled layers, FP8 on,
+off and on the head, bfloat16 and float32, untied/factorized/tied heads, sequence lengths 8 to
+2,048, one and several loss chunks, 1 to 32 accumulated micro-batches. Fit residuals: largest
+13.5 %, RMS 5 %. scripts/check_plan.py compares the planner with fresh compiles (docs/MEMORY.md:
+largest error 9.5 % over 10 curriculum stages, 5 of them not in the fit). Two platforms:
+
+* `cpu` reproduces what XLA's CPU backend does: it keeps the residual stream (block inputs) in
+  float32 whatever model.dtype is; bfloat16 and float32 models take the same memory (measured within
+  3 %), so the formula runs with a = 2 for both; a scanned layer without remat keeps cpu_scan_none
+  times its residuals; and remat saves nothing for unrolled layers (`scan_layers: false`): XLA CPU
+  schedules the recomputation early, so remat there costs what none costs (measured).
+* `gpu` (the default for planning) uses model.dtype for a and the residual stream and honors remat
+  for unrolled layers; every fitted coefficient is the CPU one. It has not been checked against a
+  GPU compile: scripts/check_plan.py on a GPU machine compares it with XLA's GPU memory analysis.
+
+Attention: `model.attention: auto` runs XLA's attention (jax 0.10 `dot_product_attention` with no
+implementation picks XLA, on GPU too), which materializes the H x L x L scores: the H L terms
+above, quadratic in the sequence length. On the `gpu` platform `model.attention: cudnn` is planned
+as flash attention: float32 row statistics (4 H bytes per token) instead of the scores, and no
+score term in the working set (not measured here: cuDNN does not run on CPU).
+
+Not modeled: the CUDA context and cuBLAS/cuDNN workspaces (a few hundred MB, outside JAX's pool;
+that is what the headroom is for), activation sharding across devices (the estimate is for one
+device holding the whole micro-batch), and the FP8 state of the Transformer Engine backend (its
+own collections; `fp8.backend: te` is planned with the activations of the xla backend).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from typing import Literal
+
+from yxanul_jax.config import Config, StageConfig
+from yxanul_jax.errors import UserError
+
+Platform = Literal["gpu", "cpu"]
+MiB, GiB = 2 ** 20, 2 ** 30
+
+# Memory as nvidia-smi reports it (MiB): what a "24 GB" card really has.
+GPUS = {
+    "gtx1650": 4096 * MiB,
+    "rtx4090": 24564 * MiB,
+    "rtx5090": 32607 * MiB,
+    "a100-40": 40960 * MiB,
+    "a100-80": 81920 * MiB,
+    "h100": 81559 * MiB,
+    "h200": 143771 * MiB,
+}
+JAX_DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this share of GPU memory unless told otherwise
+DEFAULT_HEADROOM = 0.10
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Coefficients fitted to XLA's CPU memory analysis (robust least squares over 60 compiles;
+    module docstring). They are fitted, not derived: g_layer < 1, for instance, says that XLA frees
+    or reuses part of the gradient buffers while a layer's backward pass runs."""
+
+    g_loss: float = 1.03  # float32 parameter copies alive during the loss (gradient accumulator, ...)
+    g_layer: float = 0.56  # ... and during the layers' backward pass
+    g_accum: float = 0.5  # extra copies when grad_accum_steps > 1 (accumulator + micro-batch gradient)
+    embed: float = 0.78  # float32 copies of the vocabulary-sized matrices (embedding gradient, scatter)
+    t_D: float = 7.5  # bytes per token per d_model unit of gradients in flight in one layer
+    t_F: float = 8.2  # ... per ffn_dim unit
+    t_S: float = 5.3  # ... per attention score (H x L per token)
+    t_h: float = 1.6  # float32 hidden-state buffers (final norm, its gradient) per token per d_model
+    loss_multi: float = 8.6  # bytes per chunk x vocab logit with several loss chunks
+    loss_single: float = 12.9  # ... with one chunk (XLA inlines the loop; BF16 copies stay too)
+    cpu_scan_none: float = 1.6  # XLA CPU keeps this much more for a scanned layer without remat
+
+
+CALIBRATION = Calibration()
+
+
+# --------------------------------------------------------------------------------------------
+# GPU budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    name: str
+    total_bytes: int
+    mem_fraction: float
+    headroom: float
+
+    @property
+    def budget_bytes(self) -> int:
+        """Bytes a train step may use: JAX's pool (mem_fraction of the card) less the headroom."""
+        return int(self.total_bytes * self.mem_fraction * (1.0 - self.headroom))
+
+
+def mem_fraction_from_env() -> float:
+    """XLA_PYTHON_CLIENT_MEM_FRACTION if set (JAX's preallocated share), else JAX's default 0.75."""
+    raw = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if raw is None:
+        return JAX_DEFAULT_MEM_FRACTION
+    try:
+        value = float(raw)
+    except ValueError:
+        raise UserError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={raw!r} is not a number; set it to e.g. 0.90 or unset it")
+    if not 0 < value <= 1:
+        raise UserError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={raw} must be in (0, 1]")
+    return value
+
+
+def parse_gpu(spec: str, headroom: float = DEFAULT_HEADROOM, mem_fraction: float | None = None) -> Gpu:
+    """A GPU by name (`rtx4090`, `h100`, ...) or by size in GB (GiB, as nvidia-smi counts: `24`)."""
+    if not 0 <= headroom < 1:
+        raise UserError(f"--headroom {headroom} must be in [0, 1), e.g. 0.1 for 10 %")
+    fraction = mem_fraction_from_env() if mem_fraction is None else mem_fraction
+    key = spec.strip().lower().replace("_", "-")
+    if key in GPUS:
+        return Gpu(key, GPUS[key], fraction, headroom)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(gb|gib|g)?", key)
+    if m and float(m.group(1)) > 0:
+        return Gpu(f"{float(m.group(1)):g} GB", int(float(m.group(1)) * GiB), fraction, headroom)
+    import difflib
+
+    close = difflib.get_close_matches(key, GPUS, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise UserError(f"unknown GPU '{spec}'{hint}; use one of {', '.join(GPUS)} or a size in GB such as 24")
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes
+
+
+def _dtype_bytes(name: str) -> int:
+    return {"bfloat16": 2, "float32": 4}[name]
+
+
+def _fp8_targets(cfg: Config) -> set[str]:
+    return set(cfg.fp8.targets) if cfg.fp8.active else set()
+
+
+def layer_params(cfg: Config) -> int:
+    """Parameters of one transformer block (GEMM kernels and the two norm scales)."""
+    m = cfg.model
+    D, F, K = m.d_model, m.ffn_dim, m.resolved_head_dim
+    return D * m.n_heads * K * 2 + D * m.n_kv_heads * K * 2 + 3 * D * F + 2 * D
+
+
+def vocab_matrix_elements(cfg: Config) -> int:
+    """Elements of vocabulary-sized parameter matrices (embedding table, untied head)."""
+    m = cfg.model
+    n = m.vocab_size * (m.embed_rank or m.d_model)
+    if m.head == "untied":
+        n += m.vocab_size * m.d_model
+    return n
+
+
+def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes: int | None = None,
+                          act_bytes: int | None = None, flash: bool = False) -> int:
+    """Bytes one layer keeps for the backward pass per token (module docstring: `s`).
+
+    `act_bytes` overrides a (the bytes of model.dtype), `residual_bytes` the bytes of the block input;
+    `flash`: cuDNN attention keeps float32 row statistics instead of the H x L x L scores."""
+    m = cfg.model
+    a = _dtype_bytes(m.dtype) if act_bytes is None else act_bytes
+    r = a if residual_bytes is None else residual_bytes
+    D, F, H, G, K, L = m.d_model, m.ffn_dim, m.n_heads, m.n_kv_heads, m.resolved_head_dim, seq_len
+    if remat == "full":
+        return r * D
+    if remat == "dots":
+        return 4 * (H * K + 2 * G * K + D + 2 * F) + r * D
+    fp8 = _fp8_targets(cfg)
+    s = 2 * (8 * D + 8)
+    for group in (("q", "k", "v"), ("gate", "up")):
+        if any(t not in fp8 for t in group):
+            s += a * D  # the norm's output, shared by the group's BF16 GEMMs
+        s += D * sum(t in fp8 for t in group)
+    s += H * K if "o" in fp8 else a * H * K
+    s += F if "down" in fp8 else a * F
+    s += a * (H * K + 2 * G * K) + (4 * H if flash else H * L * (9 + a) + 8 * H)
+    s += 5 * a * F
+    return s
+
+
+# --------------------------------------------------------------------------------------------
+# The estimate
+
+
+def param_count(cfg: Config) -> int:
+    """Parameters of the model, from its shapes (equal to `model.param_breakdown`; tested)."""
+    m = cfg.model
+    V, D, R = m.vocab_size, m.d_model, m.embed_rank
+    n = m.n_layers * layer_params(cfg) + D  # blocks and the final norm
+    n += V * R + R * D if R else V * D
+    if m.head == "factorized":
+        n += D * R
+    elif m.head == "untied":
+        n += D * V
+    return n
+
+
+def fp8_gemm_count(cfg: Config) -> int:
+    """GEMMs that run in FP8 with the xla backend (each keeps 3 operand states)."""
+    if not cfg.fp8.active or cfg.fp8.backend != "xla":
+        return 0
+    per_layer = sum(t in cfg.fp8.targets for t in ("q", "k", "v", "o", "gate", "up", "down"))
+    return cfg.model.n_layers * per_layer + ("head" in cfg.fp8.targets)
+
+
+def state_bytes(cfg: Config) -> dict[str, int]:
+    """Bytes of the train state by part (equal to `steps.abstract_train_state`; tested)."""
+    P = param_count(cfg)
+    return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
+            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 1) * 4,
+            "misc_state": 4 + 8}  # step (int32) and rng (uint32[2])
+
+
+def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", remat: str | None = None,
+                   state: dict | None = None, cal: Calibration = CALIBRATION) -> dict:
+    """Bytes of one stage's compiled train step, by component (all ints, JSON-ready).
+
+    Keys: weights, gradients (float32 copies alive at the peak), optimizer, fp8_state, batch,
+    activations (saved for the backward pass), working (one layer's backward working set), logits
+    (the chunked loss's logits and their gradient), other (embedding-gradient copies, hidden-state
+    buffers, step and rng), temp, bytes_total (the peak), phase ('loss' or 'layer': the part of the
+    backward pass that sets the peak; only that phase's `logits` or `working` counts in the total).
+    `remat` overrides model.remat; `state` reuses `state_bytes(cfg)` across calls.
+    """
+    m = cfg.model
+    remat = remat or m.remat
+    st = state if state is not None else state_bytes(cfg)
+    P = st["weights"] // 4
+    a = _dtype_bytes(m.dtype)
+    N = stage.batch_size * stage.seq_len
+    effective = remat
+    residual = a
+    if platform == "cpu":
+        a, residual = 2, 4  # XLA CPU: the same bytes for bfloat16 and float32 models, a float32 residual stream
+        if not m.scan_layers:
+            effective = "none"  # XLA CPU hoists the recomputation of unrolled layers: no saving
+    flash = platform == "gpu" and m.attention == "cudnn"
+    saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash)
+    if platform == "cpu" and m.scan_layers and effective == "none":
+        saved *= cal.cpu_scan_none  # XLA CPU keeps extra copies of an unrematerialized scanned layer
+    recompute = 0 if effective == "none" else saved_bytes_per_token(cfg, stage.seq_len, "none", residual, a, flash)
+    scores = 0 if flash else cal.t_S * m.n_heads * stage.seq_len
+    w_layer = recompute + cal.t_D * m.d_model + cal.t_F * m.ffn_dim + scores
+    chunk = max(1, min(cfg.train.loss_chunk, N))
+    k_l = cal.loss_single if chunk >= N else cal.loss_multi
+    logits = k_l * chunk * m.vocab_size
+    grads = 4 * P
+    if stage.grad_accum_steps > 1:  # the accumulator and this micro-batch's gradient are both alive
+        grads += cal.g_accum * 4 * P
+    loss_phase = cal.g_loss * grads + logits
+    layer_phase = cal.g_layer * grads + N * w_layer
+    phase = "loss" if loss_phase >= layer_phase else "layer"
+    other = cal.embed * 4 * vocab_matrix_elements(cfg) + cal.t_h * 4 * N * m.d_model
+    temp = saved + max(loss_phase, layer_phase) + other
+    batch = 12 * stage.grad_accum_steps * N
+    total = st["weights"] + st["optimizer"] + st["fp8_state"] + st["misc_state"] + batch + temp
+    g_live = cal.g_loss if phase == "loss" else cal.g_layer
+    return {k: int(round(v)) for k, v in {
+        "weights": st["weights"], "gradients": g_live * grads, "optimizer": st["optimizer"],
+        "fp8_state": st["fp8_state"], "batch": batch, "activations": saved, "working": N * w_layer,
+        "logits": logits, "other": other + st["misc_state"], "temp": temp, "bytes_total": total}.items()} | {
+        "phase": phase}
+
+
+def max_batch_size(cfg: Config, stage: StageConfig, budget: int, platform: Platform = "gpu",
+                   state: dict | None = None, limit: int = 1 << 20) -> int:
+    """Largest micro-batch (rows) of `stage` whose estimate fits `budget` bytes; 0 if not even 1 row."""
+    st = state if state is not None else state_bytes(cfg)
+
+    def fits(b: int) -> bool:
+        rows = dataclasses.replace(stage, batch_size=b)
+        return estimate_stage(cfg, rows, platform, state=st)["bytes_total"] <= budget
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:  # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+# --------------------------------------------------------------------------------------------
+# A configuration that fits
+
+
+def _divisors(n: int) -> list[int]:
+    """Divisors of n, largest first."""
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]), reverse=True)
+
+
+def _fit_batches(cfg: Config, budget: int, platform: Platform) -> tuple[Config, bool]:
+    """Each stage that does not fit gets the largest micro-batch that does among the divisors of its
+    rows per step, with grad_accum_steps raised so tokens per step stay the same.
+    (config, every stage fits)."""
+    st = state_bytes(cfg)
+    stages, ok = [], True
+    for s in cfg.curriculum:
+        if estimate_stage(cfg, s, platform, state=st)["bytes_total"] <= budget:
+            stages.append(s)
+            continue
+        rows = s.batch_size * s.grad_accum_steps
+        cap = max(1, max_batch_size(cfg, s, budget, platform, state=st))  # prunes the divisor scan
+        for b in [d for d in _divisors(rows) if d <= cap] + [1]:
+            new = dataclasses.replace(s, batch_size=b, grad_accum_steps=rows // b)
+            if estimate_stage(cfg, new, platform, state=st)["bytes_total"] <= budget:
+                break
+        ok &= estimate_stage(cfg, new, platform, state=st)["bytes_total"] <= budget
+        stages.append(new)
+    return dataclasses.replace(cfg, curriculum=tuple(stages)), ok
+
+
+def _round_to(x: float, q: int) -> int:
+    return max(q, int(round(x / q)) * q)
+
+
+def _shrunk(cfg: Config, width: float, depth: float) -> Config:
+    """The model at `width` x d_model (head_dim kept, so fewer heads) and `depth` x n_layers; FFN and
+    embedding rank keep their ratio to d_model; vocabulary (the tokenizer's) unchanged."""
+    m = cfg.model
+    K = m.resolved_head_dim
+    heads = max(1, int(round(m.n_heads * width)))
+    kv = max(1, int(round(heads * m.n_kv_heads / m.n_heads)))  # about the same GQA ratio
+    while heads % kv:
+        kv -= 1
+    d = heads * K
+    ffn = _round_to(m.ffn_dim * d / m.d_model, 64)
+    rank = min(_round_to(m.embed_rank * d / m.d_model, 16), d) if m.embed_rank else 0
+    model = dataclasses.replace(m, d_model=d, n_heads=heads, n_kv_heads=kv, head_dim=m.head_dim and K, ffn_dim=ffn,
+                                n_layers=max(1, int(round(m.n_layers * depth))), embed_rank=rank)
+    return dataclasses.replace(cfg, model=model)
+
+
+def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: str = "fit",
+                   min_loss_chunk: int = 256) -> tuple[Config, list[str], bool]:
+    """A configuration close to `cfg` whose every stage fits `budget` bytes.
+
+    In order, each step only if the previous ones were not enough: (1) lower the micro-batch and
+    raise grad_accum_steps (tokens per step unchanged); (2) full remat with scanned layers and a
+    smaller loss chunk; (3) a narrower, then shallower model (same vocabulary and head dimension).
+    The model is renamed `<name>-<tag>` so that its runs get their own directory.
+    Returns (config, what changed in words, whether it fits).
+    """
+    m, t = cfg.model, cfg.train
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(m, name=f"{m.name}-{tag}"))
+    out, ok = _fit_batches(cfg, budget, platform)
+    if ok:
+        return out, _batch_notes(cfg, out), True
+    notes: list[str] = []
+    saver = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full", scan_layers=True))
+    if (m.remat, m.scan_layers) != ("full", True):
+        notes.append("remat full with scanned layers (keep only each block's input for the backward pass)")
+    chunks = [t.loss_chunk]
+    while chunks[-1] > min_loss_chunk:
+        chunks.append(max(min_loss_chunk, chunks[-1] // 2))
+    for chunk in chunks:  # the largest loss chunk that lets every stage fit
+        saver = dataclasses.replace(saver, train=dataclasses.replace(t, loss_chunk=chunk))
+        out, ok = _fit_batches(saver, budget, platform)
+        if ok:
+            break
+    if saver.train.loss_chunk < t.loss_chunk:
+        notes.append(f"loss chunk {t.loss_chunk:,} -> {saver.train.loss_chunk:,} tokens (a smaller logits block)")
+    if ok:
+        return out, notes + _batch_notes(cfg, out), True
+    # Shrink the model (the seeds' GTX 1650 recipe: same vocabulary, narrower): the largest of these
+    # widths x depths whose every stage fits.
+    candidates = [(w, dd) for dd in (1.0, 0.75, 0.5, 0.25) for w in (1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25)
+                  if (w, dd) != (1.0, 1.0)]
+    candidates.sort(key=lambda wd: -param_count(_shrunk(saver, *wd)))
+    for w, dd in candidates:
+        small = _shrunk(saver, w, dd)
+        out, ok = _fit_batches(small, budget, platform)
+        if ok:
+            sm = out.model
+            notes.append(f"model {m.n_layers} x {m.d_model} (FFN {m.ffn_dim}, {m.n_heads}/{m.n_kv_heads} heads) -> "
+                         f"{sm.n_layers} x {sm.d_model} (FFN {sm.ffn_dim}, {sm.n_heads}/{sm.n_kv_heads} heads"
+                         f"{f', embed rank {sm.embed_rank}' if sm.embed_rank != m.embed_rank else ''}): "
+                         f"{param_count(cfg) / 1e6:.1f} M -> {param_count(out) / 1e6:.1f} M parameters")
+            return out, notes + _batch_notes(cfg, out), True
+    return saver, notes + ["no smaller model of this vocabulary fits either: the vocabulary-sized matrices and "
+                           "their optimizer state alone are too large; use a smaller tokenizer"], False
+
+
+def _batch_notes(before: Config, after: Config) -> list[str]:
+    out = []
+    for i, (a, b) in enumerate(zip(before.curriculum, after.curriculum)):
+        if (a.batch_size, a.grad_accum_steps) != (b.batch_size, b.grad_accum_steps):
+            out.append(f"stage {i}: batch {a.batch_size} x accum {a.grad_accum_steps} -> "
+                       f"{b.batch_size} x {b.grad_accum_steps} (same {b.tokens_per_step:,} tokens per step)")
+    return out
