@@ -38,16 +38,16 @@ ENTRY %main (x: bf16[4,8], w: bf16[8,16]) -> f32[4,16] {
 }
 """
 
-# Across fusion boundaries, inside a loop that runs 28 times (a scanned layer).
+# Across fusion boundaries (out of %gemm, into %scale's root, out of %scale to the convert of the FP8
+# loop value), inside a loop that runs 28 times (a scanned layer).
 FUSED_LOOP = """
 HloModule m, is_scheduled=true
 
-%dequant (p0: f8e5m2[4,8], p1: f32[]) -> f32[4,8] {
-  %p0 = f8e5m2[4,8]{1,0} parameter(0)
+%scale (p0: f32[4,8], p1: f32[]) -> f32[4,8] {
+  %p0 = f32[4,8]{1,0} parameter(0)
   %p1 = f32[] parameter(1)
-  %c = f32[4,8]{1,0} convert(%p0)
   %b = f32[4,8]{1,0} broadcast(%p1), dimensions={}
-  ROOT %m = f32[4,8]{1,0} multiply(%c, %b)
+  ROOT %m = f32[4,8]{1,0} multiply(%p0, %b)
 }
 
 %gemm (a: f32[4,8], b: f32[8,16]) -> f32[4,16] {
@@ -63,7 +63,8 @@ HloModule m, is_scheduled=true
   %s = f32[] get-tuple-element(%t), index=2
   %w = f32[8,16]{1,0} get-tuple-element(%t), index=3
   %h = f32[4,8]{1,0} get-tuple-element(%t), index=4
-  %dq = f32[4,8]{1,0} fusion(%q, %s), kind=kLoop, calls=%dequant
+  %c8 = f32[4,8]{1,0} convert(%q)
+  %dq = f32[4,8]{1,0} fusion(/*index=0*/%c8, %s), kind=kLoop, calls=%scale
   %y8 = f32[4,16]{1,0} fusion(%dq, %w), kind=kOutput, calls=%gemm
   %y32 = f32[4,16]{1,0} fusion(%h, %w), kind=kOutput, calls=%gemm.1
   ROOT %r = (s32[], f8e5m2[4,8]{1,0}, f32[], f32[8,16]{1,0}, f32[4,8]{1,0}) tuple(%i, %q, %s, %w, %h)

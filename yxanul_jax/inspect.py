@@ -106,7 +106,7 @@ def parse_hlo(text: str) -> dict[str, dict[str, Instr]]:
         if line.strip() == "}":
             current = None
             continue
-        m = _INSTR.match(line)
+        m = _INSTR.match(re.sub(r"/\*.*?\*/", "", line))  # drop /*index=5*/ comments in long lists
         if not m:
             continue
         is_root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
