@@ -64,8 +64,8 @@ class ModelConfig:
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Compute dtype of activations and matmuls outside FP8 (master weights stay float32)."""
     attention: Literal["auto", "cudnn", "xla"] = "auto"
-    """`jax.nn.dot_product_attention` implementation: auto picks cuDNN flash attention on GPU
-    where supported and XLA elsewhere."""
+    """`jax.nn.dot_product_attention` implementation: auto picks cuDNN flash attention on GPU for
+    BF16 with head_dim <= 128 and XLA elsewhere; cudnn / xla force one."""
     remat: Literal["none", "full", "dots"] = "none"
     """Rematerialization of each block: none, full (save only block inputs), dots (save matmul
     outputs without batch dims)."""

@@ -56,9 +56,9 @@ largest error 9.5 % over 10 curriculum stages, 5 of them not in the fit). Two pl
   for unrolled layers; every fitted coefficient is the CPU one. It has not been checked against a
   GPU compile: scripts/check_plan.py on a GPU machine compares it with XLA's GPU memory analysis.
 
-Attention: `model.attention: auto` runs XLA's attention (jax 0.10 `dot_product_attention` with no
-implementation picks XLA, on GPU too), which materializes the H x L x L scores: the H L terms
-above, quadratic in the sequence length. On the `gpu` platform `model.attention: cudnn` is planned
+Attention: XLA's attention materializes the H x L x L scores: the H L terms above, quadratic in the
+sequence length. On the `gpu` platform `model.attention: cudnn`, and `auto` for BF16 with head_dim
+<= 128 (which the model then runs on cuDNN, see `model.attention_implementation`), is planned
 as flash attention: float32 row statistics (4 H bytes per token) instead of the scores, and no
 score term in the working set (not measured here: cuDNN does not run on CPU).
 
@@ -277,7 +277,8 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         a, residual = 2, 4  # XLA CPU: the same bytes for bfloat16 and float32 models, a float32 residual stream
         if not m.scan_layers:
             effective = "none"  # XLA CPU hoists the recomputation of unrolled layers: no saving
-    flash = platform == "gpu" and m.attention == "cudnn"
+    flash = platform == "gpu" and (m.attention == "cudnn" or (m.attention == "auto" and m.dtype == "bfloat16"
+                                                             and m.resolved_head_dim <= 128))
     saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash)
     if platform == "cpu" and m.scan_layers and effective == "none":
         saved *= cal.cpu_scan_none  # XLA CPU keeps extra copies of an unrematerialized scanned layer

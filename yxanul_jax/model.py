@@ -113,6 +113,15 @@ def _dense(cfg: ModelConfig, fp8: FP8Config, target: str, features: int, axes, s
     return Dense(features, axes, std, use, fp8, DTYPES[cfg.dtype], name=name or target)
 
 
+def attention_implementation(cfg: ModelConfig) -> str:
+    """`auto`: cuDNN flash attention on GPU for BF16/FP16 (jax's own default would pick XLA, which
+    stores the L x L scores), XLA everywhere else."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    on_gpu = jax.default_backend() == "gpu"
+    return "cudnn" if on_gpu and cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 else "xla"
+
+
 class Attention(nn.Module):
     """Causal grouped-query attention with RoPE through `jax.nn.dot_product_attention`."""
 
@@ -130,7 +139,7 @@ class Attention(nn.Module):
         v_BxLxGxK = _dense(c, self.fp8, "v", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
         q_BxLxHxK = apply_rope(q_BxLxHxK, sin_LxK2, cos_LxK2)
         k_BxLxGxK = apply_rope(k_BxLxGxK, sin_LxK2, cos_LxK2)
-        impl = None if c.attention == "auto" else c.attention
+        impl = attention_implementation(c)
         o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
                                                  implementation=impl)
         return _dense(c, self.fp8, "o", D, ("heads", "embed"), out_std)(o_BxLxHxK.reshape(B, L, H * K))
