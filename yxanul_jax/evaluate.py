@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from yxanul_jax.corpus import default_cache_root
 from yxanul_jax.data import PreparedDataset, eval_batches, open_dataset
 from yxanul_jax.errors import UserError
@@ -100,7 +98,3 @@ def format_eval(row: dict) -> str:
         tokens = row.get(f"val/{n}/tokens", "")
         lines.append(f"{n:<12}{tokens!s:>12}{row[f'val/{n}/loss']:>10.4f}{row[f'val/{n}/ppl']:>14.2f}")
     return "\n".join(lines)
-
-
-def is_finite(row: dict) -> bool:
-    return all(np.isfinite(v) for k, v in row.items() if k.endswith("/loss"))

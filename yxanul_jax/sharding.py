@@ -114,3 +114,9 @@ def with_shardings(abstract: dict, shardings: dict) -> dict:
     """ShapeDtypeStructs carrying their target sharding (for AOT compiles and checkpoint restores)."""
     return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abstract, shardings)
+
+
+def sharded_abstract_state(cfg: Config, mesh: Mesh, abstract_state: dict) -> tuple[dict, dict]:
+    """(abstract state carrying its shardings, the shardings) for restores, inits and AOT compiles."""
+    shardings = state_shardings(cfg, mesh, abstract_state)
+    return with_shardings(abstract_state, shardings), shardings

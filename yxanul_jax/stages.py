@@ -43,12 +43,12 @@ def compile_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None)
         return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage)).compile()
     from yxanul_jax import sharding as sh
 
-    state_sh = sh.state_shardings(cfg, mesh, state_shapes)
+    sharded_state, state_sh = sh.sharded_abstract_state(cfg, mesh, state_shapes)
     batch_sh = sh.batch_sharding(mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
                       donate_argnums=0)
-    return step_fn.lower(sh.with_shardings(state_shapes, state_sh), abstract_batch(stage, batch_sh)).compile()
+    return step_fn.lower(sharded_state, abstract_batch(stage, batch_sh)).compile()
 
 
 class StageCompiler:

@@ -55,6 +55,13 @@ def _join_head(body: dict, head) -> dict:
     return {**body, fp8_lib.FP8_COLLECTION: {**body.get(fp8_lib.FP8_COLLECTION, {}), HEAD_STATE: head}}
 
 
+def _head_copies(head, chunks: int):
+    """One copy of the head's FP8 state per loss chunk, so each chunk's update stays separate."""
+    if head is None:
+        return None
+    return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (chunks, *x.shape)), head)
+
+
 def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
     """(NLL sum + z_loss * z sum, (NLL sum, z sum)) of one micro-batch [B, L]; the head runs in chunks."""
     model = Yxanul(cfg.model, cfg.fp8)
@@ -82,9 +89,7 @@ def make_train_step(cfg: Config, stage: StageConfig):
     def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
         params = state["params"]
         body_fp8, head = _split_head(state["fp8"])
-        # Per-chunk copies of the head's FP8 state keep each chunk's update separate (max-merged below).
-        head_copies = None if head is None else jax.tree_util.tree_map(
-            lambda x: jnp.broadcast_to(x, (chunks, *x.shape)), head)
+        head_copies = _head_copies(head, chunks)  # their updates are max-merged below
 
         def micro(carry, mb):
             g_acc, fp8_acc, nll_acc, z_acc = carry
@@ -115,10 +120,7 @@ def make_eval_step(cfg: Config):
 
     def eval_step(params, fp8_state, batch):
         body, head = _split_head(fp8_state)
-        copies = None
-        if head is not None:
-            chunks = n_chunks(batch["inputs"].size, cfg.train.loss_chunk)
-            copies = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (chunks, *x.shape)), head)
+        copies = _head_copies(head, n_chunks(batch["inputs"].size, cfg.train.loss_chunk))
         _, (nll, _) = loss_sums(cfg, params, body, copies, batch)
         return nll, jnp.sum(batch["mask"])
 

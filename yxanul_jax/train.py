@@ -70,8 +70,7 @@ def open_training_data(cfg: Config) -> PreparedDataset:
 
 def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, mesh):
     """(state, meta, restored_from_step or None), laid out on the mesh."""
-    shardings = sh.state_shardings(cfg, mesh, abstract_train_state(cfg))
-    abstract = sh.with_shardings(abstract_train_state(cfg), shardings)
+    abstract, shardings = sh.sharded_abstract_state(cfg, mesh, abstract_train_state(cfg))
     if explicit:
         directory, step = resolve_checkpoint_path(explicit)
         source = ckpt if os.path.abspath(directory) == os.path.abspath(ckpt.directory) else \
@@ -92,6 +91,14 @@ def _batch_for(stream, stage, sharding) -> dict:
     b = stream.next_batch(stage.seq_len, stage.batch_size * stage.grad_accum_steps)
     a = stage.grad_accum_steps
     return sh.global_batch({k: np.asarray(v).reshape(a, -1, *v.shape[1:]) for k, v in b.items()}, sharding)
+
+
+def validate_on_mesh(cfg: Config, eval_step, state: dict, domains, seq_len: int, mesh) -> dict:
+    """Validation of `state` on every domain, batches split over the mesh and over processes."""
+    e = cfg.eval
+    return evaluate(eval_step, state["params"], state["fp8"], domains, seq_len=seq_len, batch_size=e.batch_size,
+                    max_batches=e.max_batches, put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(mesh)),
+                    process_index=jax.process_index(), process_count=jax.process_count())
 
 
 class Trainer:
@@ -115,11 +122,8 @@ class Trainer:
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
 
     def validate(self, state, step: int, seq_len: int, writer: MetricsWriter | None) -> dict:
-        e = self.cfg.eval
-        row = evaluate(self.eval_step, state["params"], state["fp8"], self.domains, seq_len=e.seq_len or seq_len,
-                       batch_size=e.batch_size, max_batches=e.max_batches,
-                       put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(self.mesh)),
-                       process_index=jax.process_index(), process_count=jax.process_count())
+        row = validate_on_mesh(self.cfg, self.eval_step, state, self.domains, self.cfg.eval.seq_len or seq_len,
+                               self.mesh)
         if writer is not None:
             writer.write({"step": step, **row})
         return row
@@ -266,18 +270,13 @@ def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | 
     target = checkpoint or os.path.join(run_dir, "checkpoints")
     directory, step = resolve_checkpoint_path(target)
     ckpt = Checkpointer(directory, cfg.checkpoint)
-    abstract = abstract_train_state(cfg)
     try:
-        step, state, _ = ckpt.restore(sh.with_shardings(abstract, sh.state_shardings(cfg, mesh, abstract)), step)
+        step, state, _ = ckpt.restore(sh.sharded_abstract_state(cfg, mesh, abstract_train_state(cfg))[0], step)
     finally:
         ckpt.close()
-    trainer_domains = resolve_domains(cfg.eval.domains, ds)
-    e = cfg.eval
-    seq_len = e.seq_len or cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
-    row = evaluate(jax.jit(make_eval_step(cfg)), state["params"], state["fp8"], trainer_domains, seq_len=seq_len,
-                   batch_size=e.batch_size, max_batches=e.max_batches,
-                   put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(mesh)),
-                   process_index=jax.process_index(), process_count=jax.process_count())
+    seq_len = cfg.eval.seq_len or cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
+    row = validate_on_mesh(cfg, jax.jit(make_eval_step(cfg)), state, resolve_domains(cfg.eval.domains, ds),
+                           seq_len, mesh)
     if jax.process_index() == 0:
         _report_eval(row, step)
     return 0
