@@ -24,9 +24,10 @@ def shared_path(*parts: str) -> Path:
 
 
 def micro_model(**overrides) -> ModelConfig:
-    """A very small float32 model for numerics tests (fast to compile, exact comparisons)."""
-    base = dict(name="micro", vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64,
-                embed_rank=8, head="tied", dtype="float32", max_position=256)
+    """A very small float32 model for numerics tests (fast to compile, exact comparisons). Every GEMM
+    is a multiple of 16 (FP8-capable, the head too), and the 97-entry vocabulary is padded to 112."""
+    base = dict(name="micro", vocab_size=97, vocab_pad_to=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                ffn_dim=64, embed_rank=16, head="tied", dtype="float32", max_position=256)
     base.update(overrides)
     return ModelConfig(**base)
 

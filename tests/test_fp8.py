@@ -71,13 +71,17 @@ def test_state_changes_after_one_gradient_step_and_follows_delayed_scaling():
 
 def test_margin_and_zero_amax_and_saturation():
     spec = F.Fp8Spec(jnp.float32, margin=2)
-    meta = {"amax_history": jnp.array([0.0, 0.0]), "scale": jnp.array(0.5)}
+    meta = {"amax_history": jnp.array([0.0, 0.0]), "scale": jnp.array(0.5), "nonfinite": jnp.array(0.0)}
     same = F.update_meta(meta, jnp.array(0.0), F.E4M3, spec)
     assert float(same["scale"]) == 0.5  # no information keeps the previous scale
     upd = F.update_meta(meta, jnp.array(448.0), F.E4M3, spec)
     assert float(upd["scale"]) == pytest.approx(4.0)  # amax * 2**margin / fp8_max
-    inf = F.update_meta(upd, jnp.array(jnp.inf), F.E4M3, spec)
-    assert float(inf["scale"]) == pytest.approx(4.0)  # an overflow never poisons the scale
+    for bad in (jnp.inf, jnp.nan):
+        inf = F.update_meta(upd, jnp.array(bad), F.E4M3, spec)
+        assert float(inf["scale"]) == pytest.approx(4.0)  # an overflow never poisons the scale ...
+        np.testing.assert_array_equal(np.asarray(inf["amax_history"]), np.asarray(upd["amax_history"]))  # nor the history
+        assert float(inf["nonfinite"]) == 1.0  # ... and is counted
+    assert float(F.nonfinite_total({"a": {"x": inf}, "b": {"y": inf}})) == 2.0
     q = F.quantize(jnp.array([1e6, -1e6, 1.0]), F.E4M3, jnp.array(1.0))
     assert np.all(np.isfinite(np.asarray(q.astype(jnp.float32))))  # saturating cast
 
@@ -137,3 +141,56 @@ def test_te_backend_without_transformer_engine_is_a_one_line_user_error():
     else:
         pytest.skip("Transformer Engine imports on this machine; the error path cannot be exercised")
     F.check_backend(dataclasses.replace(FP8Config(backend="te"), enabled=False))  # disabled: no import needed
+
+
+def test_delayed_scaling_quantizes_with_the_stored_scale_not_this_steps_amax():
+    # Step N must use the scale of step N-1's state. A stored scale 2**17 x too large (past E4M3's
+    # range) flushes half the inputs; current scaling reads this step's amax and does not.
+    x = 0.01 * jax.random.normal(jax.random.key(4), (16, 32), jnp.float32)
+    w = 0.05 * jax.random.normal(jax.random.key(5), (32, 16), jnp.float32)
+    right = float(jnp.max(jnp.abs(x))) / 448.0
+    stale = dict(F.init_meta(4), scale=jnp.array(2.0 ** 17 * right, jnp.float32))
+    w_meta = dict(F.init_meta(4), scale=jnp.array(float(jnp.max(jnp.abs(w))) / 448.0, jnp.float32))
+    ref = x @ w
+    delayed = F.fp8_dot(x, w, stale, w_meta, F.init_meta(4), F.Fp8Spec(jnp.float32))
+    current = F.fp8_dot(x, w, stale, w_meta, F.init_meta(4), F.Fp8Spec(jnp.float32, scaling="current"))
+    assert _rel(current, ref) < 0.05
+    assert _rel(delayed, ref) > 0.2  # quantized with the stale scale: visibly worse
+    x_q = F.quantize(x, F.E4M3, stale["scale"])  # ... and exactly what the stale scale gives
+    manual = (x_q.astype(jnp.float32) @ F.quantize(w, F.E4M3, w_meta["scale"]).astype(jnp.float32)
+              ) * stale["scale"] * w_meta["scale"]
+    np.testing.assert_allclose(np.asarray(delayed), np.asarray(manual), rtol=1e-6, atol=1e-9)
+
+
+def test_direct_form_dots_take_fp8_operands_in_the_lowered_program():
+    # The GEMMs are dot_generals on f8 operands (forward E4M3 x E4M3, input gradient E5M2 x E4M3,
+    # weight gradient E4M3 x E5M2), not dequantize-then-dot: the form XLA's GPU rewriters keep FP8.
+    metas = [F.init_meta(4) for _ in F.OPERANDS]
+    x = jnp.ones((2, 16, 32), jnp.bfloat16)
+    w = jnp.ones((32, 16), jnp.float32)
+    loss = lambda x, w: jnp.sum(F.fp8_dot(x, w, *metas, SPEC).astype(jnp.float32) ** 2)  # noqa: E731
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).as_text()
+    import re
+    dots = re.findall(r"stablehlo.dot_general.*?:\s*\((tensor<[^>]*>), (tensor<[^>]*>)\)", text)
+    kinds = sorted((a.split("x")[-1].rstrip(">"), b.split("x")[-1].rstrip(">")) for a, b in dots)
+    assert kinds == sorted([("f8E4M3FN", "f8E4M3FN"), ("f8E5M2", "f8E4M3FN"), ("f8E4M3FN", "f8E5M2")]), kinds
+
+
+def test_current_scaling_matches_float32_from_a_fresh_state():
+    kx, kw = jax.random.split(jax.random.key(9))
+    x = jax.random.normal(kx, (4, 64, 256), jnp.float32)
+    w = 0.02 * jax.random.normal(kw, (256, 128), jnp.float32)
+    y = F.fp8_dot(x, w, *[F.init_meta(4) for _ in F.OPERANDS], F.Fp8Spec(jnp.float32, scaling="current"))
+    assert _rel(y, jnp.einsum("bli,io->blo", x, w)) < 0.05
+
+
+def test_unaligned_targets_stay_bf16_with_one_warning():
+    m = micro_model(ffn_dim=40)  # gate/up are 32 x 40, down 40 x 32: not multiples of 16
+    with pytest.warns(UserWarning, match="FP8 target 'gate'") as record:
+        v = init_variables(m, FP8Config(amax_history_len=2), jax.random.key(0))
+        init_variables(m, FP8Config(amax_history_len=2), jax.random.key(1))
+    assert sum("'gate'" in str(r.message) for r in record) == 1  # once, not once per layer or per call
+    layer = v["fp8_meta"]["layer_0"]
+    assert set(layer["mlp"]) == set() if "mlp" in layer else True
+    assert set(layer["attn"]) == {"q", "k", "v", "o"}
+    assert [t for t, _, _ in F.fp8_gemms(m, FP8Config())] == ["q", "k", "v", "o"]

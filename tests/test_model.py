@@ -120,7 +120,7 @@ def _loss(model, params, state, tokens):
 ], ids=["tied-factorized", "factorized-head", "untied-full", "tied-full", "scan-remat"])
 def test_every_parameter_gets_a_nonzero_gradient(overrides):
     m = micro_model(**overrides)
-    fp8 = FP8Config(amax_history_len=4)
+    fp8 = FP8Config(amax_history_len=4, scaling="current")  # a fresh state: the bootstrap step's scaling
     model = Yxanul(m, fp8)
     params, state = fp8_lib.split_state(init_variables(m, fp8, jax.random.key(0)))
     tokens = jax.random.randint(jax.random.key(6), (2, 17), 0, m.vocab_size)
@@ -128,6 +128,9 @@ def test_every_parameter_gets_a_nonzero_gradient(overrides):
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         assert float(jnp.max(jnp.abs(g))) > 0, jax.tree_util.keystr(path)
     assert set(param_breakdown(params)) == {"embedding", "attention", "mlp", "norms", "head"}
+    padded = sum(param_breakdown(params).values()) - sum(param_breakdown(params, m).values())
+    assert padded == m.vocab_padding_params == (112 - 97) * ((m.embed_rank or m.d_model)
+                                                             + (m.d_model if m.head == "untied" else 0))
 
 
 def test_scan_and_remat_match_the_unrolled_model():
@@ -156,8 +159,10 @@ def test_hidden_then_logits_equals_call_and_dtypes():
     h = model.apply(v, tokens, method=Yxanul.hidden)
     assert h.shape == (2, 8, m.d_model) and h.dtype == jnp.bfloat16
     logits = model.apply(v, h, method=Yxanul.logits)
-    assert logits.dtype == jnp.float32 and logits.shape == (2, 8, m.vocab_size)
-    np.testing.assert_array_equal(np.asarray(logits), np.asarray(model.apply(v, tokens)))
+    assert logits.dtype == jnp.float32 and logits.shape == (2, 8, m.padded_vocab) and m.padded_vocab == 112
+    assert np.all(np.isneginf(np.asarray(logits[..., m.vocab_size:])))  # padded rows: probability 0
+    assert np.all(np.isfinite(np.asarray(logits[..., :m.vocab_size])))
+    np.testing.assert_array_equal(np.asarray(logits[..., :m.vocab_size]), np.asarray(model.apply(v, tokens)))
     assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(v["params"]))  # FP32 master weights
 
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from yxanul_jax.config import Config, FP8Config, StageConfig, TrainConfig
-from yxanul_jax.steps import init_train_state, make_eval_step, make_train_step
+from yxanul_jax.steps import fp8_bootstrap_config, init_train_state, make_accumulate, make_eval_step, make_train_step
 
 from conftest import micro_model
 
@@ -24,16 +24,25 @@ def _batch(a, b, l, vocab, key=0):
 
 
 def test_grad_accumulation_4x2_equals_batch_8():
+    # Compared on the summed gradients (float32, rtol 1e-5 of the largest element): comparing
+    # parameters after an AdamW step amplifies rounding of near-zero gradients through m / sqrt(v)
+    # and failed on some machines at 1.2e-6 absolute.
     cfg = _cfg(FP8Config(enabled=False))
     state = init_train_state(cfg, jax.random.key(0))
     big = _batch(1, 8, 16, cfg.model.vocab_size)
     small = {k: v.reshape(4, 2, 16) for k, v in big.items()}
-    s1, m1 = jax.jit(make_train_step(cfg, StageConfig(seq_len=16, batch_size=8)))(state, big)
-    s2, m2 = jax.jit(make_train_step(cfg, StageConfig(seq_len=16, batch_size=2, grad_accum_steps=4)))(state, small)
-    np.testing.assert_allclose(float(m1["loss"]), float(m2["loss"]), rtol=1e-5)
-    np.testing.assert_allclose(float(m1["grad_norm"]), float(m2["grad_norm"]), rtol=1e-5)
-    for a, b in zip(jax.tree_util.tree_leaves(s1["params"]), jax.tree_util.tree_leaves(s2["params"])):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    one, four = StageConfig(seq_len=16, batch_size=8), StageConfig(seq_len=16, batch_size=2, grad_accum_steps=4)
+    g1, _, nll1, _ = jax.jit(make_accumulate(cfg, one))(state["params"], state["fp8"], big)
+    g4, _, nll4, _ = jax.jit(make_accumulate(cfg, four))(state["params"], state["fp8"], small)
+    np.testing.assert_allclose(float(nll1), float(nll4), rtol=1e-5)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g1), jax.tree_util.tree_leaves(g4)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert np.abs(a).max() > 0, jax.tree_util.keystr(path)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(a).max(), err_msg=jax.tree_util.keystr(path))
+    _, m1 = jax.jit(make_train_step(cfg, one))(state, big)  # and the full step reports the same loss and norm
+    _, m4 = jax.jit(make_train_step(cfg, four))(state, small)
+    np.testing.assert_allclose(float(m1["loss"]), float(m4["loss"]), rtol=1e-5)
+    np.testing.assert_allclose(float(m1["grad_norm"]), float(m4["grad_norm"]), rtol=1e-5)
 
 
 def test_fp8_state_is_max_merged_across_micro_batches():
@@ -61,13 +70,22 @@ def test_loss_decreases_and_eval_matches_train_loss():
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=1e-2, warmup_steps=0))
     state = init_train_state(cfg, jax.random.key(0))
     batch = _batch(1, 4, 16, cfg.model.vocab_size)
-    step = jax.jit(make_train_step(cfg, StageConfig(seq_len=16, batch_size=4)))
-    eval_step = jax.jit(make_eval_step(cfg))
+    stage = StageConfig(seq_len=16, batch_size=4)
+    step = jax.jit(make_train_step(cfg, stage))
+    first = jax.jit(make_train_step(fp8_bootstrap_config(cfg), stage))  # fills the delayed-scaling history
+    eval_step = jax.jit(make_eval_step(fp8_bootstrap_config(cfg)))  # fresh state: current scaling
     nll, count = eval_step(state["params"], state["fp8"], {k: v[0] for k, v in batch.items()})
     losses = []
-    for _ in range(15):
-        state, metrics = step(state, batch)
+    for i in range(15):
+        state, metrics = (first if i == 0 else step)(state, batch)
+        assert float(metrics["fp8_nonfinite"]) == 0
         losses.append(float(metrics["loss"]))
-    assert abs(losses[0] - float(nll / count)) < 0.05  # same loss function (FP8 scales differ slightly)
+    assert abs(losses[0] - float(nll / count)) < 1e-4  # same loss function, same scales
     assert losses[-1] < losses[0] - 1.0
     assert int(state["step"]) == 15
+
+
+def test_bootstrap_only_for_delayed_xla_fp8():
+    assert fp8_bootstrap_config(_cfg(FP8Config())).fp8.scaling == "current"
+    for f in (FP8Config(scaling="current"), FP8Config(enabled=False), FP8Config(backend="none")):
+        assert fp8_bootstrap_config(_cfg(f)) is None

@@ -18,7 +18,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -34,7 +34,10 @@ class ModelConfig:
     name: str = "tiny"
     """Label used in logs and the run directory."""
     vocab_size: int = 4096
-    """Rows of the embedding table; must equal the tokenizer's vocabulary size."""
+    """Vocabulary of the model; must equal the tokenizer's vocabulary size."""
+    vocab_pad_to: int = 1
+    """Round the embedding/head rows up to a multiple of this (128 for tensor-core aligned GEMMs).
+    Padded rows are masked out of the softmax, never sampled, and not counted as parameters."""
     d_model: int = 128
     """Width of the residual stream."""
     n_layers: int = 4
@@ -76,6 +79,17 @@ class ModelConfig:
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
 
+    @property
+    def padded_vocab(self) -> int:
+        """Rows of the embedding table: vocab_size rounded up to a multiple of vocab_pad_to."""
+        return -(-self.vocab_size // self.vocab_pad_to) * self.vocab_pad_to
+
+    @property
+    def vocab_padding_params(self) -> int:
+        """Allocated values in padded vocabulary rows (embedding table, untied head): not parameters."""
+        per_row = (self.embed_rank or self.d_model) + (self.d_model if self.head == "untied" else 0)
+        return (self.padded_vocab - self.vocab_size) * per_row
+
 
 @dataclass(frozen=True)
 class FP8Config:
@@ -91,9 +105,13 @@ class FP8Config:
     amax_history_len: int = 1024
     """Length of the amax history of delayed scaling."""
     margin: int = 0
-    """Scale margin: scale = fp8_max / amax / 2**margin."""
+    """Headroom in powers of two: the amax maps to fp8_max / 2**margin."""
     amax_compute_algo: Literal["max", "most_recent"] = "max"
     """How the scale's amax is taken from the history."""
+    scaling: Literal["delayed", "current"] = "delayed"
+    """`delayed`: each step quantizes with the scale from the amax history of earlier steps (TE's
+    DelayedScaling; the first step of a fresh run uses `current` once to fill the history);
+    `current`: the scale from each tensor's own amax in this step (TE's Float8CurrentScaling)."""
 
     @property
     def active(self) -> bool:
@@ -239,6 +257,10 @@ class TrainConfig:
     """Tokens per chunk of the chunked cross-entropy (the full logits never exist at once)."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
+    xla_options: dict[str, Union[bool, int, float, str]] = field(default_factory=dict)
+    """XLA compiler options of the train step (e.g. `xla_gpu_enable_triton_gemm: false`), passed to
+    `.compile(compiler_options=...)` and shown in the run header; empty: XLA's defaults (no GPU
+    measurement has yet shown a faster setting, docs/BENCHMARKS.md)."""
 
 
 def _default_curriculum() -> tuple[StageConfig, ...]:
@@ -305,7 +327,12 @@ def _coerce(value: Any, tp, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
+        for i, option in enumerate(inner):  # the first type that takes the value, in the order written
+            try:
+                return _coerce(value, option, key)
+            except UserError:
+                if i == len(inner) - 1:
+                    raise
     if origin is tuple:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -448,6 +475,8 @@ def validate(cfg: Config) -> Config:
     for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_position"):
         if getattr(m, key) <= 0:
             raise UserError(f"config key 'model.{key}' must be positive, got {getattr(m, key)}")
+    if m.vocab_pad_to < 1:
+        raise UserError(f"config key 'model.vocab_pad_to' must be >= 1, got {m.vocab_pad_to}")
     if m.head_dim < 0 or m.embed_rank < 0:
         raise UserError("config keys 'model.head_dim' and 'model.embed_rank' must be >= 0")
     if m.n_heads % m.n_kv_heads:

@@ -1,21 +1,38 @@
-"""FP8 dense backends (native XLA delayed scaling, Transformer Engine, none) and FP8-state helpers.
+"""FP8 dense backends (native XLA, Transformer Engine, none) and FP8-state helpers.
 
-The `xla` backend quantizes both GEMM operands to E4M3 in the forward pass and the output
-gradient to E5M2 in the backward pass (the HYBRID recipe), each with a per-tensor scale taken
-from an amax history of earlier steps (delayed scaling). The GEMM itself is written as
-dequantize -> dot, the pattern XLA's GPU GEMM rewriter turns into one cuBLASLt FP8 GEMM with the
-scales fused; on CPU the same graph runs as emulation, which is what the tests check.
+The `xla` backend is the direct form of FP8 GEMMs (the HYBRID recipe): each operand is cast to
+FP8 with a per-tensor scale, the `dot_general` runs on the FP8 operands with float32
+accumulation, and the product of the two scales multiplies the output:
 
-FP8 state is not a gradient. Each FP8 dense layer keeps, per operand (`input`, `kernel`,
-`grad`), an `amax_history` [H] and the `scale` to use on the next step in the Flax collection
-`fp8_meta`. The train step differentiates the loss w.r.t. this collection too; the custom VJP
-returns the *updated state* as its "cotangent" (the overwrite-with-gradient trick), which the
-train step then takes as the new state: never averaged, clipped or decayed, max-merged across
-micro-batches (`merge_fp8_max`) and saved with the checkpoint.
+    forward          y  = (x_q[E4M3] . w_q[E4M3])   * (s_x s_w)
+    input gradient   dx = (g_q[E5M2] . w_q[E4M3]^T) * (s_g s_w)
+    weight gradient  dw = (x_q[E4M3]^T . g_q[E5M2]) * (s_x s_g)
+
+XLA's GPU GEMM rewriter turns each of these into one cuBLASLt FP8 GEMM on Hopper with the scales
+fused, with its default flags (the dequantize-then-dot form was claimed by the Triton GEMM
+rewriter first and lost FP8 altogether: `python -m yxanul_jax.inspect --target h100` shows which
+kind every GEMM compiles to). On CPU the same graph runs as emulation, which the tests check.
+
+Scaling (`FP8Config.scaling`):
+  * `delayed` (default, TE's DelayedScaling): step N quantizes with the scale computed at the end
+    of step N-1 from an amax history, so the amax reduction of a tensor fuses with its cast. The
+    history of a fresh state is empty; the train loop runs the very first step with `current`
+    scaling once (`steps.fp8_bootstrap_config`), which fills it.
+  * `current` (TE's Float8CurrentScaling): the scale comes from this tensor's own amax, at the cost
+    of reading the tensor once more before its cast.
+
+FP8 state is not a gradient. Each FP8 GEMM keeps, per operand (`input`, `kernel`, `grad`), an
+`amax_history` [H], the `scale` of the next step and `nonfinite` (how many steps saw a
+non-finite amax, which never enters the history) in the Flax collection `fp8_meta`. The train
+step differentiates the loss w.r.t. this collection too; the custom VJP returns the *updated
+state* as its "cotangent" (the overwrite-with-gradient trick), which the train step then takes as
+the new state: never averaged, clipped or decayed, max-merged across micro-batches and loss chunks
+(`merge_fp8_max`) and saved with the checkpoint.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -27,6 +44,8 @@ E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
 FP8_COLLECTION = "fp8_meta"
 OPERANDS = ("input", "kernel", "grad")
+SCALINGS = ("delayed", "current")
+GEMM_ALIGN = 16  # cuBLASLt FP8 GEMMs need every matrix dimension to be a multiple of 16
 
 
 class Fp8Spec(NamedTuple):
@@ -35,6 +54,7 @@ class Fp8Spec(NamedTuple):
     compute_dtype: Any
     margin: int = 0
     amax_algo: str = "max"
+    scaling: str = "delayed"
     kernel_dtype: Any = jnp.float32
     input_dtype: Any = jnp.bfloat16
 
@@ -43,42 +63,86 @@ def fp8_max(dtype) -> float:
     return float(jnp.finfo(dtype).max)
 
 
+def gemm_aligned(*dims: int) -> bool:
+    """Whether a GEMM with these (static) dimensions can run as an FP8 tensor-core GEMM."""
+    return all(int(d) % GEMM_ALIGN == 0 for d in dims)
+
+
+def fp8_gemms(model, fp8) -> list[tuple[str, int, int]]:
+    """(target, I, O) of every GEMM the `xla` backend runs in FP8, per layer then the head: the
+    configured targets whose kernel [I, O] is `gemm_aligned` (the model's own rule, see
+    `model.Matmul`). One entry per layer GEMM (not multiplied by n_layers); the head last."""
+    if not fp8.active:
+        return []
+    D, F, K = model.d_model, model.ffn_dim, model.resolved_head_dim
+    H, G = model.n_heads * K, model.n_kv_heads * K
+    head_in = model.d_model if model.head == "untied" or not model.embed_rank else model.embed_rank
+    shapes = {"q": (D, H), "k": (D, G), "v": (D, G), "o": (H, D), "gate": (D, F), "up": (D, F), "down": (F, D),
+              "head": (head_in, model.padded_vocab)}
+    return [(t, *shapes[t]) for t in shapes if t in fp8.targets and gemm_aligned(*shapes[t])]
+
+
+_WARNED: set = set()
+
+
+def warn_unaligned(name: str, dims: tuple[int, ...]) -> None:
+    """One warning per (projection, shape): an FP8 target that stays BF16 because of its shape."""
+    key = (name, tuple(dims))
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"FP8 target '{name}' has GEMM dimensions {'x'.join(map(str, dims))}, not all multiples "
+                      f"of {GEMM_ALIGN}; it runs in BF16 (pad the width, or model.vocab_pad_to for the head)",
+                      stacklevel=3)
+
+
 def init_meta(history_len: int) -> dict[str, jax.Array]:
-    """Fresh state for one operand: empty history, unit scale."""
-    return {"amax_history": jnp.zeros((history_len,), jnp.float32), "scale": jnp.ones((), jnp.float32)}
+    """Fresh state for one operand: empty history, unit scale, no non-finite amax seen."""
+    return {"amax_history": jnp.zeros((history_len,), jnp.float32), "scale": jnp.ones((), jnp.float32),
+            "nonfinite": jnp.zeros((), jnp.float32)}
 
 
 def _amax_from_history(history: jax.Array, algo: str) -> jax.Array:
     return history[0] if algo == "most_recent" else jnp.max(history)
 
 
+def _scale_of(amax: jax.Array, q_dtype, margin: int) -> jax.Array:
+    """Dequantization multiplier that maps `amax` to the FP8 maximum: x ~= fp8(x / scale) * scale."""
+    return amax * (2.0 ** margin) / fp8_max(q_dtype)
+
+
 def update_meta(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> dict:
     """Push `amax` into the history and compute the scale the *next* step will use.
 
-    scale is the dequantization multiplier: x ~= fp8(x / scale) * scale, scale = amax * 2**margin
-    / fp8_max. A zero or non-finite amax keeps the previous scale (no information, or an overflow
-    that must not poison the scale).
+    scale = max(history) * 2**margin / fp8_max (or the most recent amax). A non-finite amax (an
+    overflow somewhere upstream) is not pushed and only counted in `nonfinite`: one inf in a
+    1,024-long `max` history would otherwise freeze the scale for 1,024 steps. A history whose
+    amax is 0 (no information) keeps the previous scale.
     """
-    history = jnp.roll(meta["amax_history"], 1).at[0].set(amax.astype(jnp.float32))
+    amax = amax.astype(jnp.float32)
+    finite = jnp.isfinite(amax)
+    pushed = jnp.roll(meta["amax_history"], 1).at[0].set(amax)
+    history = jnp.where(finite, pushed, meta["amax_history"])
     amax_h = _amax_from_history(history, spec.amax_algo)
-    scale = amax_h * (2.0 ** spec.margin) / fp8_max(q_dtype)
-    scale = jnp.where((amax_h > 0) & jnp.isfinite(amax_h), scale, meta["scale"])
-    return {"amax_history": history, "scale": scale}
+    scale = jnp.where(amax_h > 0, _scale_of(amax_h, q_dtype, spec.margin), meta["scale"])
+    return {"amax_history": history, "scale": scale,
+            "nonfinite": meta["nonfinite"] + jnp.where(finite, 0.0, 1.0)}
 
 
 def step_scale(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> jax.Array:
-    """The scale this step quantizes with: the delayed one from the state, except while the
-    history is still empty (the very first step), when the current amax stands in. A unit scale
-    there would flush weights below 2**-9 and nearly every gradient to zero."""
-    empty = jnp.max(meta["amax_history"]) <= 0
-    current = jnp.maximum(amax, jnp.finfo(jnp.float32).tiny) * (2.0 ** spec.margin) / fp8_max(q_dtype)
-    return jnp.where(empty & jnp.isfinite(amax), current, meta["scale"])
+    """The scale this step quantizes with. `delayed`: the state's (set at the end of the previous
+    step; `amax` is not read, so its reduction can fuse with the cast). `current`: this tensor's
+    own amax (the state's scale when that amax is zero or not finite)."""
+    if spec.scaling == "delayed":
+        return meta["scale"]
+    ok = (amax > 0) & jnp.isfinite(amax)
+    return jnp.where(ok, _scale_of(jnp.where(ok, amax, 1.0), q_dtype, spec.margin), meta["scale"])
 
 
 def quantize(x: jax.Array, q_dtype, scale: jax.Array) -> jax.Array:
     """Saturating cast of x / scale to an FP8 dtype."""
     m = fp8_max(q_dtype)
-    return jnp.clip(x.astype(jnp.float32) / scale, -m, m).astype(q_dtype)
+    inv = (1.0 / scale).astype(jnp.float32)
+    return jnp.clip(x.astype(jnp.float32) * inv, -m, m).astype(q_dtype)
 
 
 def dequantize(q: jax.Array, scale: jax.Array, dtype) -> jax.Array:
@@ -89,10 +153,11 @@ def _amax(x: jax.Array) -> jax.Array:
     return jnp.max(jnp.abs(x)).astype(jnp.float32)
 
 
-def _dot_last(x_NxI: jax.Array, w_IxO: jax.Array, dtype) -> jax.Array:
-    """x[..., I] @ w[I, O] with float32 accumulation, result in `dtype`."""
-    return jax.lax.dot_general(x_NxI, w_IxO, (((x_NxI.ndim - 1,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32).astype(dtype)
+def scaled_dot(a_q: jax.Array, b_q: jax.Array, dims, scale: jax.Array, out_dtype) -> jax.Array:
+    """dot_general on FP8 operands with float32 accumulation, times the (scalar) product of their
+    scales, in `out_dtype`: the pattern XLA rewrites into one scaled cuBLASLt FP8 GEMM."""
+    acc = jax.lax.dot_general(a_q, b_q, dims, preferred_element_type=jnp.float32)
+    return (acc * scale.astype(jnp.float32)).astype(out_dtype)
 
 
 def fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
@@ -110,13 +175,12 @@ def _fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
 
 
 def _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
-    dt = spec.compute_dtype
     x_amax, w_amax = _amax(x), _amax(w)
     x_scale = step_scale(x_meta, x_amax, E4M3, spec)
     w_scale = step_scale(w_meta, w_amax, E4M3, spec)
     x_q = quantize(x, E4M3, x_scale)
     w_q = quantize(w, E4M3, w_scale)
-    y = _dot_last(dequantize(x_q, x_scale, dt), dequantize(w_q, w_scale, dt), dt)
+    y = scaled_dot(x_q, w_q, (((x.ndim - 1,), (0,)), ((), ())), x_scale * w_scale, spec.compute_dtype)
     new_x = update_meta(x_meta, x_amax, E4M3, spec)
     new_w = update_meta(w_meta, w_amax, E4M3, spec)
     # Residuals are the FP8 tensors themselves: half the bytes of saving BF16 activations.
@@ -125,20 +189,16 @@ def _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
 
 def _fp8_bwd(spec: Fp8Spec, res, g):
     x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta = res
-    dt = spec.compute_dtype
     g_amax = _amax(g)
     g_scale = step_scale(g_meta, g_amax, E5M2, spec)
-    g_dq = dequantize(quantize(g, E5M2, g_scale), g_scale, dt)
-    x_dq = dequantize(x_q, x_scale, dt)
-    w_dq = dequantize(w_q, w_scale, dt)
-    # dx[..., I] = g[..., O] @ w[I, O]^T
-    dx = jax.lax.dot_general(g_dq, w_dq, (((g.ndim - 1,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32).astype(spec.input_dtype)
-    # dw[I, O] = sum over all leading dims of x[..., I] g[..., O]
-    lead = tuple(range(g.ndim - 1))
-    dw = jax.lax.dot_general(x_dq, g_dq, ((lead, lead), ((), ())), preferred_element_type=jnp.float32)
+    g_q = quantize(g, E5M2, g_scale)
+    # dx[..., I] = g[..., O] @ w[I, O]^T: E5M2 x E4M3
+    dx = scaled_dot(g_q, w_q, (((g.ndim - 1,), (1,)), ((), ())), g_scale * w_scale, spec.input_dtype)
+    # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2
+    x_NxI, g_NxO = x_q.reshape(-1, x_q.shape[-1]), g_q.reshape(-1, g_q.shape[-1])
+    dw = scaled_dot(x_NxI, g_NxO, (((0,), (0,)), ((), ())), x_scale * g_scale, spec.kernel_dtype)
     new_g = update_meta(g_meta, g_amax, E5M2, spec)
-    return dx, dw.astype(spec.kernel_dtype), new_x, new_w, new_g
+    return dx, dw, new_x, new_w, new_g
 
 
 _fp8_dot.defvjp(_fp8_fwd, _fp8_bwd)
@@ -165,8 +225,11 @@ def import_te():
 
 
 def te_recipe(cfg):
-    """The DelayedScaling HYBRID recipe for an `FP8Config`."""
+    """TE's recipe for an `FP8Config`: DelayedScaling (HYBRID) or, for `scaling: current`,
+    Float8CurrentScaling where this TE has it."""
     _, _, recipe = import_te()
+    if cfg.scaling == "current" and hasattr(recipe, "Float8CurrentScaling"):
+        return recipe.Float8CurrentScaling(fp8_format=recipe.Format.HYBRID)
     return recipe.DelayedScaling(margin=cfg.margin, fp8_format=recipe.Format.HYBRID,
                                  amax_history_len=cfg.amax_history_len, amax_compute_algo=cfg.amax_compute_algo)
 
@@ -201,3 +264,12 @@ def count_fp8_layers(fp8_state: dict) -> int:
         if getattr(path[-1], "key", None) == "scale":
             n += max(1, int(leaf.size))
     return n
+
+
+def nonfinite_total(fp8_state: dict) -> jax.Array:
+    """Sum over every operand of the steps that saw a non-finite amax (0 with no FP8 state)."""
+    total = jnp.zeros((), jnp.float32)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(fp8_state):
+        if getattr(path[-1], "key", None) == "nonfinite":
+            total = total + jnp.sum(leaf)
+    return total

@@ -1,22 +1,23 @@
-"""`python -m yxanul_jax.inspect`: FLOPs, bytes, memory and FP8-vs-BF16 dots of one compiled stage.
+"""`python -m yxanul_jax.inspect`: what one stage's train step compiles to, here or for an H100/H200.
 
     python -m yxanul_jax.inspect --config configs/tiny.yaml [--stage N] [key=value ...] [--json]
-                                 [--hlo-out FILE]
+                                 [--hlo-out FILE] [--target h100|h200|SPEC_FILE] [--require R ...]
+                                 [--xla-option K=V ...] [--disable-fp8]
 
-The stage's train step is compiled ahead of time exactly as training compiles it
-(`stages.compile_stage`: abstract shapes, donated state, nothing allocated), then reported:
-XLA's cost analysis (FLOPs, bytes accessed), its memory analysis (arguments, outputs, aliased,
-temporaries, and the peak they add up to) next to the planner's estimate, and the matrix
-multiplies of the optimized HLO sorted by precision.
+The stage's train step is compiled ahead of time exactly as training compiles it (abstract shapes,
+donated state, the config's `train.xla_options`, nothing allocated), then reported: XLA's cost
+analysis (FLOPs, bytes accessed), its memory analysis (arguments, outputs, aliased, temporaries,
+and the peak they add up to) next to the planner's estimate, and every GEMM of the optimized HLO
+by precision and engine (`yxanul_jax.hlo`).
 
-Which dots run in FP8 is read from the HLO text (`count_dots`): on GPU, XLA's GEMM rewriter turns
-an FP8 dot into a cuBLASLt custom call `__cublas$lt$matmul$f8`; on CPU (and anywhere the rewrite
-does not fire) the FP8 recipe stays dequantize -> dot, so a dot counts as FP8 when one of its
-operands traces back, through converts, scale multiplies, broadcasts, bitcasts, copies,
-reshapes, transposes, slices and fusion boundaries, to a value of an 8-bit float type. Every other
-dot or GEMM custom call is counted under its operands' element type (bf16, f32, ...). Counts are
-instructions in the HLO; `executed` also multiplies by the known trip counts of enclosing loops
-(a scanned layer's dots run once per layer).
+`--target h100` (or `h200`, or a GpuTargetConfigProto file) compiles for that GPU on this machine,
+which needs no GPU (`yxanul_jax.gpu_target`; install the `gpu-check` extra), and adds: GEMMs by
+kind (FP8 cuBLASLt, FP8 Triton fusion, BF16 cuBLAS(Lt), BF16 Triton), the FP8 GEMMs the config
+should give per step (forward, remat recompute, input gradient, weight gradient) against those
+found, the projections that were meant to be FP8 and are not ("lost"), cuDNN flash-attention
+calls, and XLA's GPU memory analysis beside the planner's `gpu` estimate. `--require` exits 1 when
+a check fails: `fp8-expected` (FP8 GEMMs found == expected, none lost; with FP8 off: none at all),
+`cudnn-attention` (forward and backward cuDNN attention present).
 """
 from __future__ import annotations
 
@@ -24,224 +25,13 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
-from collections import defaultdict
 
-from yxanul_jax.config import Config, add_config_args, config_from_args
+from yxanul_jax.config import Config, add_config_args, apply_overrides, config_from_args
 from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
 
-FP8_TYPES = ("f8e4m3fn", "f8e5m2", "f8e4m3fnuz", "f8e5m2fnuz", "f8e4m3", "f8e4m3b11fnuz", "f8e3m4", "f8e8m0fnu")
-# Ops a dequantized FP8 operand passes through on its way into a dot.
-PASS_THROUGH = {"convert", "multiply", "divide", "broadcast", "bitcast", "bitcast-convert", "copy", "reshape",
-                "transpose", "slice", "dynamic-slice", "get-tuple-element", "parameter", "fusion", "clamp",
-                "copy-start", "copy-done", "optimization-barrier", "all-gather", "collective-permute"}
-DOT_OPS = {"dot", "convolution"}
-GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
-MAX_HOPS = 24  # dequantize chains are a handful of ops; a cap keeps unrelated graphs out
-
-
-@dataclasses.dataclass
-class Instr:
-    name: str
-    dtype: str  # element type of the result ('tuple' for tuples)
-    op: str
-    operands: list[str]
-    args: str  # the raw text inside the op's parentheses (a parameter's index)
-    attrs: str
-    computation: str
-    is_root: bool
-
-
-_COMP = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*->.*\{\s*$|^\s*(ENTRY\s+)?%?([\w.\-]+)\s*\{\s*$")
-_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-
-
-def _balanced(s: str, start: int) -> int:
-    """Index just past the bracket group opening at s[start]."""
-    depth = 0
-    for i in range(start, len(s)):
-        c = s[i]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return len(s)
-
-
-def _split_top(s: str) -> list[str]:
-    out, depth, cur = [], 0, []
-    for c in s:
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        if c == "," and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-    if cur:
-        out.append("".join(cur))
-    return [x.strip() for x in out if x.strip()]
-
-
-def parse_hlo(text: str) -> dict[str, dict[str, Instr]]:
-    """HLO text (optimized `compiled.as_text()` or `lowered.as_text(dialect="hlo")`) ->
-    {computation name: {instruction name: Instr}}; the entry computation is also under '__entry__'."""
-    comps: dict[str, dict[str, Instr]] = {}
-    current = None
-    for line in text.splitlines():
-        if current is None:
-            m = _COMP.match(line)
-            if m and not line.lstrip().startswith("HloModule"):
-                name = m.group(2) or m.group(5)
-                current = name
-                comps[name] = {}
-                if m.group(1) or m.group(4):
-                    comps.setdefault("__entry__", comps[name])
-            continue
-        if line.strip() == "}":
-            current = None
-            continue
-        m = _INSTR.match(re.sub(r"/\*.*?\*/", "", line))  # drop /*index=5*/ comments in long lists
-        if not m:
-            continue
-        is_root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
-        if rest.startswith("("):  # tuple-shaped result
-            end = _balanced(rest, 0)
-            dtype, rest = "tuple", rest[end:].lstrip()
-        else:
-            type_str, _, rest = rest.partition(" ")
-            dtype = re.match(r"[a-z0-9]+", type_str).group(0) if re.match(r"[a-z0-9]+", type_str) else type_str
-        op_m = re.match(r"([\w\-$]+)\(", rest)
-        if not op_m:
-            continue
-        op = op_m.group(1)
-        close = _balanced(rest, op_m.end() - 1)
-        operands, args = [], rest[op_m.end():close - 1]
-        for tok in _split_top(args):
-            last = tok.split()[-1].lstrip("%") if tok.split() else ""
-            if re.fullmatch(r"[\w.\-]+", last) and not re.fullmatch(r"-?[\d.]+(e-?\d+)?", last):
-                operands.append(last)
-        comps[current][name] = Instr(name, dtype, op, operands, args, rest[close:], current, is_root)
-    return comps
-
-
-def _called(attrs: str, key: str) -> list[str]:
-    """Computations named by attribute `key` (`calls=%c`, `branch_computations={%a, %b}`)."""
-    m = re.search(r"\b" + key + r"=(\{[^}]*\}|%?[\w.\-]+)", attrs)
-    if not m:
-        return []
-    return [c.strip().lstrip("%") for c in m.group(1).strip("{}").split(",") if c.strip()]
-
-
-def _trip_count(attrs: str) -> int:
-    m = re.search(r'known_trip_count"?\s*:\s*\{\s*"?n"?\s*:\s*"?(\d+)', attrs)
-    return int(m.group(1)) if m else 1
-
-
-def _gemm_target(attrs: str) -> str | None:
-    m = re.search(r'custom_call_target="([^"]+)"', attrs)
-    return m.group(1) if m and m.group(1) in GEMM_TARGETS else None
-
-
-def count_dots(hlo_text: str) -> dict:
-    """Matrix multiplies of an HLO module by precision.
-
-    Returns {"fp8": n, "bf16": n, "f32": n, ... (other element types), "total": n,
-    "fp8_custom_calls": n (cuBLASLt FP8 GEMMs, included in "fp8"), "executed": {same keys, weighted
-    by loop trip counts}}. A dot counts as FP8 if an operand reaches an 8-bit float value through
-    `PASS_THROUGH` ops (into fusions through their root, out of fused computations through the
-    fusion's operands).
-    """
-    comps = parse_hlo(hlo_text)
-    entry = comps.get("__entry__")
-    names = [c for c in comps if c != "__entry__"]
-    callers: dict[str, list[tuple[str, Instr]]] = defaultdict(list)  # computation -> (kind, calling instr)
-    for cname in names:
-        for ins in comps[cname].values():
-            for key in ("calls", "to_apply", "body", "condition", "branch_computations",
-                        "true_computation", "false_computation"):
-                for callee in _called(ins.attrs, key):
-                    callers[callee].append((key, ins))
-
-    # How many times each computation runs per step (known loop trip counts; 1 if unknown).
-    runs: dict[str, int] = {}
-
-    def run_count(cname: str, seen=()) -> int:
-        if cname in runs:
-            return runs[cname]
-        if comps.get(cname) is entry or cname in seen:
-            return 1
-        total = 0
-        for key, ins in callers.get(cname, []):
-            n = run_count(ins.computation, seen + (cname,))
-            total += n * (_trip_count(ins.attrs) if key == "body" else 1)
-        runs[cname] = max(total, 1) if callers.get(cname) else 1
-        return runs[cname]
-
-    def root_of(cname: str) -> Instr | None:
-        return next((i for i in comps.get(cname, {}).values() if i.is_root), None)
-
-    def reaches_fp8(cname: str, name: str) -> bool:
-        stack, seen = [(cname, name, 0)], set()
-        while stack:
-            c, n, hops = stack.pop()
-            if (c, n) in seen or hops > MAX_HOPS:
-                continue
-            seen.add((c, n))
-            ins = comps.get(c, {}).get(n)
-            if ins is None:
-                continue
-            if ins.dtype in FP8_TYPES:
-                return True
-            if ins.op not in PASS_THROUGH:
-                continue
-            if ins.op == "parameter":  # out of a fused computation: the fusion's operand
-                idx = int(ins.args) if ins.args.strip().isdigit() else -1
-                for key, call in callers.get(c, []):
-                    if key == "calls" and 0 <= idx < len(call.operands):
-                        stack.append((call.computation, call.operands[idx], hops + 1))
-                continue
-            if ins.op == "fusion":  # into a fusion: its root
-                for callee in _called(ins.attrs, "calls"):
-                    root = root_of(callee)
-                    if root is not None:
-                        stack.append((callee, root.name, hops + 1))
-                continue
-            for o in ins.operands:
-                stack.append((c, o, hops + 1))
-        return False
-
-    counts: dict[str, int] = defaultdict(int)
-    executed: dict[str, int] = defaultdict(int)
-    fp8_calls = 0
-    for cname in names:
-        for ins in comps[cname].values():
-            target = _gemm_target(ins.attrs) if ins.op == "custom-call" else None
-            if ins.op not in DOT_OPS and target is None:
-                continue
-            operands = ins.operands[:2]
-            if target == "__cublas$lt$matmul$f8":
-                kind = "fp8"
-                fp8_calls += 1
-            elif any(reaches_fp8(cname, o) for o in operands):
-                kind = "fp8"
-            else:
-                types = [comps[cname][o].dtype for o in operands if o in comps[cname]]
-                kind = types[0] if types else ins.dtype
-            counts[kind] += 1
-            executed[kind] += run_count(cname)
-    out = {"fp8": counts.pop("fp8", 0), **dict(sorted(counts.items()))}
-    out["total"] = sum(v for k, v in out.items())
-    out["fp8_custom_calls"] = fp8_calls
-    ex = {"fp8": executed.pop("fp8", 0), **dict(sorted(executed.items()))}
-    ex["total"] = sum(ex.values())
-    out["executed"] = ex
-    return out
+REQUIREMENTS = ("fp8-expected", "cudnn-attention")
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,11 +47,74 @@ def _cost(compiled) -> dict:
             "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
-def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None) -> dict:
-    """Compile stage `stage_index` of `cfg` (AOT, abstract shapes) and report cost, memory and dots."""
+def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
+    """FP8 GEMMs one train step of the stage should execute with the `xla` backend, by role.
+
+    Per micro-batch, each FP8 layer GEMM runs forward, input gradient and weight gradient once;
+    with `remat: full` its forward runs again in the backward pass, except `down`, whose output
+    only feeds the block's output (nothing of the block's backward needs it, so XLA drops it). The
+    head runs once per loss chunk, and its chunk is rematerialized (forward again in the backward).
+    """
+    from yxanul_jax.fp8 import fp8_gemms
+    from yxanul_jax.loss import n_chunks
+
+    stage = cfg.curriculum[stage_index]
+    a = stage.grad_accum_steps
+    gemm_list = fp8_gemms(cfg.model, cfg.fp8) if cfg.fp8.backend == "xla" else []
+    layer = [t for t, _, _ in gemm_list if t != "head"]
+    head = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk) if any(
+        t == "head" for t, _, _ in gemm_list) else 0
+    L = cfg.model.n_layers
+    recompute_layer = len([t for t in layer if t != "down"]) if cfg.model.remat == "full" else 0
+    out = {"forward": a * (L * len(layer) + head), "recompute": a * (L * recompute_layer + head),
+           "input_grad": a * (L * len(layer) + head), "weight_grad": a * (L * len(layer) + head)}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _check_hlo_out(hlo_out: str | None) -> None:
+    if hlo_out:  # fail before a compile that may take minutes
+        folder = os.path.dirname(os.path.abspath(hlo_out))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(hlo_out):
+            raise UserError(f"--hlo-out '{hlo_out}' cannot be written (no such writable folder, or it is a "
+                            "folder); pass a file path in an existing folder")
+
+
+def _memory(compiled) -> dict:
+    mem = compiled.memory_analysis()
+    memory = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
+              "alias_bytes": int(mem.alias_size_in_bytes), "temp_bytes": int(mem.temp_size_in_bytes)}
+    memory["peak_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+                            + memory["temp_bytes"])
+    return memory
+
+
+def _gpu_report(cfg: Config, stage_index: int, text: str) -> dict:
+    """The GPU-target part of the report: GEMM kinds, FP8 expected vs found, lost, cuDNN attention."""
+    from yxanul_jax.fp8 import fp8_gemms
+
+    items = gemms(text)
+    fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)} if cfg.fp8.backend == "xla" else set()
+    lost = sorted({f"{g.target} ({g.phase}, {g.precision} {g.engine})" for g in items
+                   if g.target in fp8_targets and g.precision != "fp8"})
+    calls = custom_calls(text)
+    fwd = sum(n for k, n in calls.items() if k.startswith("__cudnn$fmha") and "Backward" not in k)
+    bwd = sum(n for k, n in calls.items() if k.startswith("__cudnn$fmha") and "Backward" in k)
+    expected = expected_fp8_gemms(cfg, stage_index)
+    found = sum(g.runs for g in items if g.precision == "fp8")
+    return {"gemm_kinds": gemm_kinds(items), "fp8_expected": expected, "fp8_found": found, "fp8_lost": lost,
+            "fp8_values_in_hlo": has_fp8_values(text), "cudnn_attention": {"forward": fwd, "backward": bwd},
+            "checks": {"fp8-expected": found == expected["total"] and not lost,
+                       "cudnn-attention": fwd > 0 and bwd > 0}}
+
+
+def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, target: str | None = None) -> dict:
+    """Compile stage `stage_index` of `cfg` (AOT, abstract shapes) and report cost, memory and GEMMs;
+    with `target` (h100, h200, a spec file) compile for that GPU without one."""
     import jax
 
     from yxanul_jax.memory import estimate_stage
+    from yxanul_jax.model import attention_implementation
     from yxanul_jax.stages import compile_stage
 
     n = len(cfg.curriculum)
@@ -269,34 +122,44 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None) -> 
         raise UserError(f"--stage {stage_index} is out of range: the config has {n} stage(s) (0..{n - 1})")
     stage_index %= n
     stage = cfg.curriculum[stage_index]
-    platform = jax.devices()[0].platform
-    if cfg.model.attention == "cudnn" and platform != "gpu":
-        raise UserError(f"model.attention=cudnn needs an NVIDIA GPU with cuDNN (this machine runs {platform}); "
-                        "inspect with model.attention=auto or xla here")
-    if hlo_out:  # fail before a compile that may take minutes
-        folder = os.path.dirname(os.path.abspath(hlo_out))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(hlo_out):
-            raise UserError(f"--hlo-out '{hlo_out}' cannot be written (no such writable folder, or it is a "
-                            "folder); pass a file path in an existing folder")
-    compiled = compile_stage(cfg, stage)
+    _check_hlo_out(hlo_out)
+    device = None
+    if target:
+        from yxanul_jax.gpu_target import INSTALL_HINT, compile_device, cudnn_available
+
+        device = compile_device(target)
+        platform = "gpu"
+        attention = attention_implementation(cfg.model, platform)
+        if attention == "cudnn" and not cudnn_available():
+            raise UserError(f"--target {target} with cuDNN attention needs cuDNN's library to lower it; install "
+                            f"{INSTALL_HINT}, or pass model.attention=xla")
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention))
+    else:
+        platform = jax.devices()[0].platform
+        if cfg.model.attention == "cudnn" and platform != "gpu":
+            raise UserError(f"model.attention=cudnn needs an NVIDIA GPU with cuDNN (this machine runs {platform}); "
+                            "inspect with model.attention=auto or xla here, or compile for one with --target h100")
+    compiled = compile_stage(cfg, stage, device=device)
     text = compiled.as_text()
     if hlo_out:
         with open(hlo_out, "w", encoding="utf-8") as fh:
             fh.write(text)
-    mem = compiled.memory_analysis()
-    memory = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
-              "alias_bytes": int(mem.alias_size_in_bytes), "temp_bytes": int(mem.temp_size_in_bytes)}
-    memory["peak_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
-                            + memory["temp_bytes"])
     estimate = estimate_stage(cfg, stage, platform="cpu" if platform == "cpu" else "gpu")
     tokens = stage.grad_accum_steps * stage.batch_size * stage.seq_len
     cost = _cost(compiled)
-    return {"model": cfg.model.name, "stage": stage_index, "seq_len": stage.seq_len, "batch_size": stage.batch_size,
-            "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens, "platform": platform,
-            "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets)},
-            "cost": {**cost, "flops_per_token": cost["flops"] / tokens},
-            "memory": memory, "planner_bytes": estimate["bytes_total"],
-            "dots": count_dots(text), "hlo_out": hlo_out}
+    report = {"model": cfg.model.name, "stage": stage_index, "seq_len": stage.seq_len,
+              "batch_size": stage.batch_size, "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens,
+              "platform": platform, "target": target, "device_kind": getattr(device, "device_kind", None),
+              "attention": attention_implementation(cfg.model, platform),
+              "xla_options": {k: v for k, v in cfg.train.xla_options.items()},
+              "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
+                      "scaling": cfg.fp8.scaling},
+              "cost": {**cost, "flops_per_token": cost["flops"] / tokens},
+              "memory": _memory(compiled), "planner_bytes": estimate["bytes_total"],
+              "dots": count_dots(text), "hlo_out": hlo_out}
+    if target:
+        report["gpu"] = _gpu_report(cfg, stage_index, text)
+    return report
 
 
 def format_report(r: dict) -> str:
@@ -306,6 +169,8 @@ def format_report(r: dict) -> str:
              f"{r['grad_accum_steps']} = {r['tokens_per_step']:,} tokens/step, compiled for {r['platform']}",
              f"FP8: {'on' if r['fp8']['enabled'] else 'off'} (backend {r['fp8']['backend']}, "
              f"targets {','.join(r['fp8']['targets'])})", "",
+             *([f"cost analysis: not available (XLA's GPU cost analysis is empty in a deviceless compile)"]
+               if r["target"] else []),
              f"{'cost analysis':<34}{'value':>16}",
              f"{'FLOPs per step':<34}{c['flops']:>16.4g}",
              f"{'FLOPs per token':<34}{c['flops_per_token']:>16.4g}",
@@ -323,6 +188,22 @@ def format_report(r: dict) -> str:
         lines.append(f"{key:<20}{d[key]:>10}{d['executed'].get(key, 0):>10}")
     if d["fp8_custom_calls"]:
         lines.append(f"(of the FP8 dots, {d['fp8_custom_calls']} are cuBLASLt FP8 GEMM custom calls)")
+    if "gpu" in r:
+        g = r["gpu"]
+        lines += ["", f"compiled for {r['device_kind']} (--target {r['target']}, deviceless; XLA options "
+                      f"{r['xla_options'] or 'default'}; attention {r['attention']})",
+                  f"{'GEMMs by kind':<20}{'in HLO':>10}{'executed':>10}"]
+        for kind, row in g["gemm_kinds"].items():
+            lines.append(f"{kind:<20}{row['in_hlo']:>10}{row['executed']:>10}")
+        e = g["fp8_expected"]
+        lines.append(f"FP8 GEMMs per step: expected {e['total']} (forward {e['forward']}, recompute {e['recompute']}, "
+                     f"input grad {e['input_grad']}, weight grad {e['weight_grad']}), found {g['fp8_found']}")
+        if g["fp8_lost"]:
+            lines.append("FP8 targets that compiled to something else: " + "; ".join(g["fp8_lost"]))
+        a = g["cudnn_attention"]
+        lines.append(f"cuDNN attention calls: forward {a['forward']}, backward {a['backward']}; "
+                     f"FP8 values left in the HLO: {'yes' if g['fp8_values_in_hlo'] else 'no'}")
+        lines.append("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in g["checks"].items()))
     if r["hlo_out"]:
         lines.append(f"optimized HLO written to {r['hlo_out']}")
     return "\n".join(lines)
@@ -335,13 +216,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", type=int, default=0, help="curriculum stage to compile (default 0)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole report")
     parser.add_argument("--hlo-out", default=None, metavar="FILE", help="write the optimized HLO text here")
+    parser.add_argument("--target", default=None, metavar="GPU",
+                        help="compile for h100, h200 or a GpuTargetConfigProto file, on this machine (no GPU needed; "
+                             "the gpu-check extra)")
+    parser.add_argument("--require", action="append", default=[], choices=REQUIREMENTS,
+                        help="with --target: exit 1 unless this check holds (repeatable)")
+    parser.add_argument("--xla-option", action="append", default=[], metavar="K=V",
+                        help="an XLA compiler option for this compile (same as train.xla_options.K=V)")
+    parser.add_argument("--disable-fp8", action="store_true", help="compile the same model in BF16")
     args = parser.parse_args(argv)
+    if args.require and not args.target:
+        raise UserError("--require checks a GPU compile; add --target h100 (or h200)")
     cfg = config_from_args(args)
-    report = inspect_stage(cfg, args.stage, args.hlo_out)
+    for item in args.xla_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--xla-option '{item}' is not of the form NAME=VALUE, e.g. xla_gpu_enable_triton_gemm=false")
+        cfg = apply_overrides(cfg, [f"train.xla_options.{key}={value}"])
+    if args.disable_fp8:
+        cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=False))
+    report = inspect_stage(cfg, args.stage, args.hlo_out, args.target)
     print(format_report(report))
+    failed = [req for req in args.require if not report["gpu"]["checks"][req]]
+    for req in failed:
+        print(f"REQUIREMENT NOT MET: {req}")
     if args.json:
         print(json.dumps(report))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

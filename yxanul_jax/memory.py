@@ -77,6 +77,8 @@ from typing import Literal
 
 from yxanul_jax.config import Config, StageConfig
 from yxanul_jax.errors import UserError
+from yxanul_jax.fp8 import fp8_gemms
+from yxanul_jax.model import attention_implementation
 
 Platform = Literal["gpu", "cpu"]
 MiB, GiB = 2 ** 20, 2 ** 30
@@ -175,7 +177,7 @@ def _dtype_bytes(name: str) -> int:
 
 
 def _fp8_targets(cfg: Config) -> set[str]:
-    return set(cfg.fp8.targets) if cfg.fp8.active else set()
+    return {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
 
 
 def layer_params(cfg: Config) -> int:
@@ -188,9 +190,9 @@ def layer_params(cfg: Config) -> int:
 def vocab_matrix_elements(cfg: Config) -> int:
     """Elements of vocabulary-sized parameter matrices (embedding table, untied head)."""
     m = cfg.model
-    n = m.vocab_size * (m.embed_rank or m.d_model)
+    n = m.padded_vocab * (m.embed_rank or m.d_model)
     if m.head == "untied":
-        n += m.vocab_size * m.d_model
+        n += m.padded_vocab * m.d_model
     return n
 
 
@@ -226,7 +228,8 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
 
 
 def param_count(cfg: Config) -> int:
-    """Parameters of the model, from its shapes (equal to `model.param_breakdown`; tested)."""
+    """Parameters of the model, from its shapes (equal to `model.param_breakdown`; tested). Padded
+    vocabulary rows are not parameters (`allocated_param_count` includes them)."""
     m = cfg.model
     V, D, R = m.vocab_size, m.d_model, m.embed_rank
     n = m.n_layers * layer_params(cfg) + D  # blocks and the final norm
@@ -238,19 +241,25 @@ def param_count(cfg: Config) -> int:
     return n
 
 
+def allocated_param_count(cfg: Config) -> int:
+    """Float32 values of the parameter tree: the parameters plus the padded vocabulary rows."""
+    return param_count(cfg) + cfg.model.vocab_padding_params
+
+
 def fp8_gemm_count(cfg: Config) -> int:
     """GEMMs that run in FP8 with the xla backend (each keeps 3 operand states)."""
     if not cfg.fp8.active or cfg.fp8.backend != "xla":
         return 0
-    per_layer = sum(t in cfg.fp8.targets for t in ("q", "k", "v", "o", "gate", "up", "down"))
-    return cfg.model.n_layers * per_layer + ("head" in cfg.fp8.targets)
+    gemms = fp8_gemms(cfg.model, cfg.fp8)
+    return cfg.model.n_layers * sum(t != "head" for t, _, _ in gemms) + sum(t == "head" for t, _, _ in gemms)
 
 
 def state_bytes(cfg: Config) -> dict[str, int]:
     """Bytes of the train state by part (equal to `steps.abstract_train_state`; tested)."""
-    P = param_count(cfg)
+    P = allocated_param_count(cfg)
+    # FP8 state per operand: amax history, scale, non-finite counter (float32).
     return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
-            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 1) * 4,
+            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 2) * 4,
             "misc_state": 4 + 8}  # step (int32) and rng (uint32[2])
 
 
@@ -277,8 +286,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         a, residual = 2, 4  # XLA CPU: the same bytes for bfloat16 and float32 models, a float32 residual stream
         if not m.scan_layers:
             effective = "none"  # XLA CPU hoists the recomputation of unrolled layers: no saving
-    flash = platform == "gpu" and (m.attention == "cudnn" or (m.attention == "auto" and m.dtype == "bfloat16"
-                                                             and m.resolved_head_dim <= 128))
+    flash = platform == "gpu" and attention_implementation(m, "gpu") == "cudnn"
     saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash)
     if platform == "cpu" and m.scan_layers and effective == "none":
         saved *= cal.cpu_scan_none  # XLA CPU keeps extra copies of an unrematerialized scanned layer
@@ -287,7 +295,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     w_layer = recompute + cal.t_D * m.d_model + cal.t_F * m.ffn_dim + scores
     chunk = max(1, min(cfg.train.loss_chunk, N))
     k_l = cal.loss_single if chunk >= N else cal.loss_multi
-    logits = k_l * chunk * m.vocab_size
+    logits = k_l * chunk * m.padded_vocab
     grads = 4 * P
     if stage.grad_accum_steps > 1:  # the accumulator and this micro-batch's gradient are both alive
         grads += cal.g_accum * 4 * P

@@ -68,15 +68,23 @@ def apply_rope(x_BxLxHxK, sin_LxK2, cos_LxK2):
 
 
 class Matmul(nn.Module):
-    """x[..., I] @ w[I, O] through the configured dense backend; owns the FP8 state of this GEMM."""
+    """x[..., I] @ w[I, O] through the configured dense backend; owns the FP8 state of this GEMM.
+
+    An FP8 target whose I or O is not a multiple of 16 (what FP8 tensor-core GEMMs need) runs in
+    BF16, with one warning; the decision depends on static shapes only, so init and apply agree.
+    """
 
     use_fp8: bool
     fp8: FP8Config
     dtype: Any
+    target: str = ""
 
     @nn.compact
     def __call__(self, x, w_IxO):
-        if not self.use_fp8:
+        use_fp8 = self.use_fp8 and fp8_lib.gemm_aligned(*w_IxO.shape)
+        if self.use_fp8 and not use_fp8:
+            fp8_lib.warn_unaligned(self.target or self.name, tuple(w_IxO.shape))
+        if not use_fp8:
             return jax.lax.dot_general(x.astype(self.dtype), w_IxO.astype(self.dtype),
                                        (((x.ndim - 1,), (0,)), ((), ())),
                                        preferred_element_type=jnp.float32).astype(self.dtype)
@@ -88,7 +96,7 @@ class Matmul(nn.Module):
         h = self.fp8.amax_history_len
         metas = [self.variable(fp8_lib.FP8_COLLECTION, op, fp8_lib.init_meta, h).value
                  for op in fp8_lib.OPERANDS]
-        spec = fp8_lib.Fp8Spec(self.dtype, self.fp8.margin, self.fp8.amax_compute_algo)
+        spec = fp8_lib.Fp8Spec(self.dtype, self.fp8.margin, self.fp8.amax_compute_algo, self.fp8.scaling)
         return fp8_lib.fp8_dot(x, w_IxO, *metas, spec)
 
 
@@ -105,20 +113,20 @@ class Dense(nn.Module):
     @nn.compact
     def __call__(self, x):
         kernel_IxO = _logical_param(self, "kernel", _normal(self.std), (x.shape[-1], self.features), self.axes)
-        return Matmul(self.use_fp8, self.fp8, self.dtype, name="gemm")(x, kernel_IxO)
+        return Matmul(self.use_fp8, self.fp8, self.dtype, self.name, name="gemm")(x, kernel_IxO)
 
 
-def _dense(cfg: ModelConfig, fp8: FP8Config, target: str, features: int, axes, std: float, name=None):
+def _dense(cfg: ModelConfig, fp8: FP8Config, target: str, features: int, axes, std: float):
     use = fp8.active and target in fp8.targets
-    return Dense(features, axes, std, use, fp8, DTYPES[cfg.dtype], name=name or target)
+    return Dense(features, axes, std, use, fp8, DTYPES[cfg.dtype], name=target)
 
 
-def attention_implementation(cfg: ModelConfig) -> str:
+def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> str:
     """`auto`: cuDNN flash attention on GPU for BF16/FP16 (jax's own default would pick XLA, which
-    stores the L x L scores), XLA everywhere else."""
+    stores the L x L scores), XLA everywhere else. `platform` defaults to jax's default backend."""
     if cfg.attention != "auto":
         return cfg.attention
-    on_gpu = jax.default_backend() == "gpu"
+    on_gpu = (platform or jax.default_backend()) == "gpu"
     return "cudnn" if on_gpu and cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 else "xla"
 
 
@@ -190,7 +198,7 @@ class Yxanul(nn.Module):
 
     def setup(self):
         c = self.cfg
-        V, D, R = c.vocab_size, c.d_model, c.embed_rank
+        V, D, R = c.padded_vocab, c.d_model, c.embed_rank
         if R:
             self.embedding = _logical_param(self, "embedding", _normal(c.init_std), (V, R), ("vocab", "embed_rank"))
             # 1/sqrt(R) keeps the product table @ proj at std init_std.
@@ -212,7 +220,7 @@ class Yxanul(nn.Module):
         else:
             self.layers = [block(c, self.fp8, name=f"layer_{i}") for i in range(c.n_layers)]
         self.final_norm = RMSNorm(c.norm_eps, DTYPES[c.dtype])
-        self.head_gemm = Matmul(self.fp8.active and "head" in self.fp8.targets, self.fp8, DTYPES[c.dtype])
+        self.head_gemm = Matmul(self.fp8.active and "head" in self.fp8.targets, self.fp8, DTYPES[c.dtype], "head")
 
     def embed(self, tokens_BxL):
         """Token ids -> residual stream x_BxLxD (compute dtype)."""
@@ -235,7 +243,8 @@ class Yxanul(nn.Module):
         return self.final_norm(x_BxLxD)
 
     def logits(self, h_NxD):
-        """Output head: h[..., D] -> float32 logits[..., V]."""
+        """Output head: h[..., D] -> float32 logits[..., padded_vocab]; the padded columns are -inf
+        (zero probability, never a target, never sampled). `__call__` drops them."""
         c, dt = self.cfg, DTYPES[self.cfg.dtype]
         if c.head == "untied":
             w_DxV = self.head_kernel
@@ -246,10 +255,14 @@ class Yxanul(nn.Module):
             w_DxV = self.embedding.T
         else:
             w_DxV = self.embedding.T
-        return self.head_gemm(h_NxD, w_DxV).astype(jnp.float32)
+        logits = self.head_gemm(h_NxD, w_DxV).astype(jnp.float32)
+        if c.padded_vocab > c.vocab_size:
+            logits = jnp.where(jnp.arange(c.padded_vocab) < c.vocab_size, logits, -jnp.inf)
+        return logits
 
     def __call__(self, tokens_BxL):
-        return self.logits(self.hidden(tokens_BxL))
+        """Token ids [B, L] -> float32 logits [B, L, vocab_size]."""
+        return self.logits(self.hidden(tokens_BxL))[..., :self.cfg.vocab_size]
 
 
 # ------------------------------------------------------------------------------------------
@@ -282,12 +295,16 @@ def abstract_variables(cfg: ModelConfig, fp8: FP8Config, seq_len: int = 8) -> di
     return nn.meta.unbox(boxed)
 
 
-def param_breakdown(params) -> dict[str, int]:
-    """Parameter count per component (embedding, attention, mlp, norms, head)."""
+def param_breakdown(params, cfg: ModelConfig | None = None) -> dict[str, int]:
+    """Parameter count per component (embedding, attention, mlp, norms, head). With `cfg`, the
+    padded vocabulary rows (`model.vocab_pad_to`) are left out: they are allocated, never trained."""
     out = {k: 0 for k in COMPONENTS}
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
         keys = tuple(str(getattr(p, "key", p)) for p in path)
-        out[component_of(keys)] += int(math.prod(leaf.shape))
+        n = int(math.prod(leaf.shape))
+        if cfg is not None and keys[-1] in ("embedding", "head_kernel"):
+            n = n // cfg.padded_vocab * cfg.vocab_size
+        out[component_of(keys)] += n
     return out
 
 

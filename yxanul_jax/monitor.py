@@ -269,6 +269,7 @@ def run_header(cfg: Config) -> str:
         f"process {jax.process_index()} of {jax.process_count()}",
         *([f"nvidia-smi: {gpus}"] if (gpus := gpu_driver_info()) else []),
         f"git commit: {git_commit()}",
+        f"xla options of the train step: {dict(cfg.train.xla_options) or 'XLA defaults'}",
         "config:",
         to_yaml(cfg).rstrip(),
     ]

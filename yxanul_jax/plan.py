@@ -70,7 +70,7 @@ def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True)
     gpu = gpu or memory.parse_gpu(DEFAULT_GPU)
     # Shapes do not depend on the attention kernel; tracing with cuDNN's would fail on a machine without it.
     variables = abstract_variables(dataclasses.replace(cfg.model, attention="xla"), cfg.fp8)
-    by_component = param_breakdown(variables["params"])
+    by_component = param_breakdown(variables["params"], cfg.model)
     total = sum(by_component.values())
     state = memory.state_bytes(cfg)
     stages = [_stage_report(cfg, i, s, gpu, state) for i, s in enumerate(cfg.curriculum)]
@@ -78,6 +78,8 @@ def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True)
         "model": cfg.model.name,
         "params_total": total,
         "params_by_component": by_component,
+        "params_allocated": memory.allocated_param_count(cfg),
+        "vocab": {"size": cfg.model.vocab_size, "padded": cfg.model.padded_vocab},
         "fp8_state_values": fp8_state_count(variables),
         "platform": "gpu",
         "gpu": {"name": gpu.name, "total_bytes": gpu.total_bytes, "mem_fraction": gpu.mem_fraction,
@@ -107,6 +109,11 @@ def format_plan(plan: dict) -> str:
         n = plan["params_by_component"][name]
         lines.append(f"{name:<12}{n:>16,}{n / 1e6:>10.2f}{100 * n / total:>8.1f}%")
     lines.append(f"{'total':<12}{total:>16,}{total / 1e6:>10.2f}{100.0:>8.1f}%")
+    pad = plan["params_allocated"] - total
+    if pad:
+        lines.append(f"vocabulary padded {plan['vocab']['size']:,} -> {plan['vocab']['padded']:,} rows "
+                     f"(model.vocab_pad_to): {pad:,} allocated values that are not parameters; "
+                     f"{plan['params_allocated']:,} in the parameter tree")
     if plan["fp8_state_values"]:
         lines.append(f"FP8 state: {plan['fp8_state_values']:,} float32 values (amax histories and scales)")
     sb = plan["state_bytes"]

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from yxanul_jax.config import Config, StageConfig
-from yxanul_jax.steps import abstract_train_state, make_train_step
+from yxanul_jax.steps import abstract_train_state, fp8_bootstrap_config, make_train_step
 
 
 def stage_index(cfg: Config, step: int) -> int:
@@ -31,16 +31,27 @@ def abstract_batch(stage: StageConfig, sharding=None) -> dict:
             for k, dt in (("inputs", jnp.int32), ("targets", jnp.int32), ("mask", jnp.float32))}
 
 
-def compile_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None):
-    """The compiled train step of one stage (donates the incoming state's buffers).
+def compile_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None, device=None):
+    """The compiled train step of one stage (donates the incoming state's buffers), compiled with
+    the config's `train.xla_options`.
 
     With a mesh, the state is laid out by `sharding.state_shardings` and the batch split over
-    data x fsdp; without one, everything sits on the default device.
+    data x fsdp; with a `device` (e.g. a compile-only GPU from `gpu_target.compile_device`),
+    everything is placed on it; with neither, everything sits on the default device.
     """
+    return lower_stage(cfg, stage, state_shapes, mesh, device).compile(compiler_options=dict(cfg.train.xla_options))
+
+
+def lower_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None, device=None):
+    """The lowered (not yet compiled) train step of one stage; see `compile_stage`."""
     state_shapes = state_shapes if state_shapes is not None else abstract_train_state(cfg)
     step = make_train_step(cfg, stage)
+    if device is not None:
+        s = jax.sharding.SingleDeviceSharding(device)
+        placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state_shapes)
+        return jax.jit(step, donate_argnums=0).lower(placed, abstract_batch(stage, s))
     if mesh is None:
-        return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage)).compile()
+        return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage))
     from yxanul_jax import sharding as sh
 
     sharded_state, state_sh = sh.sharded_abstract_state(cfg, mesh, state_shapes)
@@ -48,7 +59,7 @@ def compile_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
                       donate_argnums=0)
-    return step_fn.lower(sharded_state, abstract_batch(stage, batch_sh)).compile()
+    return step_fn.lower(sharded_state, abstract_batch(stage, batch_sh))
 
 
 class StageCompiler:
@@ -63,14 +74,25 @@ class StageCompiler:
         self._futures: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compile")
 
-    def _compile(self, i: int):
-        compiled = compile_stage(self.cfg, self.cfg.curriculum[i], self.state_shapes, self.mesh)
-        self.compile_counts[i] += 1
+    def _compile(self, i: int, bootstrap: bool = False):
+        cfg = fp8_bootstrap_config(self.cfg) if bootstrap else self.cfg
+        compiled = compile_stage(cfg, cfg.curriculum[i], self.state_shapes, self.mesh)
+        if not bootstrap:
+            self.compile_counts[i] += 1
         if self.hlo_dir:
             os.makedirs(os.path.join(self.hlo_dir, "hlo"), exist_ok=True)
-            with open(os.path.join(self.hlo_dir, "hlo", f"stage_{i}.txt"), "w") as fh:
+            name = f"stage_{i}_fp8_bootstrap.txt" if bootstrap else f"stage_{i}.txt"
+            with open(os.path.join(self.hlo_dir, "hlo", name), "w") as fh:
                 fh.write(compiled.as_text())
         return compiled
+
+    def first_step(self, i: int):
+        """The compiled step for a fresh run's step 0 when it needs its own (delayed FP8 scaling fills
+        its amax histories with one `current`-scaled step, `steps.fp8_bootstrap_config`), else None.
+        Compiled in the foreground: it runs once, before anything else."""
+        if fp8_bootstrap_config(self.cfg) is None:
+            return None
+        return self._compile(i, bootstrap=True)
 
     def prefetch(self, i: int) -> None:
         """Start compiling stage i in the background (no-op if started already)."""

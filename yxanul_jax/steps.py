@@ -14,6 +14,8 @@ batch of 8 up to float rounding.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -79,16 +81,30 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
     return nll + cfg.train.z_loss * z, (nll, z)
 
 
-def make_train_step(cfg: Config, stage: StageConfig):
-    """The train step of one stage (its clip and shapes are static; compile it once per stage)."""
-    optimizer = make_optimizer(cfg)
-    schedule = lr_schedule(cfg)
+def fp8_bootstrap_config(cfg: Config) -> Config | None:
+    """The config of a fresh run's very first step, when it differs from `cfg`.
+
+    Delayed scaling quantizes with scales from earlier steps; a fresh state has none (an empty
+    history and unit scales would flush most gradients to zero). The first step therefore runs once
+    with `current` scaling, compiled on its own, which fills every history; None when not needed.
+    """
+    f = cfg.fp8
+    if not f.active or f.backend != "xla" or f.scaling != "delayed":
+        return None
+    return dataclasses.replace(cfg, fp8=dataclasses.replace(f, scaling="current"))
+
+
+def make_accumulate(cfg: Config, stage: StageConfig):
+    """accumulate(params, fp8, batch[A, B, L]) -> (gradient sums, new FP8 state, NLL sum, z sum).
+
+    Sums over all A micro-batches (by `lax.scan`) of the float32 parameter gradients; the FP8 state
+    updates of the micro-batches (and of the head's loss chunks) are max-merged, never summed.
+    """
     grad_fn = jax.grad(lambda *a: loss_sums(cfg, *a), argnums=(0, 1, 2), has_aux=True)
     chunks = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk)
 
-    def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
-        params = state["params"]
-        body_fp8, head = _split_head(state["fp8"])
+    def accumulate(params, fp8_state, batch):
+        body_fp8, head = _split_head(fp8_state)
         head_copies = _head_copies(head, chunks)  # their updates are max-merged below
 
         def micro(carry, mb):
@@ -100,8 +116,22 @@ def make_train_step(cfg: Config, stage: StageConfig):
             return (g_acc, fp8_lib.merge_fp8_max(fp8_acc, new_fp8), nll_acc + nll, z_acc + z), None
 
         zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731  (FP8 state is >= 0)
-        init = (zeros(params), zeros(state["fp8"]), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+        init = (zeros(params), zeros(fp8_state), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
         (grads, new_fp8, nll, z), _ = jax.lax.scan(micro, init, batch)
+        return grads, new_fp8, nll, z
+
+    return accumulate
+
+
+def make_train_step(cfg: Config, stage: StageConfig):
+    """The train step of one stage (its clip and shapes are static; compile it once per stage)."""
+    optimizer = make_optimizer(cfg)
+    schedule = lr_schedule(cfg)
+    accumulate = make_accumulate(cfg, stage)
+
+    def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
+        params = state["params"]
+        grads, new_fp8, nll, z = accumulate(params, state["fp8"], batch)
         n_tokens = jnp.maximum(jnp.sum(batch["mask"]), 1.0)
         grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
         grads, grad_norm = clip_by_global_norm(grads, stage.grad_clip)
@@ -110,6 +140,8 @@ def make_train_step(cfg: Config, stage: StageConfig):
                      "opt_state": opt_state, "fp8": new_fp8, "rng": state["rng"]}
         metrics = {"loss": nll / n_tokens, "z_loss": z / n_tokens, "grad_norm": grad_norm,
                    "lr": schedule(state["step"]), "step_tokens": jnp.sum(batch["mask"])}
+        if new_fp8:  # steps x operands whose amax was inf/NaN (kept out of the histories), over the whole run
+            metrics["fp8_nonfinite"] = fp8_lib.nonfinite_total(new_fp8)
         return new_state, metrics
 
     return train_step

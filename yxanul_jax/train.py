@@ -161,7 +161,8 @@ class Trainer:
             if step % cfg.train.log_every == 0 or step == total:
                 writer.write({"step": step, "stage": si, "seq_len": stage.seq_len, "loss": m["loss"],
                               "lr": m["lr"], "grad_norm": m["grad_norm"], "tokens": self.tokens,
-                              "tokens_per_sec": tps, "mfu": util, **({"z_loss": m["z_loss"]} if cfg.train.z_loss else {})})
+                              "tokens_per_sec": tps, "mfu": util, **({"z_loss": m["z_loss"]} if cfg.train.z_loss else {}),
+                              **({"fp8_nonfinite": int(m["fp8_nonfinite"])} if "fp8_nonfinite" in m else {})})
 
         with SignalGuard() as guard:
             for step in range(start_step, total):
@@ -171,7 +172,7 @@ class Trainer:
                     if si + 1 < len(cfg.curriculum):
                         self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
                 stage = cfg.curriculum[si]
-                compiled = self.compiler.get(si)
+                compiled = (self.compiler.first_step(si) if step == 0 else None) or self.compiler.get(si)
                 batch = _batch_for(self.stream, stage, self.batch_sharding)
                 if cfg.profile.start_step == step:
                     jax.profiler.start_trace(os.path.join(self.run_dir, "profile"))

@@ -1,0 +1,124 @@
+"""Compiling for an H100 on a machine without a GPU: target specs, the missing-plugin error, and the real
+sm_90 compile of the train step (FP8 GEMMs where the config says, cuDNN attention, memory).
+
+The sm_90 compiles run in the gpu-check environment (`scripts/gpu_check_env.sh`, which CI builds): a
+venv that adds the CUDA compiler plugin to this Python's packages. Without it they skip, saying so.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from yxanul_jax import gpu_target
+from yxanul_jax import inspect as insp
+from yxanul_jax.errors import UserError
+
+from conftest import REPO
+
+GPU_PYTHON = Path(os.environ.get("YXANUL_GPU_CHECK_PYTHON", REPO / ".venv-gpu-check" / "bin" / "python"))
+
+
+def _gpu_python() -> str:
+    if not GPU_PYTHON.exists():
+        pytest.skip(f"no gpu-check environment at {GPU_PYTHON}: build it with scripts/gpu_check_env.sh "
+                    "(CI does) to compile for sm_90 here")
+    return str(GPU_PYTHON)
+
+
+def _inspect(*args: str, expect_rc: int = 0) -> dict:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([_gpu_python(), "-m", "yxanul_jax.inspect", "--target", "h100", "--json", *args],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_target_specs_and_a_bad_target():
+    h100, h200 = gpu_target.target_spec("h100"), gpu_target.target_spec("h200")
+    assert 'name: "NVIDIA H100 80GB HBM3"' in h100 and "device_memory_size: 84942979072" in h100
+    assert 'name: "NVIDIA H200"' in h200 and "core_count: 132" in h200
+    assert "{" + "memory}" not in h200 and "cuda_compute_capability { major: 9" in h200
+    with pytest.raises(UserError, match="h100, h200"):
+        gpu_target.target_spec("a100")
+
+
+def test_missing_plugin_is_one_line_naming_the_fix():
+    try:
+        import jax_plugins.xla_cuda12  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("the CUDA plugin is importable in this environment; the missing-plugin path cannot run")
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.inspect", "--target", "h100"], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: --target h100 needs the CUDA compiler plugin") and "gpu_check_env" in lines[0]
+
+
+def test_require_needs_a_target(capsys):
+    assert insp.main(["--require", "fp8-expected"]) == 2
+    assert "--target" in capsys.readouterr().err
+
+
+def test_micro_fp8_dot_is_three_fp8_gemms_for_sm90_with_and_without_triton():
+    # The direct form alone (forward, input gradient, weight gradient of one 4096 x 768 @ 768 x 2048
+    # GEMM) under XLA's default flags (Triton GEMM fusions) and with Triton GEMMs off (cuBLASLt).
+    code = r"""
+import json, jax, jax.numpy as jnp
+from yxanul_jax import fp8 as F, hlo
+from yxanul_jax.gpu_target import compile_device
+s = jax.sharding.SingleDeviceSharding(compile_device("h100"))
+A = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=s)
+meta = {"amax_history": A((16,), jnp.float32), "scale": A((), jnp.float32), "nonfinite": A((), jnp.float32)}
+spec = F.Fp8Spec(jnp.bfloat16)
+loss = lambda x, w, a, b, c: jnp.sum(F.fp8_dot(x, w, a, b, c, spec).astype(jnp.float32) ** 2)
+lo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(A((8, 512, 768), jnp.bfloat16), A((768, 2048), jnp.float32),
+                                                   meta, meta, meta)
+out = {}
+for name, opts in (("default", {}), ("no-triton", {"xla_gpu_enable_triton_gemm": False})):
+    out[name] = hlo.gemm_kinds(hlo.gemms(lo.compile(compiler_options=opts).as_text()))
+print(json.dumps(out))
+"""
+    proc = subprocess.run([_gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert kinds["default"] == {"fp8 triton": {"in_hlo": 3, "executed": 3}}, kinds
+    assert kinds["no-triton"] == {"fp8 cublaslt": {"in_hlo": 3, "executed": 3}}, kinds
+
+
+def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
+    on = _inspect("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention")
+    g = on["gpu"]
+    assert on["device_kind"] == "NVIDIA H100 80GB HBM3" and on["attention"] == "cudnn"
+    # 4 layers x 7 projections x (forward, input gradient, weight gradient), all FP8, none lost
+    assert g["fp8_expected"]["total"] == g["fp8_found"] == 84 and g["fp8_lost"] == []
+    assert g["cudnn_attention"] == {"forward": 4, "backward": 4}
+    assert g["fp8_values_in_hlo"] and on["memory"]["peak_bytes"] > 0
+    off = _inspect("--config", "configs/tiny.yaml", "--disable-fp8", "--require", "fp8-expected")
+    assert off["gpu"]["fp8_found"] == 0 and not off["gpu"]["fp8_values_in_hlo"]
+    cublas = _inspect("--config", "configs/tiny.yaml", "--xla-option", "xla_gpu_enable_triton_gemm=false")
+    assert cublas["gpu"]["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
+    assert cublas["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
+
+
+def test_fp8_head_with_padded_vocabulary_and_accumulation():
+    r = _inspect("--config", "configs/tiny.yaml", "fp8.targets=[q,k,v,o,gate,up,down,head]", "model.vocab_pad_to=128",
+                 "model.remat=full", "model.scan_layers=true", "curriculum.0.grad_accum_steps=2",
+                 "--require", "fp8-expected")
+    e = r["gpu"]["fp8_expected"]
+    # per micro-batch: 4 layers x 7 (+1 head) forward, 4 x 6 (+1) recomputed, the same 29 input and weight grads
+    assert (e["forward"], e["recompute"], e["input_grad"], e["weight_grad"]) == (58, 50, 58, 58)
+    assert r["gpu"]["fp8_found"] == 224
+
+
+@pytest.mark.parametrize("config, stage", [("configs/yxanul_197m.yaml", "0"), ("configs/yxanul_197m.yaml", "9")])
+def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage):
+    r = _inspect("--config", config, "--stage", stage, "--require", "fp8-expected", "--require", "cudnn-attention")
+    g = r["gpu"]
+    # 28 scanned layers x (7 forward + 6 recomputed (remat full; `down` is not) + 7 input + 7 weight gradients)
+    assert g["fp8_found"] == g["fp8_expected"]["total"] == 28 * 27 and g["fp8_lost"] == []
