@@ -33,6 +33,9 @@ def bench_stage(cfg, i: int, steps: int, warmup: int) -> dict:
     tokens = jax.random.randint(jax.random.key(1), shape, 0, cfg.model.vocab_size)
     batch = {"inputs": tokens[..., :-1], "targets": tokens[..., 1:],
              "mask": jnp.ones(tokens[..., 1:].shape, jnp.float32)}
+    # Delayed FP8 scaling: the first warm-up step runs on a fresh state's unit scales (training runs
+    # it once with current scaling instead, steps.fp8_bootstrap_config); later steps, the timed ones,
+    # quantize with the histories it filled. Only the timing is read here.
     for _ in range(warmup):
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)

@@ -137,7 +137,10 @@ def target_spec(target: str) -> str:
 
 
 def compile_device(target: str = "h100"):
-    """A compile-only CUDA device for `target` (no GPU needed). UserError without the CUDA plugin."""
+    """A compile-only CUDA device for `target` (no GPU needed). UserError without the CUDA plugin.
+
+    Call it before anything initializes JAX's backends (`jax.devices()`, a first computation): it
+    sets `jax_platforms=cpu` so that the CUDA plugin is registered for compiling only."""
     import jax
     from jax.experimental import topologies
 
@@ -150,9 +153,10 @@ def compile_device(target: str = "h100"):
                         f"(no GPU needed); install it with {INSTALL_HINT}")
     try:
         topo = topologies.get_topology_desc(platform="cuda", target_config=spec, topology="1x1x1")
-    except NotImplementedError as e:  # the plugin is there but not of this jaxlib
-        raise UserError(f"--target {target}: {str(e).splitlines()[0]}; install the CUDA plugin matching jaxlib "
-                        f"{jax.__version__} with {INSTALL_HINT}")
+    except NotImplementedError as e:  # the plugin is not of this jaxlib, or backends started without it
+        raise UserError(f"--target {target}: {str(e).splitlines()[0]} (the CUDA plugin must match jaxlib "
+                        f"{jax.__version__}, and the compile device must be made before JAX starts its backends); "
+                        f"install it with {INSTALL_HINT}")
     except Exception as e:  # a spec file this jaxlib cannot parse
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"--target {target}: XLA rejected the GPU target spec ({first[:200]}); "

@@ -114,9 +114,19 @@ class Calibration:
     loss_multi: float = 8.6  # bytes per chunk x vocab logit with several loss chunks
     loss_single: float = 12.9  # ... with one chunk (XLA inlines the loop; BF16 copies stay too)
     cpu_scan_none: float = 1.6  # XLA CPU keeps this much more for a scanned layer without remat
+    norm_keep: float = 1.0  # share of the RMSNorms' float32 residuals kept (XLA GPU fuses the norms)
+    mlp_keep: float = 1.0  # share of the SwiGLU's 5 a F residual bytes kept (XLA GPU fuses silu * up)
+    recompute: float = 1.0  # share of a rematerialized layer's residuals alive in its backward pass
 
 
 CALIBRATION = Calibration()
+# Fitted to XLA's sm_90 memory analysis: 29 deviceless H100 compiles of tiny, pythia-70m-capped,
+# yxanul-197m and -270m variants (scripts/fit_plan.py, jax 0.10.2, 2026-11-21; largest error 18 %,
+# RMS 6 %; docs/MEMORY.md). XLA's GPU fusions keep almost none of the RMSNorms' float32 copies and
+# a third of the SwiGLU's, and recompute a rematerialized layer piece by piece.
+GPU_CALIBRATION = Calibration(g_loss=0.516, g_layer=0.07, g_accum=2.643, embed=0.328, t_D=0.825, t_F=0.917,
+                              t_S=1.262, t_h=9.684, loss_multi=5.901, loss_single=5.644, norm_keep=0.015,
+                              mlp_keep=0.375, recompute=0.111)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,7 +207,7 @@ def vocab_matrix_elements(cfg: Config) -> int:
 
 
 def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes: int | None = None,
-                          act_bytes: int | None = None, flash: bool = False) -> int:
+                          act_bytes: int | None = None, flash: bool = False, cal: "Calibration | None" = None) -> float:
     """Bytes one layer keeps for the backward pass per token (module docstring: `s`).
 
     `act_bytes` overrides a (the bytes of model.dtype), `residual_bytes` the bytes of the block input;
@@ -211,7 +221,8 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
     if remat == "dots":
         return 4 * (H * K + 2 * G * K + D + 2 * F) + r * D
     fp8 = _fp8_targets(cfg)
-    s = 2 * (8 * D + 8)
+    norm_keep, mlp_keep = (cal.norm_keep, cal.mlp_keep) if cal is not None else (1.0, 1.0)
+    s = norm_keep * 2 * (8 * D + 8)
     for group in (("q", "k", "v"), ("gate", "up")):
         if any(t not in fp8 for t in group):
             s += a * D  # the norm's output, shared by the group's BF16 GEMMs
@@ -219,7 +230,7 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
     s += H * K if "o" in fp8 else a * H * K
     s += F if "down" in fp8 else a * F
     s += a * (H * K + 2 * G * K) + (4 * H if flash else H * L * (9 + a) + 8 * H)
-    s += 5 * a * F
+    s += mlp_keep * 5 * a * F
     return s
 
 
@@ -264,7 +275,7 @@ def state_bytes(cfg: Config) -> dict[str, int]:
 
 
 def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", remat: str | None = None,
-                   state: dict | None = None, cal: Calibration = CALIBRATION) -> dict:
+                   state: dict | None = None, cal: Calibration | None = None) -> dict:
     """Bytes of one stage's compiled train step, by component (all ints, JSON-ready).
 
     Keys: weights, gradients (float32 copies alive at the peak), optimizer, fp8_state, batch,
@@ -275,6 +286,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     `remat` overrides model.remat; `state` reuses `state_bytes(cfg)` across calls.
     """
     m = cfg.model
+    cal = cal or (GPU_CALIBRATION if platform == "gpu" else CALIBRATION)
     remat = remat or m.remat
     st = state if state is not None else state_bytes(cfg)
     P = st["weights"] // 4
@@ -287,10 +299,11 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         if not m.scan_layers:
             effective = "none"  # XLA CPU hoists the recomputation of unrolled layers: no saving
     flash = platform == "gpu" and attention_implementation(m, "gpu") == "cudnn"
-    saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash)
+    saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash, cal)
     if platform == "cpu" and m.scan_layers and effective == "none":
         saved *= cal.cpu_scan_none  # XLA CPU keeps extra copies of an unrematerialized scanned layer
-    recompute = 0 if effective == "none" else saved_bytes_per_token(cfg, stage.seq_len, "none", residual, a, flash)
+    recompute = 0 if effective == "none" else cal.recompute * saved_bytes_per_token(cfg, stage.seq_len, "none",
+                                                                                    residual, a, flash, cal)
     scores = 0 if flash else cal.t_S * m.n_heads * stage.seq_len
     w_layer = recompute + cal.t_D * m.d_model + cal.t_F * m.ffn_dim + scores
     chunk = max(1, min(cfg.train.loss_chunk, N))

@@ -31,7 +31,7 @@ GB = 1e9
 
 
 def fp8_state_count(variables: dict) -> int:
-    """Number of float32 values of FP8 state (amax histories and scales)."""
+    """Number of float32 values of FP8 state (amax histories, scales, non-finite counters)."""
     import jax
 
     return sum(int(x.size) for k, v in variables.items() if k != "params" for x in jax.tree_util.tree_leaves(v))
@@ -115,7 +115,8 @@ def format_plan(plan: dict) -> str:
                      f"(model.vocab_pad_to): {pad:,} allocated values that are not parameters; "
                      f"{plan['params_allocated']:,} in the parameter tree")
     if plan["fp8_state_values"]:
-        lines.append(f"FP8 state: {plan['fp8_state_values']:,} float32 values (amax histories and scales)")
+        lines.append(f"FP8 state: {plan['fp8_state_values']:,} float32 values (amax histories, scales, "
+                     "non-finite counters)")
     sb = plan["state_bytes"]
     lines += ["", "train state (GB): " + ", ".join(f"{k.replace('_', ' ')} {v / GB:.3f}" for k, v in sb.items())
               + "  (float32 weights and gradients, AdamW mu and nu)"]

@@ -1,0 +1,130 @@
+"""Fit the memory planner's coefficients (`memory.Calibration`) to XLA's own memory analysis.
+
+    # 1. compile a set of variants and record XLA's peak (CPU, or an H100 with no GPU: gpu-check venv)
+    .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --out fit_gpu.jsonl
+    python scripts/fit_plan.py collect --out fit_cpu.jsonl
+    # 2. fit the coefficients of one platform and print them with the per-row errors (needs scipy)
+    python scripts/fit_plan.py fit fit_gpu.jsonl --platform gpu
+
+Each variant is compiled exactly as training compiles it (`stages.compile_stage`: abstract shapes,
+donated state); the peak is arguments + outputs - aliased + temporaries. The fit minimizes a robust
+(soft-L1) loss of the relative error of `memory.estimate_stage` over all rows, starting from the
+platform's current coefficients. Prints a table and, last, one JSON line with the coefficients.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, accumulation, loss chunks
+    ("configs/tiny.yaml", [0, 1], []),
+    ("configs/tiny.yaml", [0, 1], ["model.remat=full"]),
+    ("configs/tiny.yaml", [0, 1], ["model.remat=dots"]),
+    ("configs/tiny.yaml", [1], ["fp8.enabled=false"]),
+    ("configs/tiny.yaml", [1], ["model.dtype=float32"]),
+    ("configs/tiny.yaml", [1], ["model.scan_layers=true", "model.remat=full", "curriculum.1.grad_accum_steps=4"]),
+    ("configs/tiny.yaml", [1], ["model.d_model=256", "model.ffn_dim=768", "model.n_heads=8", "curriculum.1.batch_size=64"]),
+    ("configs/tiny.yaml", [1], ["model.head=untied", "train.loss_chunk=512"]),
+    ("configs/pythia_70m_capped.yaml", [0], []),
+    ("configs/pythia_70m_capped.yaml", [0], ["model.remat=full"]),
+    ("configs/pythia_70m_capped.yaml", [0], ["fp8.enabled=false"]),
+    ("configs/yxanul_197m.yaml", [0, 1, 2, 4, 6, 7, 9], []),
+    ("configs/yxanul_197m.yaml", [4, 9], ["fp8.enabled=false"]),
+    ("configs/yxanul_197m.yaml", [5], ["fp8.targets=[q,k,v,o,gate,up,down,head]"]),
+    ("configs/yxanul_197m.yaml", [3], ["model.remat=dots"]),
+    ("configs/yxanul_197m_baseline.yaml", [0], []),
+    ("configs/yxanul_270m.yaml", [0, 2, 5], []),
+]
+
+
+def collect(args) -> None:
+    import jax
+
+    from yxanul_jax.config import load_config, to_dict
+    from yxanul_jax.model import attention_implementation
+    from yxanul_jax.stages import compile_stage
+
+    device = None
+    if args.target:
+        from yxanul_jax.gpu_target import compile_device
+        device = compile_device(args.target)
+    platform = "gpu" if device is not None else jax.devices()[0].platform
+    with open(args.out, "w", encoding="utf-8") as fh:
+        for path, stages, overrides in VARIANTS:
+            cfg = load_config(path, overrides)
+            if device is not None:  # resolve attention=auto as the GPU would
+                attention = attention_implementation(cfg.model, "gpu")
+                cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention))
+            for i in stages:
+                start = time.perf_counter()
+                mem = compile_stage(cfg, cfg.curriculum[i], device=device).memory_analysis()
+                peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+                        + mem.temp_size_in_bytes)
+                row = {"config": path, "stage": i, "overrides": overrides, "platform": platform,
+                       "target": args.target, "peak_bytes": int(peak), "temp_bytes": int(mem.temp_size_in_bytes),
+                       "cfg": to_dict(cfg), "compile_s": round(time.perf_counter() - start, 1)}
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+                print(f"{path:<36}{i:>3} {' '.join(overrides):<70}{peak / 1e9:>9.3f} GB {row['compile_s']:>6} s",
+                      flush=True)
+
+
+def _load(path: str):
+    from yxanul_jax.config import Config, from_dict
+
+    rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+    return [(r, from_dict(Config, r["cfg"])) for r in rows]
+
+
+def fit(args) -> None:
+    import numpy as np
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        raise SystemExit("the fit needs scipy: pip install scipy")
+
+    from yxanul_jax import memory
+
+    rows = _load(args.rows)
+    base = memory.GPU_CALIBRATION if args.platform == "gpu" else memory.CALIBRATION
+    names = [f.name for f in dataclasses.fields(base) if f.name not in args.fixed]
+
+    def errors(x):
+        cal = dataclasses.replace(base, **dict(zip(names, x)))
+        return np.array([memory.estimate_stage(cfg, cfg.curriculum[r["stage"]], args.platform, cal=cal)["bytes_total"]
+                         / r["peak_bytes"] - 1.0 for r, cfg in rows])
+
+    x0 = np.array([getattr(base, n) for n in names])
+    res = least_squares(errors, x0, loss="soft_l1", f_scale=0.05, bounds=(0.0, np.inf))
+    fitted = dataclasses.replace(base, **{n: round(float(v), 3) for n, v in zip(names, res.x)})
+    before, after = errors(x0), np.array([memory.estimate_stage(cfg, cfg.curriculum[r["stage"]], args.platform,
+                                                                cal=fitted)["bytes_total"] / r["peak_bytes"] - 1
+                                          for r, cfg in rows])
+    print(f"{'config':<34}{'stage':>6} {'overrides':<60}{'XLA GB':>9}{'before':>9}{'after':>9}")
+    for (r, _), b, a in zip(rows, before, after):
+        print(f"{r['config'].split('/')[-1]:<34}{r['stage']:>6} {' '.join(r['overrides'])[:60]:<60}"
+              f"{r['peak_bytes'] / 1e9:>9.3f}{100 * b:>+8.1f}%{100 * a:>+8.1f}%")
+    print(f"largest |error| before {100 * np.abs(before).max():.1f} %, after {100 * np.abs(after).max():.1f} % "
+          f"(RMS {100 * np.sqrt(np.mean(after ** 2)):.1f} %) over {len(rows)} rows")
+    print(json.dumps({"platform": args.platform, "calibration": dataclasses.asdict(fitted),
+                      "max_abs_error": round(float(np.abs(after).max()), 4)}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="compile the variants and record XLA's peak")
+    c.add_argument("--target", default=None, help="h100 / h200: compile for that GPU (gpu-check venv)")
+    c.add_argument("--out", required=True)
+    f = sub.add_parser("fit", help="fit the coefficients to recorded rows")
+    f.add_argument("rows")
+    f.add_argument("--platform", choices=["gpu", "cpu"], required=True)
+    f.add_argument("--fixed", action="append", default=["cpu_scan_none"], help="coefficients kept as they are")
+    args = p.parse_args()
+    collect(args) if args.cmd == "collect" else fit(args)
+
+
+if __name__ == "__main__":
+    main()
