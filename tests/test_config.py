@@ -37,6 +37,11 @@ def test_dotted_overrides_types_and_lists():
     assert cfg.curriculum[1].batch_size == 4 and cfg.curriculum[0].batch_size == Config().curriculum[0].batch_size
     assert cfg.eval.domains == {"code": "/x"}
     assert apply_overrides(Config(), ["optim.lr=1"]).optim.lr == 1.0  # int accepted for float
+    xla = apply_overrides(Config(), ["train.xla_options.xla_gpu_enable_triton_gemm=false",
+                                     "train.xla_options.xla_gpu_autotune_level=0"]).train.xla_options
+    assert xla == {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}  # typed, for .compile()
+    padded = apply_overrides(Config(), ["model.vocab_size=200005", "model.vocab_pad_to=128"]).model
+    assert padded.padded_vocab == 200064 and padded.vocab_padding_params == 59 * padded.embed_rank
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -51,6 +56,8 @@ def test_dotted_overrides_types_and_lists():
     ("curriculum.0.seq_len=99999", "curriculum.0.seq_len"),
     ("fp8.targets=[q,kk]", "fp8.targets.1"),
     ("optim.lr=-1", "optim.lr"),
+    ("model.vocab_pad_to=0", "model.vocab_pad_to"),
+    ("fp8.scaling=later", "fp8.scaling' must be one of"),
     ("model.d_model", "key.sub=value"),
 ])
 def test_bad_overrides_name_the_key(override, needle):

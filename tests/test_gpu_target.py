@@ -99,6 +99,7 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
     assert g["fp8_expected"]["total"] == g["fp8_found"] == 84 and g["fp8_lost"] == []
     assert g["cudnn_attention"] == {"forward": 4, "backward": 4}
     assert g["fp8_values_in_hlo"] and on["memory"]["peak_bytes"] > 0
+    assert abs(on["planner_bytes"] / on["memory"]["peak_bytes"] - 1) < 0.10  # the `gpu` plan, fitted to sm_90
     off = _inspect("--config", "configs/tiny.yaml", "--disable-fp8", "--require", "fp8-expected")
     assert off["gpu"]["fp8_found"] == 0 and not off["gpu"]["fp8_values_in_hlo"]
     cublas = _inspect("--config", "configs/tiny.yaml", "--xla-option", "xla_gpu_enable_triton_gemm=false")
@@ -122,3 +123,4 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage):
     g = r["gpu"]
     # 28 scanned layers x (7 forward + 6 recomputed (remat full; `down` is not) + 7 input + 7 weight gradients)
     assert g["fp8_found"] == g["fp8_expected"]["total"] == 28 * 27 and g["fp8_lost"] == []
+    assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10  # what `plan` tells a user, within 10 %

@@ -193,3 +193,12 @@ def test_gpu_names_sizes_and_mistakes(capsys, monkeypatch):
     assert err.startswith("error: unknown GPU 'rtx4900'") and len(err.splitlines()) == 1
     assert plan.main(["--config", TINY, "--headroom", "1.5"]) == 2
     assert "--headroom" in capsys.readouterr().err
+
+
+def test_plan_counts_padded_vocabulary_rows_apart():
+    cfg = load_config(Y197)
+    p = plan.build_plan(cfg, suggest=False)
+    assert p["params_total"] == 196_398_464 == memory.param_count(cfg)  # the model's parameters
+    assert p["params_allocated"] - p["params_total"] == (200_064 - 200_005) * 128  # padded rows: allocated only
+    assert p["vocab"] == {"size": 200_005, "padded": 200_064}
+    assert memory.state_bytes(cfg)["weights"] == 4 * p["params_allocated"]

@@ -184,3 +184,7 @@ def test_profile_trace_and_hlo_dump_for_requested_steps(env, tmp_path):
     assert traces and traces[0].stat().st_size > 0
     hlo = (run / "hlo" / "stage_0.txt").read_text()
     assert "ENTRY" in hlo and "f8e4m3fn" in hlo
+    # delayed FP8 scaling: the fresh run's step 0 ran once with current scaling, compiled on its own
+    assert "f8e4m3fn" in (run / "hlo" / "stage_0_fp8_bootstrap.txt").read_text()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["fp8_nonfinite"] == 0 for r in rows if "loss" in r)
