@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from yxanul_jax.config import load_config
-from yxanul_jax.monitor import flops_per_token, mfu, peak_flops_per_device
+from yxanul_jax.accounting import flops_per_token
+from yxanul_jax.monitor import mfu, peak_flops_per_device
 from yxanul_jax.stages import compile_stage
 from yxanul_jax.steps import init_train_state
 

@@ -4,7 +4,7 @@
 # plugin of the installed jaxlib and cuDNN's library (the `gpu-check` extra, ~3 GB, no GPU needed).
 #
 #   bash scripts/gpu_check_env.sh [VENV]            # default .venv-gpu-check in the repository root
-#   .venv-gpu-check/bin/python -m yxanul_jax.inspect --config configs/tiny.yaml --target h100
+#   .venv-gpu-check/bin/python -m yxanul_jax.analyze --config configs/tiny.yaml --target h100
 #
 # Why a separate venv: once the CUDA plugin is importable, every `import jax` on a machine without
 # a driver prints three "Could not find cuda drivers" log lines from the plugin's library, which

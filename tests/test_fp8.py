@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from yxanul_jax import accounting
 from yxanul_jax import fp8 as F
-from yxanul_jax.config import FP8Config
+from yxanul_jax.config import Config, FP8Config
 from yxanul_jax.errors import UserError
 from yxanul_jax.model import Yxanul, init_variables
 
@@ -115,7 +116,10 @@ def test_targets_select_layers_and_head_option():
     assert "head_gemm" not in only_mlp["fp8_meta"]
     with_head = init_variables(m, FP8Config(targets=("q", "head"), amax_history_len=2), jax.random.key(0))
     assert "head_gemm" in with_head["fp8_meta"]
-    assert F.count_fp8_layers(with_head["fp8_meta"]) == 3 * (m.n_layers + 1)
+    scales = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(with_head["fp8_meta"])
+              if getattr(path[-1], "key", None) == "scale"]
+    cfg = dataclasses.replace(Config(), model=m, fp8=FP8Config(targets=("q", "head"), amax_history_len=2))
+    assert len(scales) == 3 * (m.n_layers + 1) == 3 * accounting.fp8_gemm_count(cfg)
     assert "fp8_meta" not in init_variables(m, FP8Config(enabled=False), jax.random.key(0))
 
 
@@ -193,4 +197,4 @@ def test_unaligned_targets_stay_bf16_with_one_warning():
     layer = v["fp8_meta"]["layer_0"]
     assert set(layer["mlp"]) == set() if "mlp" in layer else True
     assert set(layer["attn"]) == {"q", "k", "v", "o"}
-    assert [t for t, _, _ in F.fp8_gemms(m, FP8Config())] == ["q", "k", "v", "o"]
+    assert [t for t, _, _ in accounting.fp8_gemms(m, FP8Config())] == ["q", "k", "v", "o"]

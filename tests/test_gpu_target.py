@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from yxanul_jax import gpu_target
-from yxanul_jax import inspect as insp
+from yxanul_jax import analyze as insp
 from yxanul_jax.errors import UserError
 
 from conftest import REPO
@@ -30,7 +30,7 @@ def _gpu_python() -> str:
 
 def _inspect(*args: str, expect_rc: int = 0) -> dict:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([_gpu_python(), "-m", "yxanul_jax.inspect", "--target", "h100", "--json", *args],
+    proc = subprocess.run([_gpu_python(), "-m", "yxanul_jax.analyze", "--target", "h100", "--json", *args],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -52,7 +52,7 @@ def test_missing_plugin_is_one_line_naming_the_fix():
         pass
     else:
         pytest.skip("the CUDA plugin is importable in this environment; the missing-plugin path cannot run")
-    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.inspect", "--target", "h100"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.analyze", "--target", "h100"], capture_output=True,
                           text=True, cwd=REPO, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr

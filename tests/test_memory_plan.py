@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
+from yxanul_jax import accounting
 from yxanul_jax import memory, plan
 from yxanul_jax.config import StageConfig, load_config
 from yxanul_jax.errors import UserError
@@ -35,10 +36,10 @@ def _size(tree) -> int:
 def test_state_bytes_and_param_count_are_exact(path, overrides):
     cfg = load_config(path, overrides)
     state = abstract_train_state(cfg)
-    assert memory.state_bytes(cfg) == {"weights": _size(state["params"]), "optimizer": _size(state["opt_state"]),
+    assert accounting.state_bytes(cfg) == {"weights": _size(state["params"]), "optimizer": _size(state["opt_state"]),
                                        "fp8_state": _size(state["fp8"]),
                                        "misc_state": _size(state["step"]) + _size(state["rng"])}
-    assert memory.param_count(cfg) == plan.build_plan(cfg, suggest=False)["params_total"]
+    assert accounting.param_count(cfg) == plan.build_plan(cfg, suggest=False)["params_total"]
 
 
 _ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "u32": 4, "bool": 1, "f8_e4m3fn": 1, "f8_e5m2": 1, "i8": 1}
@@ -93,7 +94,7 @@ def test_planner_agrees_with_xla_compiled_memory_within_15_percent(path, overrid
     est = memory.estimate_stage(cfg, stage, platform="cpu")
     assert abs(est["bytes_total"] - xla) / xla < 0.15, (est["bytes_total"] / 1e6, xla / 1e6)
     # The parts that are exact are exact: XLA's arguments are the state plus the batch.
-    state = memory.state_bytes(cfg)
+    state = accounting.state_bytes(cfg)
     assert mem.argument_size_in_bytes == sum(state.values()) + est["batch"]
 
 
@@ -170,7 +171,7 @@ def test_gtx1650_suggestion_for_the_seeds_32k_vocab_model_plans_as_fitting(tmp_p
                              "model.embed_rank=0", "model.max_position=512"])
     cfg = dataclasses.replace(cfg, curriculum=(StageConfig(seq_len=512, batch_size=16),))
     suggested = _check_suggestion_fits(cfg, "gtx1650", tmp_path)
-    assert memory.param_count(suggested) < memory.param_count(cfg)
+    assert accounting.param_count(suggested) < accounting.param_count(cfg)
 
 
 def test_a_config_that_only_needs_smaller_batches_keeps_its_model(tmp_path):
@@ -198,7 +199,7 @@ def test_gpu_names_sizes_and_mistakes(capsys, monkeypatch):
 def test_plan_counts_padded_vocabulary_rows_apart():
     cfg = load_config(Y197)
     p = plan.build_plan(cfg, suggest=False)
-    assert p["params_total"] == 196_398_464 == memory.param_count(cfg)  # the model's parameters
+    assert p["params_total"] == 196_398_464 == accounting.param_count(cfg)  # the model's parameters
     assert p["params_allocated"] - p["params_total"] == (200_064 - 200_005) * 128  # padded rows: allocated only
     assert p["vocab"] == {"size": 200_005, "padded": 200_064}
-    assert memory.state_bytes(cfg)["weights"] == 4 * p["params_allocated"]
+    assert accounting.state_bytes(cfg)["weights"] == 4 * p["params_allocated"]

@@ -16,7 +16,8 @@ from tensorboardX.proto import event_pb2
 
 from yxanul_jax.config import Config, ModelConfig, from_dict, load_config
 from yxanul_jax.errors import UserError
-from yxanul_jax.monitor import (MetricsWriter, Progress, flops_per_token, mfu, peak_flops_per_device,
+from yxanul_jax.accounting import flops_per_token
+from yxanul_jax.monitor import (MetricsWriter, Progress, mfu, peak_flops_per_device,
                                 prepare_run_dir, run_header)
 
 

@@ -9,8 +9,11 @@ COMMANDS = {
     "train": "train (or --eval-only) a model",
     "tokenizer": "train a BPE tokenizer or measure characters per token",
     "prepare": "tokenize a corpus into shards with a manifest",
-    "inspect": "cost, memory and FP8 analysis of a compiled train step",
+    "analyze": "cost, memory and GEMM analysis of a compiled train step, here or for an H100 (--target)",
 }
+
+# `inspect` shadowed the standard library's module when a file of the package ran as a script.
+RENAMED = {"inspect": "analyze"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<10} {text}")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    if name in RENAMED:
+        print(f"error: command '{name}' is now '{RENAMED[name]}'; run 'yxanul {RENAMED[name]} ...'", file=sys.stderr)
+        return 2
     if name not in COMMANDS:
         import difflib
 

@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from yxanul_jax.errors import UserError
+from yxanul_jax.errors import UserError, one_line
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
 
@@ -551,8 +551,7 @@ def read_yaml(path: str) -> dict:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"config file '{path}' is not valid YAML: {first}")
+        raise UserError(f"config file '{path}' is not valid YAML: {one_line(e)}")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -21,6 +21,12 @@ class UserError(Exception):
         super().__init__(" ".join(str(message).split()))  # always one line
 
 
+def one_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type name when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def cli_entry(main: F) -> F:
     """Decorate a ``main(argv) -> int`` so that a UserError prints one line and exits 2."""
 

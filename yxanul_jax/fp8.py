@@ -10,7 +10,7 @@ accumulation, and the product of the two scales multiplies the output:
 
 XLA's GPU GEMM rewriter turns each of these into one cuBLASLt FP8 GEMM on Hopper with the scales
 fused, with its default flags (the dequantize-then-dot form was claimed by the Triton GEMM
-rewriter first and lost FP8 altogether: `python -m yxanul_jax.inspect --target h100` shows which
+rewriter first and lost FP8 altogether: `python -m yxanul_jax.analyze --target h100` shows which
 kind every GEMM compiles to). On CPU the same graph runs as emulation, which the tests check.
 
 Scaling (`FP8Config.scaling`):
@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from yxanul_jax.errors import UserError
+from yxanul_jax.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
@@ -66,20 +66,6 @@ def fp8_max(dtype) -> float:
 def gemm_aligned(*dims: int) -> bool:
     """Whether a GEMM with these (static) dimensions can run as an FP8 tensor-core GEMM."""
     return all(int(d) % GEMM_ALIGN == 0 for d in dims)
-
-
-def fp8_gemms(model, fp8) -> list[tuple[str, int, int]]:
-    """(target, I, O) of every GEMM the `xla` backend runs in FP8, per layer then the head: the
-    configured targets whose kernel [I, O] is `gemm_aligned` (the model's own rule, see
-    `model.Matmul`). One entry per layer GEMM (not multiplied by n_layers); the head last."""
-    if not fp8.active:
-        return []
-    D, F, K = model.d_model, model.ffn_dim, model.resolved_head_dim
-    H, G = model.n_heads * K, model.n_kv_heads * K
-    head_in = model.d_model if model.head == "untied" or not model.embed_rank else model.embed_rank
-    shapes = {"q": (D, H), "k": (D, G), "v": (D, G), "o": (H, D), "gate": (D, F), "up": (D, F), "down": (F, D),
-              "head": (head_in, model.padded_vocab)}
-    return [(t, *shapes[t]) for t in shapes if t in fp8.targets and gemm_aligned(*shapes[t])]
 
 
 _WARNED: set = set()
@@ -218,9 +204,8 @@ def import_te():
         import transformer_engine.jax.flax as te_flax
         from transformer_engine.common import recipe
     except (ImportError, RuntimeError, OSError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"fp8.backend=te needs Transformer Engine JAX on a CUDA machine ({type(e).__name__}: "
-                        f"{first}); install yxanul-jax[te] in a CUDA container, or use fp8.backend=xla")
+                        f"{one_line(e)}); install yxanul-jax[te] in a CUDA container, or use fp8.backend=xla")
     return te, te_flax, recipe
 
 
@@ -254,16 +239,6 @@ def split_state(variables: dict) -> tuple[dict, dict]:
 def merge_fp8_max(a, b):
     """Element-wise max of two FP8 states (micro-batches, devices): the safe, larger amax wins."""
     return jax.tree_util.tree_map(jnp.maximum, a, b)
-
-
-def count_fp8_layers(fp8_state: dict) -> int:
-    """Number of FP8 operand states (three per FP8 dense layer; scanned layers count each layer)."""
-    leaves = jax.tree_util.tree_leaves_with_path(fp8_state)
-    n = 0
-    for path, leaf in leaves:
-        if getattr(path[-1], "key", None) == "scale":
-            n += max(1, int(leaf.size))
-    return n
 
 
 def nonfinite_total(fp8_state: dict) -> jax.Array:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from yxanul_jax.errors import UserError
+from yxanul_jax.errors import UserError, one_line
 
 INSTALL_HINT = "bash scripts/gpu_check_env.sh (a venv with the gpu-check extra) and run it with .venv-gpu-check/bin/python"
 
@@ -154,12 +154,11 @@ def compile_device(target: str = "h100"):
     try:
         topo = topologies.get_topology_desc(platform="cuda", target_config=spec, topology="1x1x1")
     except NotImplementedError as e:  # the plugin is not of this jaxlib, or backends started without it
-        raise UserError(f"--target {target}: {str(e).splitlines()[0]} (the CUDA plugin must match jaxlib "
+        raise UserError(f"--target {target}: {one_line(e)} (the CUDA plugin must match jaxlib "
                         f"{jax.__version__}, and the compile device must be made before JAX starts its backends); "
                         f"install it with {INSTALL_HINT}")
     except Exception as e:  # a spec file this jaxlib cannot parse
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"--target {target}: XLA rejected the GPU target spec ({first[:200]}); "
+        raise UserError(f"--target {target}: XLA rejected the GPU target spec ({one_line(e)[:200]}); "
                         "pass h100, h200 or a GpuTargetConfigProto text file this jaxlib can parse")
     return topo.devices[0]
 

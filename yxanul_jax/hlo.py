@@ -12,7 +12,7 @@ every GEMM (a `dot`, or a cuBLAS GEMM custom call) with
   * target: the model projection it belongs to (q, k, v, o, gate, up, down, head), read from
     the op_name metadata jax attaches, and phase: `backward` when that op_name is a transpose (VJP).
 
-`count_dots` sums them by precision, as `python -m yxanul_jax.inspect` reports.
+`count_dots` sums them by precision, as `python -m yxanul_jax.analyze` reports.
 """
 from __future__ import annotations
 

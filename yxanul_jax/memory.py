@@ -77,7 +77,7 @@ from typing import Literal
 
 from yxanul_jax.config import Config, StageConfig
 from yxanul_jax.errors import UserError
-from yxanul_jax.fp8 import fp8_gemms
+from yxanul_jax.accounting import fp8_gemms, param_count, state_bytes, vocab_matrix_elements
 from yxanul_jax.model import attention_implementation
 
 Platform = Literal["gpu", "cpu"]
@@ -190,22 +190,6 @@ def _fp8_targets(cfg: Config) -> set[str]:
     return {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
 
 
-def layer_params(cfg: Config) -> int:
-    """Parameters of one transformer block (GEMM kernels and the two norm scales)."""
-    m = cfg.model
-    D, F, K = m.d_model, m.ffn_dim, m.resolved_head_dim
-    return D * m.n_heads * K * 2 + D * m.n_kv_heads * K * 2 + 3 * D * F + 2 * D
-
-
-def vocab_matrix_elements(cfg: Config) -> int:
-    """Elements of vocabulary-sized parameter matrices (embedding table, untied head)."""
-    m = cfg.model
-    n = m.padded_vocab * (m.embed_rank or m.d_model)
-    if m.head == "untied":
-        n += m.padded_vocab * m.d_model
-    return n
-
-
 def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes: int | None = None,
                           act_bytes: int | None = None, flash: bool = False, cal: "Calibration | None" = None) -> float:
     """Bytes one layer keeps for the backward pass per token (module docstring: `s`).
@@ -236,42 +220,6 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
 
 # --------------------------------------------------------------------------------------------
 # The estimate
-
-
-def param_count(cfg: Config) -> int:
-    """Parameters of the model, from its shapes (equal to `model.param_breakdown`; tested). Padded
-    vocabulary rows are not parameters (`allocated_param_count` includes them)."""
-    m = cfg.model
-    V, D, R = m.vocab_size, m.d_model, m.embed_rank
-    n = m.n_layers * layer_params(cfg) + D  # blocks and the final norm
-    n += V * R + R * D if R else V * D
-    if m.head == "factorized":
-        n += D * R
-    elif m.head == "untied":
-        n += D * V
-    return n
-
-
-def allocated_param_count(cfg: Config) -> int:
-    """Float32 values of the parameter tree: the parameters plus the padded vocabulary rows."""
-    return param_count(cfg) + cfg.model.vocab_padding_params
-
-
-def fp8_gemm_count(cfg: Config) -> int:
-    """GEMMs that run in FP8 with the xla backend (each keeps 3 operand states)."""
-    if not cfg.fp8.active or cfg.fp8.backend != "xla":
-        return 0
-    gemms = fp8_gemms(cfg.model, cfg.fp8)
-    return cfg.model.n_layers * sum(t != "head" for t, _, _ in gemms) + sum(t == "head" for t, _, _ in gemms)
-
-
-def state_bytes(cfg: Config) -> dict[str, int]:
-    """Bytes of the train state by part (equal to `steps.abstract_train_state`; tested)."""
-    P = allocated_param_count(cfg)
-    # FP8 state per operand: amax history, scale, non-finite counter (float32).
-    return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
-            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 2) * 4,
-            "misc_state": 4 + 8}  # step (int32) and rng (uint32[2])
 
 
 def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", remat: str | None = None,

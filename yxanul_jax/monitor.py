@@ -27,7 +27,7 @@ from typing import Any, Callable, TextIO
 
 import yaml
 
-from yxanul_jax.config import Config, ModelConfig, to_yaml
+from yxanul_jax.config import Config, to_yaml
 from yxanul_jax.errors import UserError
 
 CONFIG_FILE = "config.yaml"
@@ -352,37 +352,6 @@ class Progress:
 
 # --------------------------------------------------------------------------------------------
 # FLOPs and MFU
-
-
-def matmul_params(m: ModelConfig) -> int:
-    """Parameters that take part in a matmul for every token (what 6N counts).
-
-    Per layer: q (d x H*K), k and v (d x KV*K each), o (H*K x d), SwiGLU gate/up/down (3 x d x ffn).
-    The factorized input embedding's r -> d projection is a matmul on every token and counts;
-    the row lookup (vocab x r or vocab x d) does not. The output head is d -> vocab, or
-    d -> r -> vocab when it goes through the rank-r factors (tied with embed_rank > 0, factorized).
-    """
-    d, k = m.d_model, m.resolved_head_dim
-    attn = d * m.n_heads * k + 2 * d * m.n_kv_heads * k + m.n_heads * k * d
-    mlp = 3 * d * m.ffn_dim
-    embed_proj = m.embed_rank * d
-    if m.head == "untied" or not m.embed_rank:
-        head = d * m.vocab_size
-    else:
-        head = d * m.embed_rank + m.embed_rank * m.vocab_size
-    return m.n_layers * (attn + mlp) + embed_proj + head
-
-
-def flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward): 6 * matmul_params + attention.
-
-    Attention scores and values cost 2 matmuls of seq_len x head_dim per head and token, i.e.
-    12 * n_layers * n_heads * head_dim * seq_len with the backward pass. The causal mask is counted
-    as full attention, as PaLM and nanoGPT do, so MFU is comparable with theirs (flash attention
-    actually skips about half of it).
-    """
-    m = model_cfg
-    return 6.0 * matmul_params(m) + 12.0 * m.n_layers * m.n_heads * m.resolved_head_dim * seq_len
 
 
 # Dense BF16 tensor-core peaks (no sparsity), matched in order against jax's device_kind.

@@ -21,7 +21,7 @@ import sys
 
 import yaml
 
-from yxanul_jax import memory
+from yxanul_jax import accounting, memory
 from yxanul_jax.config import Config, StageConfig, add_config_args, config_from_args, to_dict
 from yxanul_jax.errors import cli_entry
 from yxanul_jax.model import COMPONENTS, abstract_variables, param_breakdown
@@ -72,13 +72,13 @@ def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True)
     variables = abstract_variables(dataclasses.replace(cfg.model, attention="xla"), cfg.fp8)
     by_component = param_breakdown(variables["params"], cfg.model)
     total = sum(by_component.values())
-    state = memory.state_bytes(cfg)
+    state = accounting.state_bytes(cfg)
     stages = [_stage_report(cfg, i, s, gpu, state) for i, s in enumerate(cfg.curriculum)]
     plan = {
         "model": cfg.model.name,
         "params_total": total,
         "params_by_component": by_component,
-        "params_allocated": memory.allocated_param_count(cfg),
+        "params_allocated": accounting.allocated_param_count(cfg),
         "vocab": {"size": cfg.model.vocab_size, "padded": cfg.model.padded_vocab},
         "fp8_state_values": fp8_state_count(variables),
         "platform": "gpu",
@@ -95,8 +95,8 @@ def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True)
         new, notes, ok = memory.suggest_config(cfg, gpu.budget_bytes, tag=re.sub(r"[^a-z0-9]+", "", gpu.name.lower()))
         plan["suggestion"] = {"fits": ok, "changes": notes, "yaml": yaml.safe_dump(sparse_config_dict(new),
                                                                                     sort_keys=False),
-                              "params_total": memory.param_count(new),
-                              "stages": [_stage_report(new, i, s, gpu, memory.state_bytes(new))["bytes_total"]
+                              "params_total": accounting.param_count(new),
+                              "stages": [_stage_report(new, i, s, gpu, accounting.state_bytes(new))["bytes_total"]
                                          for i, s in enumerate(new.curriculum)]}
     return plan
 

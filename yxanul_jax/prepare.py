@@ -34,12 +34,12 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from yxanul_jax.data import FORMAT
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.sources import DocumentSource
 from yxanul_jax.tokenizer import (LoadedTokenizer, add_source_args, load_tokenizer, source_from_args,
                                   staged_dir, warn_replaced)
 
-FORMAT = "yxanul-tokens"
 VERSION = 1
 SHARD_TOKENS = 1 << 25  # 32 Mi tokens (128 MiB as uint32) per shard file
 SPLITS = ("train", "val")

@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from yxanul_jax.errors import UserError
+from yxanul_jax.errors import UserError, one_line
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".txt", ".txt.gz")
 _REPLACEMENT_UTF8 = "\ufffd".encode()
@@ -158,7 +158,7 @@ class DocumentSource:
                 try:
                     schema = pq.read_schema(p)
                 except (pa.ArrowException, OSError) as e:
-                    raise UserError(f"input '{p}' is not a readable parquet file ({_first_line(e)})")
+                    raise UserError(f"input '{p}' is not a readable parquet file ({one_line(e)})")
                 self._check_columns(p, schema.names)
                 if self.fields is None:
                     tp = schema.field(self.text_column).type
@@ -279,7 +279,7 @@ class DocumentSource:
                     if limit is not None and seen >= limit:
                         return
         except (OSError, EOFError) as e:  # e.g. a truncated or non-gzip .gz file
-            raise UserError(f"input '{path}' cannot be read ({_first_line(e)}); check the file")
+            raise UserError(f"input '{path}' cannot be read ({one_line(e)}); check the file")
 
     def _txt(self, path: Path) -> Iterator[str]:
         opener = gzip.open if path.name.lower().endswith(".gz") else open
@@ -295,11 +295,6 @@ class DocumentSource:
                         continue
                     lines.append(line)
         except (OSError, EOFError) as e:
-            raise UserError(f"input '{path}' cannot be read ({_first_line(e)}); check the file")
+            raise UserError(f"input '{path}' cannot be read ({one_line(e)}); check the file")
         if lines:
             yield "".join(lines)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -30,7 +30,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
-from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.errors import UserError, cli_entry, one_line
 from yxanul_jax.sources import DocumentSource, unescape_template
 
 # The stage-2 pre-tokenizer regex of SuperBPE (scripts/extend_tokenizer.sh in PythonNut/superbpe).
@@ -136,7 +136,7 @@ def _load_vocab_merges(folder: Path, superbpe: bool | None) -> LoadedTokenizer:
     try:
         tok = Tokenizer(BPE.from_file(str(vocab_path), str(merges_path)))
     except Exception as e:  # the Rust library raises plain Exception for malformed files
-        raise UserError(f"tokenizer files '{vocab_path}' + '{merges_path}' do not parse ({_first(e)}); "
+        raise UserError(f"tokenizer files '{vocab_path}' + '{merges_path}' do not parse ({one_line(e)}); "
                         "pass a valid vocab.json and merges.txt")
     use_superbpe = superword_fraction(vocab) > SUPERWORD_MIN_FRACTION if superbpe is None else superbpe
     tok.pre_tokenizer = superbpe_pre_tokenizer() if use_superbpe else pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -182,7 +182,7 @@ def load_tokenizer(path: str | os.PathLike, *, superbpe: bool | None = None) -> 
     try:
         tok = Tokenizer.from_file(str(p))
     except Exception as e:
-        raise UserError(f"tokenizer file '{p}' does not parse ({_first(e)}); pass a valid tokenizer.json")
+        raise UserError(f"tokenizer file '{p}' does not parse ({one_line(e)}); pass a valid tokenizer.json")
     if superbpe is True:
         tok.pre_tokenizer = superbpe_pre_tokenizer()
     elif superbpe is False and _is_superbpe(tok):
@@ -195,11 +195,6 @@ def load_tokenizer(path: str | os.PathLike, *, superbpe: bool | None = None) -> 
 def _is_superbpe(tok: Tokenizer) -> bool:
     pre = tok.pre_tokenizer
     return pre is not None and json.dumps(SUPERBPE_REGEX)[1:-1] in pre.__getstate__().decode()
-
-
-def _first(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
 from yxanul_jax.data import PreparedDataset, make_train_stream, open_dataset
 from yxanul_jax.errors import cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
-from yxanul_jax.monitor import (MetricsWriter, Progress, flops_per_token, mfu, peak_flops_per_device,
+from yxanul_jax.accounting import flops_per_token
+from yxanul_jax.monitor import (MetricsWriter, Progress, mfu, peak_flops_per_device,
                                 prepare_run_dir, run_header)
 from yxanul_jax import sharding as sh
 from yxanul_jax.stages import StageCompiler, enable_compilation_cache, stage_index

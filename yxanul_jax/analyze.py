@@ -1,6 +1,6 @@
-"""`python -m yxanul_jax.inspect`: what one stage's train step compiles to, here or for an H100/H200.
+"""`python -m yxanul_jax.analyze` (`yxanul analyze`): what one stage's train step compiles to, here or for an H100/H200.
 
-    python -m yxanul_jax.inspect --config configs/tiny.yaml [--stage N] [key=value ...] [--json]
+    python -m yxanul_jax.analyze --config configs/tiny.yaml [--stage N] [key=value ...] [--json]
                                  [--hlo-out FILE] [--target h100|h200|SPEC_FILE] [--require R ...]
                                  [--xla-option K=V ...] [--disable-fp8]
 
@@ -47,31 +47,6 @@ def _cost(compiled) -> dict:
             "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
-def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
-    """FP8 GEMMs one train step of the stage should execute with the `xla` backend, by role.
-
-    Per micro-batch, each FP8 layer GEMM runs forward, input gradient and weight gradient once;
-    with `remat: full` its forward runs again in the backward pass, except `down`, whose output
-    only feeds the block's output (nothing of the block's backward needs it, so XLA drops it). The
-    head runs once per loss chunk, and its chunk is rematerialized (forward again in the backward).
-    """
-    from yxanul_jax.fp8 import fp8_gemms
-    from yxanul_jax.loss import n_chunks
-
-    stage = cfg.curriculum[stage_index]
-    a = stage.grad_accum_steps
-    gemm_list = fp8_gemms(cfg.model, cfg.fp8) if cfg.fp8.backend == "xla" else []
-    layer = [t for t, _, _ in gemm_list if t != "head"]
-    head = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk) if any(
-        t == "head" for t, _, _ in gemm_list) else 0
-    L = cfg.model.n_layers
-    recompute_layer = len([t for t in layer if t != "down"]) if cfg.model.remat == "full" else 0
-    out = {"forward": a * (L * len(layer) + head), "recompute": a * (L * recompute_layer + head),
-           "input_grad": a * (L * len(layer) + head), "weight_grad": a * (L * len(layer) + head)}
-    out["total"] = sum(out.values())
-    return out
-
-
 def _check_hlo_out(hlo_out: str | None) -> None:
     if hlo_out:  # fail before a compile that may take minutes
         folder = os.path.dirname(os.path.abspath(hlo_out))
@@ -91,7 +66,7 @@ def _memory(compiled) -> dict:
 
 def _gpu_report(cfg: Config, stage_index: int, text: str) -> dict:
     """The GPU-target part of the report: GEMM kinds, FP8 expected vs found, lost, cuDNN attention."""
-    from yxanul_jax.fp8 import fp8_gemms
+    from yxanul_jax.accounting import expected_fp8_gemms, fp8_gemms
 
     items = gemms(text)
     fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)} if cfg.fp8.backend == "xla" else set()
@@ -169,7 +144,7 @@ def format_report(r: dict) -> str:
              f"{r['grad_accum_steps']} = {r['tokens_per_step']:,} tokens/step, compiled for {r['platform']}",
              f"FP8: {'on' if r['fp8']['enabled'] else 'off'} (backend {r['fp8']['backend']}, "
              f"targets {','.join(r['fp8']['targets'])})", "",
-             *([f"cost analysis: not available (XLA's GPU cost analysis is empty in a deviceless compile)"]
+             *(["cost analysis: not available (XLA's GPU cost analysis is empty in a deviceless compile)"]
                if r["target"] else []),
              f"{'cost analysis':<34}{'value':>16}",
              f"{'FLOPs per step':<34}{c['flops']:>16.4g}",
@@ -211,7 +186,7 @@ def format_report(r: dict) -> str:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m yxanul_jax.inspect", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m yxanul_jax.analyze", description=__doc__.splitlines()[0])
     add_config_args(parser)
     parser.add_argument("--stage", type=int, default=0, help="curriculum stage to compile (default 0)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole report")

@@ -1,11 +1,11 @@
-"""`python -m yxanul_jax.inspect`: the HLO dot classifier on hand-written HLO, then the real command on
+"""`python -m yxanul_jax.analyze`: the HLO dot classifier on hand-written HLO, then the real command on
 a compiled micro model with FP8 on and off."""
 import dataclasses
 import json
 
 import pytest
 
-from yxanul_jax import inspect as insp
+from yxanul_jax import analyze as insp
 from yxanul_jax.config import FP8Config, to_yaml
 
 from conftest import micro_config
@@ -135,7 +135,7 @@ def _run(capsys, tmp_path, fp8: FP8Config, *extra):
     return json.loads(out[-1]), out[:-1]
 
 
-def test_inspect_counts_fp8_dots_on_and_none_off(capsys, tmp_path):
+def test_analyze_counts_fp8_dots_on_and_none_off(capsys, tmp_path):
     hlo = tmp_path / "step.hlo.txt"
     on, table = _run(capsys, tmp_path, FP8Config(), "--hlo-out", str(hlo))
     # micro model: 2 layers x 7 FP8 projections x 3 GEMMs (forward, dx, dw)
@@ -147,7 +147,7 @@ def test_inspect_counts_fp8_dots_on_and_none_off(capsys, tmp_path):
     assert off["dots"]["fp8"] == 0 and off["dots"]["total"] == on["dots"]["total"]
 
 
-def test_inspect_user_errors(capsys):
+def test_analyze_user_errors(capsys):
     assert insp.main(["--stage", "5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --stage 5 is out of range") and len(err.splitlines()) == 1
@@ -163,3 +163,20 @@ def test_hlo_out_unwritable_is_a_user_error(capsys, tmp_path, bad):
     assert insp.main(["--config", str(path), "curriculum.0.seq_len=8", "curriculum.0.batch_size=1",
                       "--hlo-out", bad]) == 2
     assert "--hlo-out" in capsys.readouterr().err
+
+
+def test_old_command_name_points_to_the_new_one(capsys):
+    from yxanul_jax import cli
+
+    assert cli.main(["inspect", "--config", "configs/tiny.yaml"]) == 2
+    assert "'inspect' is now 'analyze'" in capsys.readouterr().err
+
+
+def test_a_package_file_run_as_a_script_does_not_shadow_the_standard_library():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    proc = subprocess.run([sys.executable, "yxanul_jax/plan.py", "--help"], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-2000:]

@@ -1,0 +1,147 @@
+"""Counts derived from a config alone, one formula each: parameters, FLOPs, FP8 GEMMs, train-state bytes.
+
+Everything that reports one of these (plan, memory, the train loop's MFU, analyze, the benchmarks)
+calls the function here; the tests check each against the real model (parameter tree, abstract
+train state, compiled HLO).
+"""
+from __future__ import annotations
+
+from yxanul_jax.config import Config, FP8Config, ModelConfig
+from yxanul_jax.fp8 import gemm_aligned
+from yxanul_jax.loss import n_chunks
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters
+
+
+def layer_params(cfg: Config) -> int:
+    """Parameters of one transformer block (GEMM kernels and the two norm scales)."""
+    m = cfg.model
+    D, F, K = m.d_model, m.ffn_dim, m.resolved_head_dim
+    return D * m.n_heads * K * 2 + D * m.n_kv_heads * K * 2 + 3 * D * F + 2 * D
+
+
+def vocab_matrix_elements(cfg: Config) -> int:
+    """Elements of vocabulary-sized parameter matrices (embedding table, untied head)."""
+    m = cfg.model
+    n = m.padded_vocab * (m.embed_rank or m.d_model)
+    if m.head == "untied":
+        n += m.padded_vocab * m.d_model
+    return n
+
+
+def param_count(cfg: Config) -> int:
+    """Parameters of the model, from its shapes (equal to `model.param_breakdown`; tested). Padded
+    vocabulary rows are not parameters (`allocated_param_count` includes them)."""
+    m = cfg.model
+    V, D, R = m.vocab_size, m.d_model, m.embed_rank
+    n = m.n_layers * layer_params(cfg) + D  # blocks and the final norm
+    n += V * R + R * D if R else V * D
+    if m.head == "factorized":
+        n += D * R
+    elif m.head == "untied":
+        n += D * V
+    return n
+
+
+def allocated_param_count(cfg: Config) -> int:
+    """Float32 values of the parameter tree: the parameters plus the padded vocabulary rows."""
+    return param_count(cfg) + cfg.model.vocab_padding_params
+
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def matmul_params(m: ModelConfig) -> int:
+    """Parameters that take part in a matmul for every token (what 6N counts).
+
+    Per layer: q (d x H*K), k and v (d x KV*K each), o (H*K x d), SwiGLU gate/up/down (3 x d x ffn).
+    The factorized input embedding's r -> d projection is a matmul on every token and counts;
+    the row lookup (vocab x r or vocab x d) does not. The output head is d -> vocab, or
+    d -> r -> vocab when it goes through the rank-r factors (tied with embed_rank > 0, factorized).
+    """
+    d, k = m.d_model, m.resolved_head_dim
+    attn = d * m.n_heads * k + 2 * d * m.n_kv_heads * k + m.n_heads * k * d
+    mlp = 3 * d * m.ffn_dim
+    embed_proj = m.embed_rank * d
+    if m.head == "untied" or not m.embed_rank:
+        head = d * m.vocab_size
+    else:
+        head = d * m.embed_rank + m.embed_rank * m.vocab_size
+    return m.n_layers * (attn + mlp) + embed_proj + head
+
+
+def flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward): 6 * matmul_params + attention.
+
+    Attention scores and values cost 2 matmuls of seq_len x head_dim per head and token, i.e.
+    12 * n_layers * n_heads * head_dim * seq_len with the backward pass. The causal mask is counted
+    as full attention, as PaLM and nanoGPT do, so MFU is comparable with theirs (flash attention
+    actually skips about half of it).
+    """
+    m = model_cfg
+    return 6.0 * matmul_params(m) + 12.0 * m.n_layers * m.n_heads * m.resolved_head_dim * seq_len
+
+
+# --------------------------------------------------------------------------------------------
+# FP8 GEMMs
+
+
+def fp8_gemms(model: ModelConfig, fp8: FP8Config) -> list[tuple[str, int, int]]:
+    """(target, I, O) of every GEMM the `xla` backend runs in FP8, per layer then the head: the
+    configured targets whose kernel [I, O] is `gemm_aligned` (the model's own rule, see
+    `model.Matmul`). One entry per layer GEMM (not multiplied by n_layers); the head last."""
+    if not fp8.active:
+        return []
+    D, F, K = model.d_model, model.ffn_dim, model.resolved_head_dim
+    H, G = model.n_heads * K, model.n_kv_heads * K
+    head_in = model.d_model if model.head == "untied" or not model.embed_rank else model.embed_rank
+    shapes = {"q": (D, H), "k": (D, G), "v": (D, G), "o": (H, D), "gate": (D, F), "up": (D, F), "down": (F, D),
+              "head": (head_in, model.padded_vocab)}
+    return [(t, *shapes[t]) for t in shapes if t in fp8.targets and gemm_aligned(*shapes[t])]
+
+
+def fp8_gemm_count(cfg: Config) -> int:
+    """GEMMs that run in FP8 with the xla backend (each keeps 3 operand states)."""
+    if not cfg.fp8.active or cfg.fp8.backend != "xla":
+        return 0
+    gemms = fp8_gemms(cfg.model, cfg.fp8)
+    return cfg.model.n_layers * sum(t != "head" for t, _, _ in gemms) + sum(t == "head" for t, _, _ in gemms)
+
+
+def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
+    """FP8 GEMMs one train step of the stage should execute with the `xla` backend, by role.
+
+    Per micro-batch, each FP8 layer GEMM runs forward, input gradient and weight gradient once;
+    with `remat: full` its forward runs again in the backward pass, except `down`, whose output
+    only feeds the block's output (nothing of the block's backward needs it, so XLA drops it). The
+    head runs once per loss chunk, and its chunk is rematerialized (forward again in the backward).
+    """
+    stage = cfg.curriculum[stage_index]
+    a = stage.grad_accum_steps
+    gemm_list = fp8_gemms(cfg.model, cfg.fp8) if cfg.fp8.backend == "xla" else []
+    layer = [t for t, _, _ in gemm_list if t != "head"]
+    head = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk) if any(
+        t == "head" for t, _, _ in gemm_list) else 0
+    L = cfg.model.n_layers
+    recompute_layer = len([t for t in layer if t != "down"]) if cfg.model.remat == "full" else 0
+    out = {"forward": a * (L * len(layer) + head), "recompute": a * (L * recompute_layer + head),
+           "input_grad": a * (L * len(layer) + head), "weight_grad": a * (L * len(layer) + head)}
+    out["total"] = sum(out.values())
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Train state
+
+
+def state_bytes(cfg: Config) -> dict[str, int]:
+    """Bytes of the train state by part (equal to `steps.abstract_train_state`; tested)."""
+    P = allocated_param_count(cfg)
+    # FP8 state per operand: amax history, scale, non-finite counter (float32).
+    return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
+            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 2) * 4,
+            "misc_state": 4 + 8}  # step (int32) and rng (uint32[2])
