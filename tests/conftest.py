@@ -8,7 +8,13 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+import jax  # noqa: E402
+
 from yxanul_jax.config import Config, FP8Config, ModelConfig  # noqa: E402
+
+# nanodo's habit: implicit rank promotion (broadcasting a [D] against a [B, L, D] without saying so)
+# is an error in every test, so shape mistakes cannot hide behind numpy's broadcasting rules.
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

@@ -17,8 +17,8 @@ from tensorboardX.proto import event_pb2
 from yxanul_jax.config import Config, ModelConfig, from_dict, load_config
 from yxanul_jax.errors import UserError
 from yxanul_jax.accounting import flops_per_token
-from yxanul_jax.monitor import (MetricsWriter, Progress, mfu, peak_flops_per_device,
-                                prepare_run_dir, run_header)
+from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
+from yxanul_jax.rundir import prepare_run_dir
 
 
 def _cfg(*overrides: str) -> Config:

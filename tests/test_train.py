@@ -88,6 +88,23 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(env, tmp_path):
     assert got == want  # bit-exact on CPU
 
 
+def test_train_as_a_library_call_has_a_pulse(env, tmp_path, monkeypatch, capsys):
+    # levanter's "has a pulse": the library entry point, in process, FP8 on, through a stage change
+    monkeypatch.setenv("YXANUL_CACHE", env["YXANUL_CACHE"])
+    from yxanul_jax.train import train as train_fn
+
+    cfg = load_config(None, FAST + ["train.steps=8", "eval.interval=0", "checkpoint.interval=0"])
+    assert cfg.fp8.active and cfg.fp8.scaling == "delayed"
+    out = train_fn(cfg, str(tmp_path / "run"))
+    assert out["step"] == 8 and not out["interrupted"]
+    assert 0 < out["validation"]["val/mean/loss"] < np.log(512) + 1
+    text = capsys.readouterr().out
+    assert "stage 0 from step 0: seq_len 32" in text and "stage 1 from step 6: seq_len 64" in text
+    assert "config:" not in text  # the resolved config is in the run directory, not on the console
+    assert (tmp_path / "run" / "config.yaml").exists()
+    assert "s training; outside it compile waits" in text
+
+
 def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(env, tmp_path, monkeypatch):
     monkeypatch.setenv("YXANUL_CACHE", env["YXANUL_CACHE"])
     from yxanul_jax.corpus import ensure_demo_dataset

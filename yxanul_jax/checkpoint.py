@@ -33,7 +33,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 
 from yxanul_jax.config import CheckpointConfig
 from yxanul_jax.errors import UserError
-from yxanul_jax.monitor import CHECKPOINT_DIR
+from yxanul_jax.rundir import CHECKPOINT_DIR, checkpoint_steps
 
 log = logging.getLogger(__name__)
 
@@ -317,15 +317,6 @@ def tree_is_finite(tree: Any) -> bool:
     return bool(jnp.all(jnp.stack(checks))) if checks else True
 
 
-def _step_dirs(directory: str) -> list[int]:
-    """Committed Orbax step directories (`<dir>/<int>`) in `directory`, ascending."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
-
-
 def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
     """Turn `--checkpoint PATH` into `(checkpoint directory, step or None for the latest)`.
 
@@ -337,10 +328,10 @@ def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
     if not os.path.isdir(full):
         raise UserError(f"--checkpoint '{path}' does not exist; pass a checkpoint directory "
                         "(run_dir/checkpoints) or one step directory inside it")
-    if _step_dirs(full):
+    if checkpoint_steps(full):
         return full, None
     nested = os.path.join(full, CHECKPOINT_DIR)
-    if _step_dirs(nested):
+    if checkpoint_steps(nested):
         return nested, None
     name = os.path.basename(full)
     if name.isdigit():  # a step directory; restore() says so if it is damaged or uncommitted

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from yxanul_jax.errors import UserError
+from yxanul_jax.rundir import cache_root
 
 DEMO_VERSION = "demo-v1"
 MAX_BYTES = 3_000_000
@@ -57,11 +58,6 @@ def stdlib_documents(max_bytes: int = MAX_BYTES, batch: int = 64) -> Iterator[li
     for i in range(0, len(files), batch):
         texts = [p.read_text(encoding="utf-8", errors="replace") for p in files[i:i + batch]]
         yield [t for t in texts if t.strip()]
-
-
-def default_cache_root() -> Path:
-    """`$YXANUL_CACHE`, else `~/.cache/yxanul_jax`."""
-    return Path(os.environ.get("YXANUL_CACHE") or "~/.cache/yxanul_jax").expanduser()
 
 
 def _request(vocab_size: int, max_bytes: int) -> dict:
@@ -107,13 +103,13 @@ def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, ma
     entries, so a larger cap is filled with never-produced reserved entries (`pad_vocabulary`) and
     the dataset always matches `model.vocab_size`.
 
-    Default location `default_cache_root() / f"demo-v1-{vocab_size}"`. Building is atomic (temp dir,
+    Default location `cache_root() / f"demo-v1-{vocab_size}"`. Building is atomic (temp dir,
     then rename) and serialized by a lock file, so concurrent callers build it once.
     """
     from yxanul_jax.prepare import prepare_documents
     from yxanul_jax.tokenizer import pad_vocabulary, train_bpe
 
-    out = Path(cache_dir).expanduser() if cache_dir else default_cache_root() / f"{DEMO_VERSION}-{vocab_size}"
+    out = Path(cache_dir).expanduser() if cache_dir else cache_root() / f"{DEMO_VERSION}-{vocab_size}"
     if _ready(out, vocab_size):
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from yxanul_jax.corpus import default_cache_root
+from yxanul_jax.rundir import cache_root
 from yxanul_jax.data import PreparedDataset, eval_batches, open_dataset
 from yxanul_jax.errors import UserError
 
@@ -40,7 +40,7 @@ def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedD
     st = os.stat(path)
     key = json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns, template,
                       train_ds.manifest.get("tokenizer", {}).get("sha256"), train_ds.vocab_size])
-    out = default_cache_root() / "eval" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    out = cache_root() / "eval" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if not (out / "manifest.json").exists():
         source = DocumentSource([path], text_template=template) if template else DocumentSource([path])
         prepare_dataset(source, train_ds.tokenizer_path, out, val_fraction=1.0, progress=False)

@@ -32,14 +32,14 @@ def chunked_cross_entropy(logits_fn: Callable, h_NxD, targets_N, mask_N, chunk: 
     """
     n_tokens, d = h_NxD.shape
     chunk = max(1, min(chunk, n_tokens))
-    n_chunks = -(-n_tokens // chunk)
-    pad = n_chunks * chunk - n_tokens
+    count = n_chunks(n_tokens, chunk)
+    pad = count * chunk - n_tokens
     if pad:  # padded rows have mask 0 and target 0: they add nothing
         h_NxD = jnp.pad(h_NxD, ((0, pad), (0, 0)))
         targets_N = jnp.pad(targets_N, (0, pad))
         mask_N = jnp.pad(mask_N, (0, pad))
-    xs = (h_NxD.reshape(n_chunks, chunk, d), targets_N.reshape(n_chunks, chunk),
-          mask_N.astype(jnp.float32).reshape(n_chunks, chunk), per_chunk)
+    xs = (h_NxD.reshape(count, chunk, d), targets_N.reshape(count, chunk),
+          mask_N.astype(jnp.float32).reshape(count, chunk), per_chunk)
 
     @jax.checkpoint
     def body(carry, x):
@@ -53,5 +53,6 @@ def chunked_cross_entropy(logits_fn: Callable, h_NxD, targets_N, mask_N, chunk: 
 
 
 def n_chunks(n_tokens: int, chunk: int) -> int:
+    """How many chunks of at most `chunk` tokens `chunked_cross_entropy` cuts n_tokens into."""
     chunk = max(1, min(chunk, n_tokens))
     return -(-n_tokens // chunk)

@@ -48,7 +48,7 @@ class RMSNorm(nn.Module):
         scale_D = _logical_param(self, "scale", nn.initializers.ones, (x_BxLxD.shape[-1],), ("embed",))
         x32 = x_BxLxD.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y * scale_D).astype(self.dtype)
+        return (y * scale_D.reshape((1,) * (y.ndim - 1) + (-1,))).astype(self.dtype)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -257,7 +257,8 @@ class Yxanul(nn.Module):
             w_DxV = self.embedding.T
         logits = self.head_gemm(h_NxD, w_DxV).astype(jnp.float32)
         if c.padded_vocab > c.vocab_size:
-            logits = jnp.where(jnp.arange(c.padded_vocab) < c.vocab_size, logits, -jnp.inf)
+            real_V = (jnp.arange(c.padded_vocab) < c.vocab_size).reshape((1,) * (logits.ndim - 1) + (-1,))
+            logits = jnp.where(real_V, logits, -jnp.inf)
         return logits
 
     def __call__(self, tokens_BxL):

@@ -1,18 +1,9 @@
-"""Run monitoring: the run directory (resolved config, metrics.jsonl, TensorBoard, checkpoints), the
-run-log header (versions, devices, git commit, config), the live progress line, and FLOPs/MFU.
-
-Run directory layout (the names below are the only place they are spelled)::
-
-    run_dir/
-      config.yaml      resolved config, written atomically; a different config is refused
-      metrics.jsonl    one JSON object per logged step / validation
-      tb/              TensorBoard event files (same scalars as metrics.jsonl)
-      checkpoints/     Orbax checkpoints (yxanul_jax.checkpoint)
-"""
+"""Run monitoring: the metrics writer (metrics.jsonl and TensorBoard), the run-log header (versions,
+devices, git commit, config), the live progress line, and MFU. The run directory's layout is
+`yxanul_jax.rundir`'s."""
 from __future__ import annotations
 
 import collections
-import datetime
 import json
 import math
 import os
@@ -20,121 +11,13 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from importlib import metadata
 from typing import Any, Callable, TextIO
 
-import yaml
-
 from yxanul_jax.config import Config, to_yaml
 from yxanul_jax.errors import UserError
-
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tb"
-CHECKPOINT_DIR = "checkpoints"
-RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, "profile", "hlo")
-"""What `prepare_run_dir(overwrite=True)` moves aside before a fresh start."""
-
-
-# --------------------------------------------------------------------------------------------
-# Run directory
-
-
-def _atomic_write(path: str, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same directory and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _first_difference(old: Any, new: Any, key: str = "") -> tuple[str, Any, Any] | None:
-    """(dotted key, old value, new value) of the first difference between two config dicts."""
-    missing = "<absent>"
-    if isinstance(old, dict) and isinstance(new, dict):
-        for k in list(new) + [k for k in old if k not in new]:
-            here = f"{key}.{k}" if key else str(k)
-            if k not in old or k not in new:
-                return here, old.get(k, missing), new.get(k, missing)
-            found = _first_difference(old[k], new[k], here)
-            if found:
-                return found
-        return None
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        for i, (a, b) in enumerate(zip(old, new)):
-            found = _first_difference(a, b, f"{key}.{i}" if key else str(i))
-            if found:
-                return found
-        return None
-    return None if old == new else (key or "<root>", old, new)
-
-
-def _checkpoint_steps(ckpt_dir: str) -> list[int]:
-    if not os.path.isdir(ckpt_dir):
-        return []
-    return sorted(int(n) for n in os.listdir(ckpt_dir) if n.isdigit())
-
-
-def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True) -> str:
-    """Create `run_dir`, write its resolved `config.yaml`, and return its checkpoint directory.
-
-    * No config there yet: write it.
-    * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
-      with `resume=False` existing checkpoints are refused (UserError) rather than clobbered.
-    * A different config: UserError naming the first differing key, unless `overwrite`.
-    * `overwrite=True`: start over. Existing artifacts (config.yaml, metrics.jsonl, tb/,
-      checkpoints/) are moved into `run_dir/replaced-<UTC time>/`, nothing is deleted, and the
-      new config is written.
-    """
-    run_dir = os.path.abspath(os.path.expanduser(run_dir))
-    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
-        raise UserError(f"run directory '{run_dir}' is a file; pass a directory as --run-dir")
-    os.makedirs(run_dir, exist_ok=True)
-    config_path = os.path.join(run_dir, CONFIG_FILE)
-    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
-    text = to_yaml(cfg)
-
-    if overwrite:
-        present = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
-        if present:
-            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-            aside = os.path.join(run_dir, f"replaced-{stamp}")
-            n = 1
-            while os.path.exists(aside):
-                n += 1
-                aside = os.path.join(run_dir, f"replaced-{stamp}-{n}")
-            os.makedirs(aside)
-            for name in present:
-                os.replace(os.path.join(run_dir, name), os.path.join(aside, name))
-    elif os.path.exists(config_path):
-        try:
-            with open(config_path, encoding="utf-8") as fh:
-                old = yaml.safe_load(fh)
-        except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-            raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
-                            "pass a new --run-dir or overwrite=true")
-        diff = _first_difference(old, yaml.safe_load(text))
-        if diff:
-            key, was, now = diff
-            raise UserError(f"run directory '{run_dir}' holds a different config: '{key}' is {was!r} there "
-                            f"but {now!r} now; pass a new --run-dir or overwrite=true to start over")
-    steps = _checkpoint_steps(ckpt_dir)
-    if steps and not resume:
-        raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
-                        "resume from them, pass a new --run-dir, or overwrite=true to start over")
-    if not os.path.exists(config_path):
-        _atomic_write(config_path, text)
-    return ckpt_dir
-
+from yxanul_jax.rundir import METRICS_FILE, TB_DIR, atomic_write
 
 # --------------------------------------------------------------------------------------------
 # Metrics
@@ -181,7 +64,7 @@ class MetricsWriter:
         if resume_step is not None and os.path.exists(self.path):
             with open(self.path, encoding="utf-8") as fh:
                 kept = [line for line in fh if _row_step(line) is not None and _row_step(line) <= resume_step]
-            _atomic_write(self.path, "".join(kept))
+            atomic_write(self.path, "".join(kept))
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = SummaryWriter(logdir=os.path.join(run_dir, TB_DIR), flush_secs=30,
                                  purge_step=None if resume_step is None else resume_step + 1)
@@ -253,9 +136,10 @@ def gpu_driver_info() -> str | None:
     return "; ".join(rows) if out.returncode == 0 and rows else None
 
 
-def run_header(cfg: Config) -> str:
+def run_header(cfg: Config, with_config: bool = True) -> str:
     """The text every run log starts with: versions, Python, devices (and GPU driver), git commit,
-    then the resolved config YAML."""
+    the train step's XLA options, then (`with_config`) the resolved config YAML, which the train
+    command leaves to the run directory's config.yaml."""
     import jax  # deferred: initializing the backend is the caller's choice of moment
 
     dists = ("yxanul-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
@@ -270,9 +154,9 @@ def run_header(cfg: Config) -> str:
         *([f"nvidia-smi: {gpus}"] if (gpus := gpu_driver_info()) else []),
         f"git commit: {git_commit()}",
         f"xla options of the train step: {dict(cfg.train.xla_options) or 'XLA defaults'}",
-        "config:",
-        to_yaml(cfg).rstrip(),
     ]
+    if with_config:
+        lines += ["config:", to_yaml(cfg).rstrip()]
     return "\n".join(lines) + "\n"
 
 

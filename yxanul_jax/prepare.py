@@ -37,8 +37,8 @@ from tqdm import tqdm
 from yxanul_jax.data import FORMAT
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.sources import DocumentSource
-from yxanul_jax.tokenizer import (LoadedTokenizer, add_source_args, load_tokenizer, source_from_args,
-                                  staged_dir, warn_replaced)
+from yxanul_jax.tokenizer import (SUPERBPE_CHOICES, LoadedTokenizer, add_source_args, load_tokenizer,
+                                  source_from_args, staged_dir, superbpe_flag, warn_replaced)
 
 VERSION = 1
 SHARD_TOKENS = 1 << 25  # 32 Mi tokens (128 MiB as uint32) per shard file
@@ -211,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
     parser.add_argument("--workers", type=int, default=None,
                         help="encoder threads (default: all cores); set before the tokenizer is first used")
-    parser.add_argument("--superbpe", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--superbpe", choices=SUPERBPE_CHOICES, default="auto",
                         help="SuperBPE pre-tokenizer for vocab.json + merges.txt (auto: when superwords exist)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # read once, at the encoder's first use
     if not 0.0 <= args.val_fraction <= 1.0:
         raise UserError(f"--val-fraction must be in [0, 1], got {args.val_fraction}")
-    tok = load_tokenizer(args.tokenizer, superbpe={"auto": None, "on": True, "off": False}[args.superbpe])
+    tok = load_tokenizer(args.tokenizer, superbpe=superbpe_flag(args.superbpe))
     source = source_from_args(args)
     manifest = prepare_dataset(source, tok, args.output, val_fraction=args.val_fraction,
                                progress=not args.no_progress)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from yxanul_jax.config import Config, StageConfig
+from yxanul_jax.rundir import HLO_DIR, cache_root
 from yxanul_jax.steps import abstract_train_state, fp8_bootstrap_config, make_train_step
 
 
@@ -80,9 +81,9 @@ class StageCompiler:
         if not bootstrap:
             self.compile_counts[i] += 1
         if self.hlo_dir:
-            os.makedirs(os.path.join(self.hlo_dir, "hlo"), exist_ok=True)
+            os.makedirs(os.path.join(self.hlo_dir, HLO_DIR), exist_ok=True)
             name = f"stage_{i}_fp8_bootstrap.txt" if bootstrap else f"stage_{i}.txt"
-            with open(os.path.join(self.hlo_dir, "hlo", name), "w") as fh:
+            with open(os.path.join(self.hlo_dir, HLO_DIR, name), "w") as fh:
                 fh.write(compiled.as_text())
         return compiled
 
@@ -106,9 +107,8 @@ class StageCompiler:
 
 
 def enable_compilation_cache(path: str | None = None) -> str:
-    """Turn on JAX's persistent compilation cache (default ~/.cache/yxanul_jax/xla, or $YXANUL_CACHE/xla)."""
-    root = os.environ.get("YXANUL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "yxanul_jax")
-    path = path or os.path.join(root, "xla")
+    """Turn on JAX's persistent compilation cache (default `rundir.cache_root() / "xla"`)."""
+    path = path or str(cache_root() / "xla")
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

@@ -313,7 +313,11 @@ def warn_replaced(source: DocumentSource) -> None:
               f"(--bad-utf8 replace)", file=sys.stderr)
 
 
-def _superbpe_flag(value: str) -> bool | None:
+SUPERBPE_CHOICES = ("auto", "on", "off")
+
+
+def superbpe_flag(value: str) -> bool | None:
+    """The `--superbpe auto|on|off` argument as `load_tokenizer`'s `superbpe` (None: detect)."""
     return {"auto": None, "on": True, "off": False}[value]
 
 
@@ -338,7 +342,7 @@ def _cmd_train(args) -> int:
 
 
 def _cmd_stats(args) -> int:
-    tok = load_tokenizer(args.tokenizer, superbpe=_superbpe_flag(args.superbpe))
+    tok = load_tokenizer(args.tokenizer, superbpe=superbpe_flag(args.superbpe))
     source = source_from_args(args)
     result = measure(tok, source)
     warn_replaced(source)
@@ -368,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats = sub.add_parser("stats", help="documents, characters, tokens and characters per token")
     stats.add_argument("--tokenizer", required=True, help="tokenizer.json, or a directory with it or vocab.json + merges.txt")
     add_source_args(stats)
-    stats.add_argument("--superbpe", choices=("auto", "on", "off"), default="auto",
+    stats.add_argument("--superbpe", choices=SUPERBPE_CHOICES, default="auto",
                        help="SuperBPE pre-tokenizer for vocab.json + merges.txt (auto: when superwords exist)")
     stats.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)

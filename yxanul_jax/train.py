@@ -18,6 +18,7 @@ import time
 import jax
 import numpy as np
 
+from yxanul_jax import accounting
 from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
 from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
@@ -25,15 +26,17 @@ from yxanul_jax.data import PreparedDataset, make_train_stream, open_dataset
 from yxanul_jax.errors import cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
 from yxanul_jax.accounting import flops_per_token
-from yxanul_jax.monitor import (MetricsWriter, Progress, mfu, peak_flops_per_device,
-                                prepare_run_dir, run_header)
+from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
+from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, prepare_run_dir
 from yxanul_jax import sharding as sh
 from yxanul_jax.stages import StageCompiler, enable_compilation_cache, stage_index
 from yxanul_jax.steps import abstract_train_state, init_train_state, make_eval_step
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN/inf; the last good checkpoint is left as it was."""
+    """The loss became NaN/inf; the last good checkpoint (step `last_good_step`) is left as it was."""
+
+    last_good_step: int | None = None
 
 
 def parse_args(argv):
@@ -118,6 +121,7 @@ class Trainer:
                                         prefetch=cfg.data.prefetch)
         self.peak = peak_flops_per_device(jax.devices()[0])
         self.tokens = 0
+        self.times = {"compile_wait": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds outside training
 
     def meta(self, stage: int) -> dict:
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
@@ -140,11 +144,12 @@ class Trainer:
         total = cfg.train.steps
         pending = None  # metrics of the last dispatched step, fetched after the next one is queued
         last_time = time.perf_counter()
+        paused = 0.0  # seconds since last_time spent waiting for a compile, validating or saving
         stage_i = stage_index(cfg, start_step)
         self.compiler.prefetch(stage_i)
 
         def flush():
-            nonlocal pending, last_time
+            nonlocal pending, last_time, paused
             if pending is None:
                 return
             step, si, metrics = pending
@@ -152,8 +157,9 @@ class Trainer:
             m = {k: float(v) for k, v in jax.device_get(metrics).items()}
             now = time.perf_counter()
             stage = cfg.curriculum[si]
-            tps = m["step_tokens"] / max(now - last_time, 1e-9)
-            last_time = now
+            # Throughput and MFU count training only; compile waits, validation and saves are timed apart.
+            tps = m["step_tokens"] / max(now - last_time - paused, 1e-9)
+            last_time, paused = now, 0.0
             if not math.isfinite(m["loss"]):
                 raise TrainingDiverged(f"loss became {m['loss']} at step {step}")
             self.tokens += int(m["step_tokens"])
@@ -168,15 +174,23 @@ class Trainer:
         with SignalGuard() as guard:
             for step in range(start_step, total):
                 si = stage_index(cfg, step)
+                stage = cfg.curriculum[si]
                 if si != stage_i or step == start_step:
                     stage_i = si
-                    if si + 1 < len(cfg.curriculum):
+                    progress.close()
+                    print(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} x accum "
+                          f"{stage.grad_accum_steps}" + (f" ({stage.description})" if stage.description else ""),
+                          flush=True)
+                    if si + 1 < len(cfg.curriculum) and cfg.curriculum[si + 1].start_step < total:
                         self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
-                stage = cfg.curriculum[si]
+                t0 = time.perf_counter()
                 compiled = (self.compiler.first_step(si) if step == 0 else None) or self.compiler.get(si)
+                waited = time.perf_counter() - t0
+                paused += waited
+                self.times["compile_wait"] += waited
                 batch = _batch_for(self.stream, stage, self.batch_sharding)
                 if cfg.profile.start_step == step:
-                    jax.profiler.start_trace(os.path.join(self.run_dir, "profile"))
+                    jax.profiler.start_trace(os.path.join(self.run_dir, PROFILE_DIR))
                 state, metrics = compiled(state, batch)
                 flush()
                 pending = (step + 1, si, metrics)
@@ -187,11 +201,16 @@ class Trainer:
                 do_eval = cfg.eval.interval > 0 and done % cfg.eval.interval == 0 and done < total
                 if do_eval or self.ckpt.should_save(done) or guard.requested:
                     flush()
+                    t0 = time.perf_counter()
                     row = self.validate(state, done, stage.seq_len, writer) if do_eval else {}
                     if do_eval:
                         progress.close()
                         print(f"step {done} validation\n{format_eval(row)}", flush=True)
+                    t1 = time.perf_counter()
                     self.save(state, done, si, row.get("val/mean/ppl"))
+                    paused += time.perf_counter() - t0
+                    self.times["validation"] += t1 - t0
+                    self.times["checkpoint"] += time.perf_counter() - t1
                 if guard.requested:
                     progress.close()
                     self.ckpt.wait()
@@ -217,35 +236,41 @@ class _NullWriter:
         pass
 
 
-@cli_entry
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    cfg = load_run_config(args)
+def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
+          mesh=None) -> dict:
+    """Train `cfg` in `run_dir` (default `runs/<model.name>`), resuming from its checkpoints (or from
+    `checkpoint`), and return {"step", "interrupted", "validation" (the final row, or None)}.
+
+    The library form of `python -m yxanul_jax.train` (a notebook or another program calls this).
+    Raises UserError for a user mistake and TrainingDiverged when the loss becomes NaN/inf; the last
+    good checkpoint is left intact either way.
+    """
+    fp8_lib.check_backend(cfg.fp8)
     sh.maybe_initialize_distributed(cfg.mesh)
-    mesh = sh.make_mesh(cfg.mesh)
+    mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
     lead = jax.process_index() == 0
-    run_dir = args.run_dir or os.path.join("runs", cfg.model.name)
+    run_dir = run_dir or os.path.join("runs", cfg.model.name)
     ds = open_training_data(cfg)
     enable_compilation_cache()
-    if args.eval_only:
-        return eval_only(cfg, ds, run_dir, args.checkpoint, mesh)
-    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=args.overwrite) if lead else os.path.join(run_dir, "checkpoints")
+    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=overwrite) if lead else os.path.join(run_dir, CHECKPOINT_DIR)
     if lead:
-        print(run_header(cfg), flush=True)
+        print(run_header(cfg, with_config=False), flush=True)
     ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
-    state, meta, restored = restore_or_init(cfg, ckpt, args.checkpoint, mesh)
+    state, meta, restored = restore_or_init(cfg, ckpt, checkpoint, mesh)
     trainer = Trainer(cfg, ds, run_dir, ckpt, mesh)
     start = int(state["step"])
     if restored is not None:
         trainer.stream.set_state(meta["data"])
         trainer.tokens = int(meta.get("tokens", 0))
         print(f"resumed from step {restored} (stage {meta.get('stage')}, {trainer.tokens:,} tokens)", flush=True)
-    n_params = sum(int(x.size) for x in jax.tree_util.tree_leaves(state["params"]))
-    print(f"model {cfg.model.name}: {n_params:,} parameters; FP8 {cfg.fp8.backend if cfg.fp8.active else 'off'}; "
-          f"{len(cfg.curriculum)} stage(s); {cfg.train.steps} steps; mesh data={mesh.shape['data']} x "
-          f"fsdp={mesh.shape['fsdp']}; run dir {run_dir}", flush=True)
+    print(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters; data {cfg.data.train or 'demo corpus'}; "
+          f"FP8 {f'{cfg.fp8.backend} ({cfg.fp8.scaling})' if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} stage(s); "
+          f"{cfg.train.steps} steps; mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}; run dir {run_dir} "
+          f"(resolved config in {CONFIG_FILE})", flush=True)
     writer = MetricsWriter(run_dir, resume_step=start if restored is not None else None) if lead else _NullWriter()
     progress = Progress(cfg.train.steps, stream=None if lead else open(os.devnull, "w"))
+    row = None
+    started = time.perf_counter()
     try:
         state, step, interrupted = trainer.run(state, start, writer, progress)
         if not interrupted and start < cfg.train.steps:
@@ -254,22 +279,45 @@ def main(argv: list[str] | None = None) -> int:
             row = trainer.validate(state, step, cfg.curriculum[last_stage].seq_len, writer)
             _report_eval(row, step)  # every process: the values are global, so they must agree
             trainer.save(state, step, last_stage, row["val/mean/ppl"])
+        elapsed = time.perf_counter() - started
+        outside = sum(trainer.times.values())
+        print(f"time: {elapsed:.1f} s in all, {elapsed - outside:.1f} s training; outside it compile waits "
+              f"{trainer.times['compile_wait']:.1f} s, validation {trainer.times['validation']:.1f} s, checkpoints "
+              f"{trainer.times['checkpoint']:.1f} s", flush=True)
     except TrainingDiverged as e:
         progress.close()
-        print(f"error: {e}; stopping. The last good checkpoint (step {ckpt.latest_step()}) is intact; lower "
-              "optim.lr or raise the warmup, then resume from it.", file=sys.stderr)
-        return 1
+        e.last_good_step = ckpt.latest_step()
+        raise
     finally:
         ckpt.wait()
         ckpt.close()
         writer.close()
         trainer.stream.close()
+    return {"step": step, "interrupted": interrupted, "validation": row}
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = load_run_config(args)
+    if args.eval_only:
+        sh.maybe_initialize_distributed(cfg.mesh)
+        ds = open_training_data(cfg)
+        enable_compilation_cache()
+        return eval_only(cfg, ds, args.run_dir or os.path.join("runs", cfg.model.name), args.checkpoint,
+                         sh.make_mesh(cfg.mesh))
+    try:
+        train(cfg, args.run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite)
+    except TrainingDiverged as e:
+        print(f"error: {e}; stopping. The last good checkpoint (step {e.last_good_step}) is intact; lower "
+              "optim.lr or raise the warmup, then resume from it.", file=sys.stderr)
+        return 1
     return 0
 
 
 def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | None, mesh) -> int:
     """Validate a checkpoint (explicit, or the run directory's latest) on every domain."""
-    target = checkpoint or os.path.join(run_dir, "checkpoints")
+    target = checkpoint or os.path.join(run_dir, CHECKPOINT_DIR)
     directory, step = resolve_checkpoint_path(target)
     ckpt = Checkpointer(directory, cfg.checkpoint)
     try:

@@ -1,0 +1,62 @@
+"""The learning-rate schedule at its landmarks (warmup, stage boundaries with lr_scale and ramps, the end),
+WSD, weight decay on matrices only, and clipping."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from yxanul_jax.config import load_config
+from yxanul_jax.optim import clip_by_global_norm, decay_mask, lr_schedule
+
+# 100 steps, peak 1e-3, floor 1e-4, 10 warmup steps; stage 1 from step 40 at half the rate with a
+# 10-step ramp, stage 2 from step 70 at full rate and no ramp.
+BASE = ["train.steps=100", "optim.lr=1e-3", "optim.min_lr_ratio=0.1", "optim.warmup_steps=10",
+        "curriculum=[{start_step: 0}, {start_step: 40, lr_scale: 0.5, warmup_steps: 10}, {start_step: 70}]"]
+
+
+def _lr(*overrides):
+    sched = lr_schedule(load_config(None, BASE + list(overrides)))
+    return lambda step: float(sched(step))
+
+
+def _cosine(step, peak=1e-3, floor=1e-4, warm=10, total=100):
+    frac = min(max((step - warm) / (total - warm), 0.0), 1.0)
+    return floor + 0.5 * (peak - floor) * (1 + np.cos(np.pi * frac))
+
+
+def test_warmup_then_cosine_with_stage_scales_and_ramps():
+    lr = _lr()
+    assert lr(0) == pytest.approx(1e-4)  # (step + 1) / warmup of the peak: never zero
+    assert lr(9) == pytest.approx(1e-3)  # warmup ends at the peak
+    assert lr(10) == pytest.approx(_cosine(10)) == pytest.approx(1e-3)
+    assert lr(39) == pytest.approx(_cosine(39))  # stage 0 at full rate
+    assert lr(40) == pytest.approx(_cosine(40) * 0.5 * 1 / 10)  # stage 1: ramp step 1 of 10 of lr_scale 0.5
+    assert lr(49) == pytest.approx(_cosine(49) * 0.5)  # ramp done
+    assert lr(69) == pytest.approx(_cosine(69) * 0.5)
+    assert lr(70) == pytest.approx(_cosine(70))  # stage 2: lr_scale 1, no ramp
+    assert lr(99) == pytest.approx(_cosine(99), rel=1e-5)
+    assert lr(100) == pytest.approx(1e-4) and lr(1000) == pytest.approx(1e-4)  # the floor, never below
+
+
+def test_wsd_is_stable_then_decays_linearly_over_the_last_fraction():
+    lr = _lr("optim.schedule=wsd", "optim.decay_fraction=0.2", "curriculum=[{start_step: 0}]")
+    assert lr(10) == pytest.approx(1e-3) and lr(79) == pytest.approx(1e-3) and lr(80) == pytest.approx(1e-3)
+    assert lr(90) == pytest.approx(1e-3 - 0.9e-3 * 0.5)
+    assert lr(100) == pytest.approx(1e-4)
+
+
+def test_constant_schedule_after_warmup():
+    lr = _lr("optim.schedule=constant", "curriculum=[{start_step: 0}]")
+    assert lr(4) == pytest.approx(5e-4) and lr(10) == pytest.approx(1e-3) and lr(99) == pytest.approx(1e-3)
+
+
+def test_decay_only_on_matrices_and_clip_leaves_small_gradients_alone():
+    params = {"kernel": jnp.ones((4, 4)), "scale": jnp.ones((4,))}
+    assert decay_mask(params) == {"kernel": True, "scale": False}
+    grads = {"a": jnp.full((3,), 4.0), "b": jnp.zeros((2, 2))}
+    clipped, norm = clip_by_global_norm(grads, 1.0)
+    assert float(norm) == pytest.approx(np.sqrt(48.0))
+    assert float(jnp.linalg.norm(clipped["a"])) == pytest.approx(1.0, rel=1e-5)
+    same, _ = clip_by_global_norm(grads, 100.0)
+    np.testing.assert_array_equal(np.asarray(same["a"]), np.asarray(grads["a"]))
+    off, _ = clip_by_global_norm(grads, 0.0)  # 0 disables clipping
+    np.testing.assert_array_equal(np.asarray(off["a"]), np.asarray(grads["a"]))
