@@ -36,9 +36,9 @@ def _size(tree) -> int:
 def test_state_bytes_and_param_count_are_exact(path, overrides):
     cfg = load_config(path, overrides)
     state = abstract_train_state(cfg)
-    assert accounting.state_bytes(cfg) == {"weights": _size(state["params"]), "optimizer": _size(state["opt_state"]),
-                                       "fp8_state": _size(state["fp8"]),
-                                       "misc_state": _size(state["step"]) + _size(state["rng"])}
+    assert accounting.state_bytes(cfg) == {"weights": _size(state.params), "optimizer": _size(state.opt_state),
+                                       "fp8_state": _size(state.fp8),
+                                       "misc_state": _size(state.step)}
     assert accounting.param_count(cfg) == plan.build_plan(cfg, suggest=False)["params_total"]
 
 
@@ -49,11 +49,11 @@ def _residual_bytes(cfg, batch: int, seq_len: int) -> int:
     """Bytes JAX saves for the backward pass of the real loss (public `print_saved_residuals`),
     leaving out the parameters and the batch themselves."""
     st = abstract_train_state(cfg)
-    body, _ = _split_head(st["fp8"])
+    body, _ = _split_head(st.fp8)
     shape = (batch, seq_len)
     data = {"inputs": jnp.zeros(shape, jnp.int32), "targets": jnp.zeros(shape, jnp.int32),
             "mask": jnp.ones(shape, jnp.float32)}
-    params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), st["params"])
+    params = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), st.params)
     fp8 = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), body)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

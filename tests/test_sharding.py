@@ -72,9 +72,9 @@ from yxanul_jax.steps import abstract_train_state
 cfg = load_config('configs/yxanul_197m.yaml', ['mesh.data=2', 'mesh.fsdp=4'])
 mesh = make_mesh(cfg.mesh)
 s = state_shardings(cfg, mesh, abstract_train_state(cfg))
-p = s['params']
-print(p['layers']['mlp']['up']['kernel'].spec, p['embedding'].spec, s['opt_state'][0].mu['layers']['mlp']['up']['kernel'].spec,
-      s['fp8']['fp8_meta']['layers']['mlp']['up']['gemm']['input']['scale'].spec)
+p = s.params
+print(p['layers']['mlp']['up']['kernel'].spec, p['embedding'].spec, s.opt_state[0].mu['layers']['mlp']['up']['kernel'].spec,
+      s.fp8['fp8_meta']['layers']['mlp']['up']['gemm']['input']['scale'].spec)
 """
     proc = subprocess.run([sys.executable, "-c", code], env=_env(cache, 8), cwd=REPO, capture_output=True,
                           text=True, timeout=300)

@@ -32,8 +32,8 @@ def test_grad_accumulation_4x2_equals_batch_8():
     big = _batch(1, 8, 16, cfg.model.vocab_size)
     small = {k: v.reshape(4, 2, 16) for k, v in big.items()}
     one, four = StageConfig(seq_len=16, batch_size=8), StageConfig(seq_len=16, batch_size=2, grad_accum_steps=4)
-    g1, _, nll1, _ = jax.jit(make_accumulate(cfg, one))(state["params"], state["fp8"], big)
-    g4, _, nll4, _ = jax.jit(make_accumulate(cfg, four))(state["params"], state["fp8"], small)
+    g1, _, nll1, _ = jax.jit(make_accumulate(cfg, one))(state.params, state.fp8, big)
+    g4, _, nll4, _ = jax.jit(make_accumulate(cfg, four))(state.params, state.fp8, small)
     np.testing.assert_allclose(float(nll1), float(nll4), rtol=1e-5)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g1), jax.tree_util.tree_leaves(g4)):
         a, b = np.asarray(a), np.asarray(b)
@@ -57,11 +57,11 @@ def test_fp8_state_is_max_merged_across_micro_batches():
     s_loud, _ = step1(state, loud)
     both = {k: jnp.concatenate([quiet[k], loud[k]]) for k in quiet}
     s_both, _ = step2(state, both)
-    flat = lambda s: jax.tree_util.tree_leaves_with_path(s["fp8"])  # noqa: E731
+    flat = lambda s: jax.tree_util.tree_leaves_with_path(s.fp8)  # noqa: E731
     for (path, q), (_, l), (_, b) in zip(flat(s_quiet), flat(s_loud), flat(s_both)):
         np.testing.assert_allclose(np.asarray(b), np.maximum(np.asarray(q), np.asarray(l)), rtol=1e-6,
                                    err_msg=jax.tree_util.keystr(path))
-    head = s_both["fp8"]["fp8_meta"]["head_gemm"]["grad"]["amax_history"]
+    head = s_both.fp8["fp8_meta"]["head_gemm"]["grad"]["amax_history"]
     assert head.shape == (4,) and float(head[0]) > 0  # chunked head: per-chunk states merged, not summed
 
 
@@ -74,7 +74,7 @@ def test_loss_decreases_and_eval_matches_train_loss():
     step = jax.jit(make_train_step(cfg, stage))
     first = jax.jit(make_train_step(fp8_bootstrap_config(cfg), stage))  # fills the delayed-scaling history
     eval_step = jax.jit(make_eval_step(fp8_bootstrap_config(cfg)))  # fresh state: current scaling
-    nll, count = eval_step(state["params"], state["fp8"], {k: v[0] for k, v in batch.items()})
+    nll, count = eval_step(state.params, state.fp8, {k: v[0] for k, v in batch.items()})
     losses = []
     for i in range(15):
         state, metrics = (first if i == 0 else step)(state, batch)
@@ -82,7 +82,7 @@ def test_loss_decreases_and_eval_matches_train_loss():
         losses.append(float(metrics["loss"]))
     assert abs(losses[0] - float(nll / count)) < 1e-4  # same loss function, same scales
     assert losses[-1] < losses[0] - 1.0
-    assert int(state["step"]) == 15
+    assert int(state.step) == 15
 
 
 def test_bootstrap_only_for_delayed_xla_fp8():

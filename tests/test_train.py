@@ -120,7 +120,7 @@ def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(e
     with MetricsWriter(str(tmp_path)) as writer:
         state, step, interrupted = trainer.run(state, 0, writer, Progress(cfg.train.steps, stream=open(os.devnull, "w")))
     ckpt.close()
-    assert (step, interrupted, int(state["step"])) == (12, False, 12)
+    assert (step, interrupted, int(state.step)) == (12, False, 12)
     assert trainer.compiler.compile_counts == [1, 1]
     s0, s1 = cfg.curriculum
     expected = s1.start_step * s0.tokens_per_step + (12 - s1.start_step) * s1.tokens_per_step
@@ -140,7 +140,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(env, tmp_path):
     from yxanul_jax.checkpoint import tree_is_finite
     from yxanul_jax.steps import abstract_train_state
     step, state, _ = ckpt.restore(abstract_train_state(dataclasses.replace(cfg)))
-    assert step == 4 and tree_is_finite(state["params"])
+    assert step == 4 and tree_is_finite(state.params)
     ckpt.close()
 
 

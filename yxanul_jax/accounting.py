@@ -144,4 +144,4 @@ def state_bytes(cfg: Config) -> dict[str, int]:
     # FP8 state per operand: amax history, scale, non-finite counter (float32).
     return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
             "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 2) * 4,
-            "misc_state": 4 + 8}  # step (int32) and rng (uint32[2])
+            "misc_state": 4}  # the step counter (int32)

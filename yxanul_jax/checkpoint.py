@@ -32,10 +32,10 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from yxanul_jax.config import CheckpointConfig
-from yxanul_jax.errors import UserError
+from yxanul_jax import console
+from yxanul_jax.errors import UserError, one_line
 from yxanul_jax.rundir import CHECKPOINT_DIR, checkpoint_steps
 
-log = logging.getLogger(__name__)
 
 METRIC = "val_ppl"
 """Name of the metric that Orbax stores with each step and ranks by (lower is better)."""
@@ -44,14 +44,6 @@ METRIC = "val_ppl"
 
 def _val_ppl(metrics: dict) -> float:
     return metrics[METRIC]
-
-
-def _one_line(err: BaseException, limit: int = 300) -> str:
-    """`Type: first part of the message` on one line (tensorstore errors run over many lines)."""
-    text = " ".join(str(err).split())
-    if len(text) > limit:
-        text = text[:limit] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class _Manager(ocp.CheckpointManager):
@@ -65,8 +57,8 @@ class _Manager(ocp.CheckpointManager):
         try:
             return super()._get_metrics(step)
         except Exception as e:  # noqa: BLE001 - any decode/IO failure means "metric unknown"
-            log.warning("checkpoint step %d: metrics file unreadable (%s); it will not count as best",
-                        step, _one_line(e))
+            console.warn(f"checkpoint step {step}: metrics file unreadable ({type(e).__name__}: "
+                         f"{one_line(e, 300)}); it will not count as best")
             return None
 
 
@@ -215,7 +207,7 @@ class Checkpointer:
             raise UserError(f"cannot save step {step} into '{self.directory}': it already holds the later "
                             f"step {latest}; continue from an earlier checkpoint in a new --run-dir")
         if step == latest:
-            log.info("checkpoint step %d already exists in %s; not saving it again", step, self.directory)
+            console.note(f"checkpoint step {step} already exists in {self.directory}; not saving it again")
             return False
         try:
             json.dumps(meta, allow_nan=False)
@@ -227,8 +219,8 @@ class Checkpointer:
             if math.isfinite(value):
                 metrics = {METRIC: value}
             else:
-                log.warning("step %d: validation perplexity is %s; saving without a metric so it "
-                            "can never be the best checkpoint", step, value)
+                console.warn(f"step {step}: validation perplexity is {value}; saving without a metric so it "
+                             "can never be the best checkpoint")
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         with _quiet_missing_metrics():
             self._mngr.save(step, args=args, metrics=metrics, force=True)
@@ -270,7 +262,7 @@ class Checkpointer:
             try:
                 saved = _leaf_specs(self._mngr.item_metadata(s)["state"])
             except Exception as e:  # noqa: BLE001 - anything unreadable means "try the previous one"
-                reason = _one_line(e)
+                reason = f"{type(e).__name__}: {one_line(e, 300)}"
             else:
                 diff = _mismatch(saved, wanted)
                 if diff:
@@ -282,11 +274,11 @@ class Checkpointer:
                         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
                     return s, out["state"], dict(out["meta"])
                 except Exception as e:  # noqa: BLE001
-                    reason = _one_line(e)
+                    reason = f"{type(e).__name__}: {one_line(e, 300)}"
             failures.append(f"step {s}: {reason}")
             if step is None and i + 1 < len(candidates):
-                log.warning("checkpoint step %d in %s is unreadable (%s); falling back to step %d",
-                            s, self.directory, reason, candidates[i + 1])
+                console.warn(f"checkpoint step {s} in {self.directory} is unreadable ({reason}); falling back to step "
+                             f"{candidates[i + 1]}")
         if step is not None:
             raise UserError(f"checkpoint step {step} in '{self.directory}' is unreadable ({failures[0]}); "
                             "pass another step or the checkpoint directory to take the latest readable one")
@@ -362,7 +354,7 @@ class SignalGuard:
 
     def __enter__(self) -> "SignalGuard":
         if threading.current_thread() is not threading.main_thread():
-            log.warning("SignalGuard used outside the main thread; signals will not be caught")
+            console.warn("SignalGuard used outside the main thread; signals will not be caught")
             return self
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
@@ -380,8 +372,8 @@ class SignalGuard:
         name = signal.Signals(signum).name
         if not self.requested:
             self.requested, self.signal_name = True, name
-            log.warning("%s received: saving a checkpoint and stopping after this step "
-                        "(send it again to stop at once)", name)
+            console.note(f"{name} received: saving a checkpoint and stopping after this step "
+                         "(send it again to stop at once)")
             return
         previous = self._previous.get(signum, signal.SIG_DFL)
         self._restore()

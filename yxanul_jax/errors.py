@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., int | None])
@@ -21,10 +20,11 @@ class UserError(Exception):
         super().__init__(" ".join(str(message).split()))  # always one line
 
 
-def one_line(e: BaseException) -> str:
-    """The first line of an exception's message, or its type name when it has none."""
+def one_line(e: BaseException, limit: int | None = None) -> str:
+    """The first line of an exception's message (at most `limit` characters), or its type name."""
     text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    line = text.splitlines()[0] if text else type(e).__name__
+    return line if limit is None or len(line) <= limit else line[:limit - 3] + "..."
 
 
 def cli_entry(main: F) -> F:
@@ -35,7 +35,9 @@ def cli_entry(main: F) -> F:
         try:
             return main(*args, **kwargs)
         except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
+            from yxanul_jax import console  # deferred: errors is imported by everything, console by few
+
+            console.error(str(e))
             return EXIT_USER_ERROR
 
     return wrapper  # type: ignore[return-value]

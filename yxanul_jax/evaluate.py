@@ -13,11 +13,11 @@ import hashlib
 import json
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from yxanul_jax import console
 from yxanul_jax.rundir import cache_root
 from yxanul_jax.data import PreparedDataset, eval_batches, open_dataset
 from yxanul_jax.errors import UserError
@@ -54,7 +54,7 @@ def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[
         path, _, template = spec.partition("::")
         template = template.replace("\\n", "\n") or None
         if not os.path.exists(path):
-            warnings.warn(f"eval domain '{name}': '{path}' does not exist; skipping it", stacklevel=2)
+            console.warn(f"eval domain '{name}': '{path}' does not exist; skipping it")
             continue
         if Path(path, "manifest.json").exists():
             ds = open_dataset(path)

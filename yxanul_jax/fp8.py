@@ -32,12 +32,12 @@ the new state: never averaged, clipped or decayed, max-merged across micro-batch
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from yxanul_jax import console
 from yxanul_jax.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
@@ -76,9 +76,8 @@ def warn_unaligned(name: str, dims: tuple[int, ...]) -> None:
     key = (name, tuple(dims))
     if key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(f"FP8 target '{name}' has GEMM dimensions {'x'.join(map(str, dims))}, not all multiples "
-                      f"of {GEMM_ALIGN}; it runs in BF16 (pad the width, or model.vocab_pad_to for the head)",
-                      stacklevel=3)
+        console.warn(f"FP8 target '{name}' has GEMM dimensions {'x'.join(map(str, dims))}, not all multiples "
+                     f"of {GEMM_ALIGN}; it runs in BF16 (pad the width, or model.vocab_pad_to for the head)")
 
 
 def init_meta(history_len: int) -> dict[str, jax.Array]:

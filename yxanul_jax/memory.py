@@ -7,7 +7,7 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
 
 * state (exact; `state_bytes` equals `steps.abstract_train_state`, tested): float32 params (4 P
   bytes), AdamW mu and nu (8 P), FP8 state (per FP8 GEMM 3 operands x (amax_history_len + 1)
-  float32), step and rng. P is `param_count` (equal to the plan's parameter count, tested).
+  float32) and the step counter. P is `param_count` (equal to the plan's parameter count, tested).
 * batch (exact): inputs, targets (int32) and mask (float32) of all A micro-batches: 12 A B L bytes.
 * temporaries: the larger of two phases of the backward pass of one micro-batch of N = B L tokens,
 
@@ -229,7 +229,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     Keys: weights, gradients (float32 copies alive at the peak), optimizer, fp8_state, batch,
     activations (saved for the backward pass), working (one layer's backward working set), logits
     (the chunked loss's logits and their gradient), other (embedding-gradient copies, hidden-state
-    buffers, step and rng), temp, bytes_total (the peak), phase ('loss' or 'layer': the part of the
+    buffers, the step counter), temp, bytes_total (the peak), phase ('loss' or 'layer': the part of the
     backward pass that sets the peak; only that phase's `logits` or `working` counts in the total).
     `remat` overrides model.remat; `state` reuses `state_bytes(cfg)` across calls.
     """

@@ -15,6 +15,7 @@ import time
 from importlib import metadata
 from typing import Any, Callable, TextIO
 
+from yxanul_jax import console
 from yxanul_jax.config import Config, to_yaml
 from yxanul_jax.errors import UserError
 from yxanul_jax.rundir import METRICS_FILE, TB_DIR, atomic_write
@@ -221,6 +222,7 @@ class Progress:
         if stream.isatty():
             stream.write("\r" + line.ljust(self._width))
             self._width = len(line)
+            console.set_live(self)  # the next message ends this line first
         else:
             stream.write(line + "\n")
         stream.flush()

@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from yxanul_jax import console
 from yxanul_jax.data import FORMAT
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.sources import DocumentSource
@@ -127,7 +128,7 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
     request = {**request, "format": FORMAT, "version": VERSION, "tokenizer_sha256": tokenizer.sha256,
                "val_fraction": val_fraction}
     if (old := _existing(output, request)) is not None:
-        print(f"'{output}' is already prepared from the same request; nothing to do", file=sys.stderr)
+        console.note(f"'{output}' is already prepared from the same request; nothing to do")
         return old
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32)
     start = time.perf_counter()
@@ -194,10 +195,10 @@ def prepare_dataset(source: DocumentSource, tokenizer: LoadedTokenizer | str, ou
 
 
 def _print_summary(manifest: dict, output: str) -> None:
-    print(f"{'split':<6} {'documents':>10} {'tokens':>14} {'characters':>15} {'chars/token':>11}")
+    console.info(f"{'split':<6} {'documents':>10} {'tokens':>14} {'characters':>15} {'chars/token':>11}")
     for name, s in manifest["splits"].items():
-        print(f"{name:<6} {s['documents']:>10,} {s['tokens']:>14,} {s['characters']:>15,} {s['chars_per_token']:>11.3f}")
-    print(f"vocab {manifest['vocab_size']:,}, EOS {manifest['eos_id']}, {manifest['dtype']} shards, "
+        console.info(f"{name:<6} {s['documents']:>10,} {s['tokens']:>14,} {s['characters']:>15,} {s['chars_per_token']:>11.3f}")
+    console.info(f"vocab {manifest['vocab_size']:,}, EOS {manifest['eos_id']}, {manifest['dtype']} shards, "
           f"{manifest['tokens_per_sec']:,} tokens/s -> {output}")
 
 

@@ -7,6 +7,7 @@ weights and reduce-scatters of gradients that FSDP needs.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import flax.linen as nn
@@ -18,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from yxanul_jax.config import Config, MeshConfig
 from yxanul_jax.errors import UserError
 from yxanul_jax.model import Yxanul
+from yxanul_jax.steps import TrainState, abstract_train_state
 from yxanul_jax.optim import make_optimizer
 
 BATCH_AXES = ("data", "fsdp")
@@ -84,15 +86,14 @@ def param_shardings(cfg: Config, mesh: Mesh):
     return nn.logical_to_mesh_sharding(specs, mesh, LOGICAL_RULES)
 
 
-def state_shardings(cfg: Config, mesh: Mesh, abstract_state: dict) -> dict:
+def state_shardings(cfg: Config, mesh: Mesh, abstract_state: TrainState) -> TrainState:
     """Shardings of the whole train state: params and their moments over fsdp, the rest replicated."""
     replicated = NamedSharding(mesh, P())
     params = param_shardings(cfg, mesh)
-    opt = optax.tree_map_params(make_optimizer(cfg), lambda _, s: s, abstract_state["opt_state"], params,
+    opt = optax.tree_map_params(make_optimizer(cfg), lambda _, s: s, abstract_state.opt_state, params,
                                 transform_non_params=lambda _: replicated)
     rep = lambda tree: jax.tree_util.tree_map(lambda _: replicated, tree)  # noqa: E731
-    return {"step": replicated, "params": params, "opt_state": opt, "fp8": rep(abstract_state["fp8"]),
-            "rng": replicated}
+    return TrainState(step=replicated, params=params, opt_state=opt, fp8=rep(abstract_state.fp8))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -110,13 +111,34 @@ def global_batch(local: dict, sharding: NamedSharding) -> dict:
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
 
 
-def with_shardings(abstract: dict, shardings: dict) -> dict:
+def with_shardings(abstract, shardings):
     """ShapeDtypeStructs carrying their target sharding (for AOT compiles and checkpoint restores)."""
     return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abstract, shardings)
 
 
-def sharded_abstract_state(cfg: Config, mesh: Mesh, abstract_state: dict) -> tuple[dict, dict]:
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """The train state's layout on a mesh, derived once per run and shared by the stage compiler,
+    the restore and eval-only (tracing the model's init and building the optimizer once)."""
+
+    mesh: Mesh
+    abstract: TrainState  # ShapeDtypeStructs carrying their shardings
+    shardings: TrainState
+    batch: NamedSharding  # [A, B, L] train batches
+
+    @property
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+
+def state_layout(cfg: Config, mesh: Mesh) -> StateLayout:
+    """The `StateLayout` of `cfg`'s train state on `mesh`."""
+    abstract, shardings = sharded_abstract_state(cfg, mesh, abstract_train_state(cfg))
+    return StateLayout(mesh, abstract, shardings, batch_sharding(mesh))
+
+
+def sharded_abstract_state(cfg: Config, mesh: Mesh, abstract_state: TrainState) -> tuple[TrainState, TrainState]:
     """(abstract state carrying its shardings, the shardings) for restores, inits and AOT compiles."""
     shardings = state_shardings(cfg, mesh, abstract_state)
     return with_shardings(abstract_state, shardings), shardings

@@ -32,52 +32,47 @@ def abstract_batch(stage: StageConfig, sharding=None) -> dict:
             for k, dt in (("inputs", jnp.int32), ("targets", jnp.int32), ("mask", jnp.float32))}
 
 
-def compile_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None, device=None):
+def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     """The compiled train step of one stage (donates the incoming state's buffers), compiled with
     the config's `train.xla_options`.
 
-    With a mesh, the state is laid out by `sharding.state_shardings` and the batch split over
-    data x fsdp; with a `device` (e.g. a compile-only GPU from `gpu_target.compile_device`),
-    everything is placed on it; with neither, everything sits on the default device.
+    With a `layout` (`sharding.state_layout`: a mesh), the state is laid out by it and the batch
+    split over data x fsdp; with a `device` (e.g. a compile-only GPU from
+    `gpu_target.compile_device`), everything is placed on it; with neither, everything sits on the
+    default device.
     """
-    return lower_stage(cfg, stage, state_shapes, mesh, device).compile(compiler_options=dict(cfg.train.xla_options))
+    return lower_stage(cfg, stage, layout, device).compile(compiler_options=dict(cfg.train.xla_options))
 
 
-def lower_stage(cfg: Config, stage: StageConfig, state_shapes=None, mesh=None, device=None):
+def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     """The lowered (not yet compiled) train step of one stage; see `compile_stage`."""
-    state_shapes = state_shapes if state_shapes is not None else abstract_train_state(cfg)
     step = make_train_step(cfg, stage)
+    if layout is not None:
+        step_fn = jax.jit(step, in_shardings=(layout.shardings, layout.batch),
+                          out_shardings=(layout.shardings, layout.replicated), donate_argnums=0)
+        return step_fn.lower(layout.abstract, abstract_batch(stage, layout.batch))
+    state_shapes = abstract_train_state(cfg)
     if device is not None:
         s = jax.sharding.SingleDeviceSharding(device)
         placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state_shapes)
         return jax.jit(step, donate_argnums=0).lower(placed, abstract_batch(stage, s))
-    if mesh is None:
-        return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage))
-    from yxanul_jax import sharding as sh
-
-    sharded_state, state_sh = sh.sharded_abstract_state(cfg, mesh, state_shapes)
-    batch_sh = sh.batch_sharding(mesh)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
-                      donate_argnums=0)
-    return step_fn.lower(sharded_state, abstract_batch(stage, batch_sh))
+    return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage))
 
 
 class StageCompiler:
     """Compiles stages on demand or ahead of time (one background thread); each stage once."""
 
-    def __init__(self, cfg: Config, hlo_dir: str | None = None, mesh=None):
+    def __init__(self, cfg: Config, hlo_dir: str | None = None, layout=None):
         self.cfg = cfg
         self.hlo_dir = hlo_dir
-        self.mesh = mesh
-        self.state_shapes = abstract_train_state(cfg)
+        self.layout = layout
         self.compile_counts = [0] * len(cfg.curriculum)
         self._futures: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compile")
 
     def _compile(self, i: int, bootstrap: bool = False):
         cfg = fp8_bootstrap_config(self.cfg) if bootstrap else self.cfg
-        compiled = compile_stage(cfg, cfg.curriculum[i], self.state_shapes, self.mesh)
+        compiled = compile_stage(cfg, cfg.curriculum[i], self.layout)
         if not bootstrap:
             self.compile_counts[i] += 1
         if self.hlo_dir:

@@ -1,11 +1,7 @@
 """Pure train and eval steps: `train_step(state, batch) -> (state, metrics)`, one per curriculum stage.
 
-The train state is a plain dict pytree (what Orbax saves):
-  step      int32 []            optimizer steps taken
-  params    float32 pytree      master weights
-  opt_state optax state         AdamW moments (float32)
-  fp8       dict of collections FP8 state ({} when FP8 is off); never a gradient
-  rng       uint32 key data     for anything stochastic (kept so a resume is exact)
+The train state is `TrainState`, defined here once (a pytree; what Orbax saves, what the mesh
+shards, what every step takes and returns).
 
 A batch is a dict of arrays shaped [A, B, L]: A micro-batches (gradient accumulation inside the
 jitted step, by `lax.scan`) of B rows of L tokens: `inputs`, `targets` (int32) and `mask` (float32).
@@ -15,10 +11,12 @@ batch of 8 up to float rounding.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import struct
 
 from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.config import Config, StageConfig
@@ -29,15 +27,32 @@ from yxanul_jax.optim import clip_by_global_norm, lr_schedule, make_optimizer
 HEAD_STATE = "head_gemm"
 
 
-def init_train_state(cfg: Config, key: jax.Array) -> dict:
+@struct.dataclass
+class TrainState:
+    """Everything a step changes, and all a checkpoint holds besides the data position.
+
+    step       int32 []             optimizer steps taken (the schedule's clock)
+    params     float32 pytree       master weights
+    opt_state  optax state          AdamW moments (float32) and counts
+    fp8        dict of collections  FP8 state ({} when FP8 is off): amax histories, scales and
+                                    non-finite counters; never a gradient
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    fp8: Any
+
+
+def init_train_state(cfg: Config, key: jax.Array) -> TrainState:
     """A fresh state: parameters from `key`, zero moments, empty FP8 histories."""
-    k_params, k_rng = jax.random.split(key)
+    k_params, _ = jax.random.split(key)
     params, fp8_state = fp8_lib.split_state(init_variables(cfg.model, cfg.fp8, k_params))
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": make_optimizer(cfg).init(params),
-            "fp8": fp8_state, "rng": jax.random.key_data(k_rng)}
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=make_optimizer(cfg).init(params),
+                      fp8=fp8_state)
 
 
-def abstract_train_state(cfg: Config) -> dict:
+def abstract_train_state(cfg: Config) -> TrainState:
     """Shapes and dtypes of the train state, with no memory allocated."""
     return jax.eval_shape(lambda: init_train_state(cfg, jax.random.key(cfg.train.seed)))
 
@@ -129,17 +144,17 @@ def make_train_step(cfg: Config, stage: StageConfig):
     schedule = lr_schedule(cfg)
     accumulate = make_accumulate(cfg, stage)
 
-    def train_step(state: dict, batch: dict) -> tuple[dict, dict]:
-        params = state["params"]
-        grads, new_fp8, nll, z = accumulate(params, state["fp8"], batch)
+    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        params = state.params
+        grads, new_fp8, nll, z = accumulate(params, state.fp8, batch)
         n_tokens = jnp.maximum(jnp.sum(batch["mask"]), 1.0)
         grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
         grads, grad_norm = clip_by_global_norm(grads, stage.grad_clip)
-        updates, opt_state = optimizer.update(grads, state["opt_state"], params)
-        new_state = {"step": state["step"] + 1, "params": optax.apply_updates(params, updates),
-                     "opt_state": opt_state, "fp8": new_fp8, "rng": state["rng"]}
+        updates, opt_state = optimizer.update(grads, state.opt_state, params)
+        new_state = state.replace(step=state.step + 1, params=optax.apply_updates(params, updates),
+                                  opt_state=opt_state, fp8=new_fp8)
         metrics = {"loss": nll / n_tokens, "z_loss": z / n_tokens, "grad_norm": grad_norm,
-                   "lr": schedule(state["step"]), "step_tokens": jnp.sum(batch["mask"])}
+                   "lr": schedule(state.step), "step_tokens": jnp.sum(batch["mask"])}
         if new_fp8:  # steps x operands whose amax was inf/NaN (kept out of the histories), over the whole run
             metrics["fp8_nonfinite"] = fp8_lib.nonfinite_total(new_fp8)
         return new_state, metrics

@@ -30,6 +30,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
+from yxanul_jax import console
 from yxanul_jax.errors import UserError, cli_entry, one_line
 from yxanul_jax.sources import DocumentSource, unescape_template
 
@@ -309,8 +310,7 @@ def source_from_args(args) -> DocumentSource:
 
 def warn_replaced(source: DocumentSource) -> None:
     if source.replaced_utf8:
-        print(f"warning: replaced {source.replaced_utf8} invalid UTF-8 sequences with U+FFFD "
-              f"(--bad-utf8 replace)", file=sys.stderr)
+        console.warn(f"replaced {source.replaced_utf8} invalid UTF-8 sequences with U+FFFD (--bad-utf8 replace)")
 
 
 SUPERBPE_CHOICES = ("auto", "on", "off")
@@ -336,7 +336,7 @@ def _cmd_train(args) -> int:
     except FileExistsError:
         raise UserError(f"output '{args.output}' appeared while training; choose another --output")
     out = Path(args.output) / "tokenizer.json"
-    print(f"trained byte-level BPE on {source.documents} documents: vocab {tok.vocab_size} "
+    console.info(f"trained byte-level BPE on {source.documents} documents: vocab {tok.vocab_size} "
           f"(cap {args.vocab_size}), EOS {tok.eos_token!r} = {tok.eos_id} -> {out}")
     return 0
 
@@ -353,9 +353,9 @@ def _cmd_stats(args) -> int:
             ("tokens", f"{result['tokens']:,}"), ("characters/token", f"{result['chars_per_token']:.3f}"),
             ("bytes/token", f"{result['bytes_per_token']:.3f}")]
     for key, value in rows:
-        print(f"{key:<18} {value}")
+        console.info(f"{key:<18} {value}")
     if args.json:
-        print(json.dumps(result))
+        console.info(json.dumps(result))
     return 0
 
 

@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from yxanul_jax import accounting
+from yxanul_jax import accounting, console
 from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
 from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
@@ -30,7 +30,7 @@ from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_devi
 from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, prepare_run_dir
 from yxanul_jax import sharding as sh
 from yxanul_jax.stages import StageCompiler, enable_compilation_cache, stage_index
-from yxanul_jax.steps import abstract_train_state, init_train_state, make_eval_step
+from yxanul_jax.steps import init_train_state, make_eval_step
 
 
 class TrainingDiverged(RuntimeError):
@@ -65,16 +65,16 @@ def open_training_data(cfg: Config) -> PreparedDataset:
     else:
         from yxanul_jax.corpus import ensure_demo_dataset
 
-        print(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
-              "built on first use)", flush=True)
+        console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
+              "built on first use)")
         ds = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size))
     ds.check_vocab(cfg.model.vocab_size)
     return ds
 
 
-def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, mesh):
-    """(state, meta, restored_from_step or None), laid out on the mesh."""
-    abstract, shardings = sh.sharded_abstract_state(cfg, mesh, abstract_train_state(cfg))
+def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, layout: sh.StateLayout):
+    """(state, meta, restored_from_step or None), laid out as `layout` says."""
+    abstract, shardings = layout.abstract, layout.shardings
     if explicit:
         directory, step = resolve_checkpoint_path(explicit)
         source = ckpt if os.path.abspath(directory) == os.path.abspath(ckpt.directory) else \
@@ -100,7 +100,7 @@ def _batch_for(stream, stage, sharding) -> dict:
 def validate_on_mesh(cfg: Config, eval_step, state: dict, domains, seq_len: int, mesh) -> dict:
     """Validation of `state` on every domain, batches split over the mesh and over processes."""
     e = cfg.eval
-    return evaluate(eval_step, state["params"], state["fp8"], domains, seq_len=seq_len, batch_size=e.batch_size,
+    return evaluate(eval_step, state.params, state.fp8, domains, seq_len=seq_len, batch_size=e.batch_size,
                     max_batches=e.max_batches, put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(mesh)),
                     process_index=jax.process_index(), process_count=jax.process_count())
 
@@ -108,14 +108,16 @@ def validate_on_mesh(cfg: Config, eval_step, state: dict, domains, seq_len: int,
 class Trainer:
     """The loop's state that outlives one step: writers, checkpointer, compiled stages, counters."""
 
-    def __init__(self, cfg: Config, ds: PreparedDataset, run_dir: str, ckpt: Checkpointer, mesh=None):
+    def __init__(self, cfg: Config, ds: PreparedDataset, run_dir: str, ckpt: Checkpointer,
+                 layout: sh.StateLayout | None = None):
         self.cfg, self.ds, self.run_dir, self.ckpt = cfg, ds, run_dir, ckpt
-        self.mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
+        self.layout = layout if layout is not None else sh.state_layout(cfg, sh.make_mesh(cfg.mesh))
+        self.mesh = self.layout.mesh
         sh.check_divisible(cfg, self.mesh)
-        self.batch_sharding = sh.batch_sharding(self.mesh)
+        self.batch_sharding = self.layout.batch
         self.domains = resolve_domains(cfg.eval.domains, ds)
         self.eval_step = jax.jit(make_eval_step(cfg))
-        self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None, self.mesh)
+        self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None, self.layout)
         self.stream = make_train_stream(ds, seed=cfg.data.shuffle_seed, process_index=jax.process_index(),
                                         process_count=jax.process_count(), num_workers=cfg.data.num_workers,
                                         prefetch=cfg.data.prefetch)
@@ -134,8 +136,8 @@ class Trainer:
         return row
 
     def save(self, state, step: int, stage: int, val_ppl: float | None = None) -> bool:
-        if not tree_is_finite(state["params"]):
-            print(f"warning: parameters are not finite at step {step}; not saving", file=sys.stderr)
+        if not tree_is_finite(state.params):
+            console.warn(f"parameters are not finite at step {step}; not saving")
             return False
         return self.ckpt.save(step, state, self.meta(stage), val_ppl=val_ppl, force=True)
 
@@ -177,10 +179,8 @@ class Trainer:
                 stage = cfg.curriculum[si]
                 if si != stage_i or step == start_step:
                     stage_i = si
-                    progress.close()
-                    print(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} x accum "
-                          f"{stage.grad_accum_steps}" + (f" ({stage.description})" if stage.description else ""),
-                          flush=True)
+                    console.info(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} x accum "
+                          f"{stage.grad_accum_steps}" + (f" ({stage.description})" if stage.description else ""))
                     if si + 1 < len(cfg.curriculum) and cfg.curriculum[si + 1].start_step < total:
                         self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
                 t0 = time.perf_counter()
@@ -204,26 +204,24 @@ class Trainer:
                     t0 = time.perf_counter()
                     row = self.validate(state, done, stage.seq_len, writer) if do_eval else {}
                     if do_eval:
-                        progress.close()
-                        print(f"step {done} validation\n{format_eval(row)}", flush=True)
+                        console.info(f"step {done} validation\n{format_eval(row)}")
                     t1 = time.perf_counter()
                     self.save(state, done, si, row.get("val/mean/ppl"))
                     paused += time.perf_counter() - t0
                     self.times["validation"] += t1 - t0
                     self.times["checkpoint"] += time.perf_counter() - t1
                 if guard.requested:
-                    progress.close()
                     self.ckpt.wait()
-                    print(f"stopped by {guard.signal_name} at step {done}; checkpoint saved. "
-                          "Run the same command again to resume.", flush=True)
+                    console.info(f"stopped by {guard.signal_name} at step {done}; checkpoint saved. "
+                          "Run the same command again to resume.")
                     return state, done, True
             flush()
         return state, cfg.train.steps, False
 
 
 def _report_eval(row: dict, step: int) -> None:
-    print(f"validation at step {step}\n{format_eval(row)}")
-    print(json.dumps({"step": step, **row}))
+    console.info(f"validation at step {step}\n{format_eval(row)}")
+    console.info(json.dumps({"step": step, **row}))
 
 
 class _NullWriter:
@@ -254,19 +252,20 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
     enable_compilation_cache()
     ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=overwrite) if lead else os.path.join(run_dir, CHECKPOINT_DIR)
     if lead:
-        print(run_header(cfg, with_config=False), flush=True)
+        console.info(run_header(cfg, with_config=False))
     ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
-    state, meta, restored = restore_or_init(cfg, ckpt, checkpoint, mesh)
-    trainer = Trainer(cfg, ds, run_dir, ckpt, mesh)
-    start = int(state["step"])
+    layout = sh.state_layout(cfg, mesh)
+    state, meta, restored = restore_or_init(cfg, ckpt, checkpoint, layout)
+    trainer = Trainer(cfg, ds, run_dir, ckpt, layout)
+    start = int(state.step)
     if restored is not None:
         trainer.stream.set_state(meta["data"])
         trainer.tokens = int(meta.get("tokens", 0))
-        print(f"resumed from step {restored} (stage {meta.get('stage')}, {trainer.tokens:,} tokens)", flush=True)
-    print(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters; data {cfg.data.train or 'demo corpus'}; "
+        console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {trainer.tokens:,} tokens)")
+    console.info(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters; data {cfg.data.train or 'demo corpus'}; "
           f"FP8 {f'{cfg.fp8.backend} ({cfg.fp8.scaling})' if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} stage(s); "
           f"{cfg.train.steps} steps; mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}; run dir {run_dir} "
-          f"(resolved config in {CONFIG_FILE})", flush=True)
+          f"(resolved config in {CONFIG_FILE})")
     writer = MetricsWriter(run_dir, resume_step=start if restored is not None else None) if lead else _NullWriter()
     progress = Progress(cfg.train.steps, stream=None if lead else open(os.devnull, "w"))
     row = None
@@ -281,9 +280,9 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
             trainer.save(state, step, last_stage, row["val/mean/ppl"])
         elapsed = time.perf_counter() - started
         outside = sum(trainer.times.values())
-        print(f"time: {elapsed:.1f} s in all, {elapsed - outside:.1f} s training; outside it compile waits "
+        console.info(f"time: {elapsed:.1f} s in all, {elapsed - outside:.1f} s training; outside it compile waits "
               f"{trainer.times['compile_wait']:.1f} s, validation {trainer.times['validation']:.1f} s, checkpoints "
-              f"{trainer.times['checkpoint']:.1f} s", flush=True)
+              f"{trainer.times['checkpoint']:.1f} s")
     except TrainingDiverged as e:
         progress.close()
         e.last_good_step = ckpt.latest_step()
@@ -309,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg, args.run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite)
     except TrainingDiverged as e:
-        print(f"error: {e}; stopping. The last good checkpoint (step {e.last_good_step}) is intact; lower "
-              "optim.lr or raise the warmup, then resume from it.", file=sys.stderr)
+        console.error(f"{e}; stopping. The last good checkpoint (step {e.last_good_step}) is intact; lower "
+                      "optim.lr or raise the warmup, then resume from it.")
         return 1
     return 0
 
@@ -321,7 +320,7 @@ def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | 
     directory, step = resolve_checkpoint_path(target)
     ckpt = Checkpointer(directory, cfg.checkpoint)
     try:
-        step, state, _ = ckpt.restore(sh.sharded_abstract_state(cfg, mesh, abstract_train_state(cfg))[0], step)
+        step, state, _ = ckpt.restore(sh.state_layout(cfg, mesh).abstract, step)
     finally:
         ckpt.close()
     seq_len = cfg.eval.seq_len or cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
