@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from yxanul_jax.corpus import default_cache_root  # noqa: E402
-from yxanul_jax.data import make_train_stream, open_dataset  # noqa: E402
+from yxanul_jax.data import TrainStream, open_dataset  # noqa: E402
 from yxanul_jax.prepare import prepare_dataset  # noqa: E402
 from yxanul_jax.sources import DocumentSource  # noqa: E402
 
@@ -30,7 +30,7 @@ SHAPES = [(128, 256), (2048, 16)]  # (seq_len, batch_size): 32,768 tokens per ba
 
 
 def measure(ds, seq_len: int, batch_size: int, workers: int, seconds: float) -> float:
-    with make_train_stream(ds, seed=0, num_workers=workers, prefetch=4) as stream:
+    with TrainStream(ds, seed=0, num_workers=workers, prefetch=4) as stream:
         stream.next_batch(seq_len, batch_size)  # warm-up: starts threads / worker processes
         tokens, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:

@@ -9,7 +9,6 @@ shapes with XLA's CPU backend, so it runs on any machine; prints a table and a f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import platform
 import time

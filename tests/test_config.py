@@ -57,6 +57,7 @@ def test_dotted_overrides_types_and_lists():
     ("fp8.targets=[q,kk]", "fp8.targets.1"),
     ("optim.lr=-1", "optim.lr"),
     ("model.vocab_pad_to=0", "model.vocab_pad_to"),
+    ("eval.seq_len=99999", "eval.seq_len"),
     ("fp8.scaling=later", "fp8.scaling' must be one of"),
     ("model.d_model", "key.sub=value"),
 ])

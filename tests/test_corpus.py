@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from yxanul_jax import corpus
-from yxanul_jax.data import eval_batches, make_train_stream, open_dataset
+from yxanul_jax.data import TrainStream, eval_batches, open_dataset
 from yxanul_jax.errors import UserError
 
 
@@ -34,7 +34,7 @@ def test_demo_dataset_is_built_once_into_the_cache_and_streams(tmp_path, monkeyp
     stamp = (Path(path) / "manifest.json").stat().st_mtime_ns
     assert corpus.ensure_demo_dataset() == path  # cached: not rebuilt
     assert (Path(path) / "manifest.json").stat().st_mtime_ns == stamp
-    batch = make_train_stream(ds, seed=0).next_batch(128, 4)
+    batch = TrainStream(ds, seed=0).next_batch(128, 4)
     assert batch["inputs"].shape == (4, 128) and batch["inputs"].max() < 4096
     assert next(eval_batches(ds, seq_len=128, batch_size=4))["mask"].sum() > 0
 
@@ -51,7 +51,7 @@ def test_two_racing_processes_build_one_dataset(tmp_path):
     assert paths == [target, target]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".demo.tmp")] == []
     ds = open_dataset(target)
-    assert ds.vocab_size == 512 and np.all(make_train_stream(ds, seed=0).next_batch(16, 2)["inputs"] < 512)
+    assert ds.vocab_size == 512 and np.all(TrainStream(ds, seed=0).next_batch(16, 2)["inputs"] < 512)
 
 
 def test_a_foreign_dataset_in_the_cache_slot_is_refused(tmp_path):

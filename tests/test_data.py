@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from data_fixtures import docs, prepared, tiny_tok  # noqa: F401  (fixtures)
-from yxanul_jax.data import eval_batches, make_train_stream, open_dataset
+from yxanul_jax.data import TrainStream, eval_batches, open_dataset
 from yxanul_jax.errors import UserError
 from yxanul_jax.prepare import prepare_documents
 
@@ -28,7 +28,7 @@ def flat_targets(stream, shapes):
 
 def test_rows_have_shape_dtype_and_shifted_targets(prepared):
     ds = open_dataset(prepared)
-    s = make_train_stream(ds, seed=0)
+    s = TrainStream(ds, seed=0)
     b = s.next_batch(16, 4)
     assert set(b) == {"inputs", "targets", "mask"}
     assert b["inputs"].shape == b["targets"].shape == b["mask"].shape == (4, 16)
@@ -42,7 +42,7 @@ def test_rows_have_shape_dtype_and_shifted_targets(prepared):
 
 def test_epoch_has_every_token_exactly_once_with_eos_between_documents(prepared):
     ds = open_dataset(prepared)
-    s = make_train_stream(ds, seed=3)
+    s = TrainStream(ds, seed=3)
     length = s.stream.length
     chunks = []
     while s.cursor < length:
@@ -62,7 +62,7 @@ def test_epoch_has_every_token_exactly_once_with_eos_between_documents(prepared)
 
 def test_next_epoch_is_reshuffled_and_complete(prepared):
     ds = open_dataset(prepared)
-    s = make_train_stream(ds, seed=3)
+    s = TrainStream(ds, seed=3)
     T = s.stream.length
     s.set_state({**s.get_state(), "cursor": T - 1})  # the next target is position T, epoch 1's first
     flat = flat_targets(s, [(64, 4)] * (T // 256 + 2))
@@ -76,22 +76,22 @@ def test_next_epoch_is_reshuffled_and_complete(prepared):
 def test_same_seed_same_batches_other_seed_other_batches(prepared):
     ds = open_dataset(prepared)
     shapes = [(32, 4)] * 5
-    a = flat_targets(make_train_stream(ds, seed=7), shapes)
-    b = flat_targets(make_train_stream(open_dataset(prepared), seed=7), shapes)
-    c = flat_targets(make_train_stream(ds, seed=8), shapes)
+    a = flat_targets(TrainStream(ds, seed=7), shapes)
+    b = flat_targets(TrainStream(open_dataset(prepared), seed=7), shapes)
+    c = flat_targets(TrainStream(ds, seed=8), shapes)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
 
 
 def test_restore_mid_epoch_gives_identical_next_batches_also_from_workers(prepared):
     ds = open_dataset(prepared)
-    with make_train_stream(ds, seed=1, num_workers=2, prefetch=2) as s:
+    with TrainStream(ds, seed=1, num_workers=2, prefetch=2) as s:
         for _ in range(5):
             s.next_batch(16, 4)
         state = json.loads(json.dumps(s.get_state()))
         expected = [s.next_batch(16, 4) for _ in range(3)] + [s.next_batch(24, 2)]
     assert 0 < state["cursor"] < s.stream.length  # mid-epoch
-    r = make_train_stream(open_dataset(prepared), seed=1)  # in-process reader, fresh object
+    r = TrainStream(open_dataset(prepared), seed=1)  # in-process reader, fresh object
     r.set_state(state)
     got = [r.next_batch(16, 4) for _ in range(3)] + [r.next_batch(24, 2)]
     for e, g in zip(expected, got):
@@ -102,25 +102,25 @@ def test_restore_mid_epoch_gives_identical_next_batches_also_from_workers(prepar
 def test_stage_change_continues_the_same_token_stream(prepared):
     ds = open_dataset(prepared)
     shapes = [(16, 4)] * 3 + [(32, 2)] * 2 + [(8, 3)] * 4 + [(64, 1)] * 2
-    staged = make_train_stream(ds, seed=5)
+    staged = TrainStream(ds, seed=5)
     mixed = flat_targets(staged, shapes)
     assert staged.cursor == sum(L * B for L, B in shapes) == len(mixed)
-    plain = flat_targets(make_train_stream(ds, seed=5), [(8, 1)] * (len(mixed) // 8 + 1))
+    plain = flat_targets(TrainStream(ds, seed=5), [(8, 1)] * (len(mixed) // 8 + 1))
     np.testing.assert_array_equal(mixed, plain[:len(mixed)])  # no token skipped or repeated
     # and a state saved right after a stage change resumes there
-    again = make_train_stream(ds, seed=5)
+    again = TrainStream(ds, seed=5)
     flat_targets(again, shapes[:4])
     state = again.get_state()
     tail = flat_targets(again, shapes[4:])
-    resumed = make_train_stream(ds, seed=5)
+    resumed = TrainStream(ds, seed=5)
     resumed.set_state(state)
     np.testing.assert_array_equal(flat_targets(resumed, shapes[4:]), tail)
 
 
 def test_processes_get_disjoint_row_shards_of_the_global_batch(prepared):
     ds = open_dataset(prepared)
-    whole = make_train_stream(ds, seed=2)
-    parts = [make_train_stream(ds, seed=2, process_index=p, process_count=2) for p in range(2)]
+    whole = TrainStream(ds, seed=2)
+    parts = [TrainStream(ds, seed=2, process_index=p, process_count=2) for p in range(2)]
     for L, B in [(16, 4), (16, 4), (8, 6)]:
         full = whole.next_batch(L, B)
         local = [p.next_batch(L, B) for p in parts]
@@ -171,7 +171,7 @@ def test_dataset_errors_are_one_line_user_errors(prepared, tmp_path):
     shutil.copytree(prepared, broken)
     next((broken / "train").glob("*.tokens.npy")).unlink()
     with pytest.raises(UserError, match="incomplete"):
-        make_train_stream(open_dataset(broken), seed=0)
+        TrainStream(open_dataset(broken), seed=0)
 
 
 def test_vocab_mismatch_names_both_numbers_and_the_fix(prepared):
@@ -186,16 +186,16 @@ def test_vocab_mismatch_names_both_numbers_and_the_fix(prepared):
 
 def test_restore_refuses_other_seed_or_dataset(prepared, tmp_path, docs, tiny_tok):
     ds = open_dataset(prepared)
-    state = make_train_stream(ds, seed=1).get_state()
+    state = TrainStream(ds, seed=1).get_state()
     with pytest.raises(UserError, match="shuffle_seed=1"):
-        make_train_stream(ds, seed=2).set_state(state)
+        TrainStream(ds, seed=2).set_state(state)
     other = tmp_path / "other"
     prepare_documents([docs[:40]], tiny_tok, other, request={"t": 1}, val_fraction=0.0, progress=False)
     with pytest.raises(UserError, match="another dataset"):
-        make_train_stream(open_dataset(other), seed=1).set_state(state)
+        TrainStream(open_dataset(other), seed=1).set_state(state)
     with pytest.raises(UserError, match="no 'val' documents"):
         next(eval_batches(other, seq_len=8, batch_size=2))
     only_val = tmp_path / "only_val"
     prepare_documents([docs[:40]], tiny_tok, only_val, request={"t": 2}, val_fraction=1.0, progress=False)
     with pytest.raises(UserError, match="no 'train' documents"):
-        make_train_stream(open_dataset(only_val), seed=0)
+        TrainStream(open_dataset(only_val), seed=0)

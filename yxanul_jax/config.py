@@ -59,7 +59,8 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     """RoPE base frequency."""
     max_position: int = 4096
-    """Longest sequence RoPE tables are sized for; every stage's seq_len must fit."""
+    """Longest sequence the model is trained for (and exported with): every stage's seq_len and
+    eval.seq_len must fit. RoPE tables are computed for each sequence's own length."""
     norm_eps: float = 1e-6
     """RMSNorm epsilon."""
     init_std: float = 0.02
@@ -174,9 +175,6 @@ class DataConfig:
 
     train: str = ""
     """Prepared dataset directory (`python -m yxanul_jax.prepare`); empty: the embedded demo corpus."""
-    tokenizer: str = ""
-    """Tokenizer (tokenizer.json file or vocab.json+merges.txt directory); empty: the prepared
-    dataset's own tokenizer."""
     shuffle_seed: int = 0
     """Seed of the document shuffle."""
     num_workers: int = 0
@@ -515,6 +513,9 @@ def validate(cfg: Config) -> Config:
                             f"({m.max_position}); raise max_position or shorten the stage")
         if s.lr_scale < 0 or s.grad_clip < 0 or s.warmup_steps < 0:
             raise UserError(f"config keys 'curriculum.{i}.lr_scale/grad_clip/warmup_steps' must be >= 0")
+    if cfg.eval.seq_len < 0 or cfg.eval.seq_len > m.max_position:
+        raise UserError(f"config key 'eval.seq_len' ({cfg.eval.seq_len}) must be in [0, model.max_position "
+                        f"({m.max_position})]; 0 validates at each stage's seq_len")
     o = cfg.optim
     if o.lr <= 0:
         raise UserError(f"config key 'optim.lr' must be positive, got {o.lr}")

@@ -339,13 +339,6 @@ class TrainStream:
             pass
 
 
-def make_train_stream(ds: PreparedDataset, *, seed: int, process_index: int = 0, process_count: int = 1,
-                      num_workers: int = 0, prefetch: int = 2) -> TrainStream:
-    """The training stream of `ds` (see the module docstring); UserError if it has no train documents."""
-    return TrainStream(ds, seed=seed, process_index=process_index, process_count=process_count,
-                       num_workers=num_workers, prefetch=prefetch)
-
-
 # --------------------------------------------------------------------------------------------
 # Validation
 

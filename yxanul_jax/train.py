@@ -22,7 +22,7 @@ from yxanul_jax import accounting, console
 from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
 from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
-from yxanul_jax.data import PreparedDataset, make_train_stream, open_dataset
+from yxanul_jax.data import PreparedDataset, TrainStream, open_dataset
 from yxanul_jax.errors import cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
 from yxanul_jax.accounting import flops_per_token
@@ -118,9 +118,9 @@ class Trainer:
         self.domains = resolve_domains(cfg.eval.domains, ds)
         self.eval_step = jax.jit(make_eval_step(cfg))
         self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None, self.layout)
-        self.stream = make_train_stream(ds, seed=cfg.data.shuffle_seed, process_index=jax.process_index(),
-                                        process_count=jax.process_count(), num_workers=cfg.data.num_workers,
-                                        prefetch=cfg.data.prefetch)
+        self.stream = TrainStream(ds, seed=cfg.data.shuffle_seed, process_index=jax.process_index(),
+                                  process_count=jax.process_count(), num_workers=cfg.data.num_workers,
+                                  prefetch=cfg.data.prefetch)
         self.peak = peak_flops_per_device(jax.devices()[0])
         self.tokens = 0
         self.times = {"compile_wait": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds outside training
