@@ -90,7 +90,8 @@ def test_attention_matches_einsum_reference(kv_heads):
     sin, cos = rope_tables(16, m.resolved_head_dim, m.rope_theta)
     variables = jax.tree_util.tree_map(lambda a: a, attn.init(jax.random.key(3), x, sin, cos))
     variables = __import__("flax").linen.meta.unbox(variables)
-    got = attn.apply(variables, x, sin, cos)
+    got, cache = attn.apply(variables, x, sin, cos)
+    assert cache is None  # training: no KV cache
     want = _reference_attention(variables["params"], x, m)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 

@@ -285,6 +285,21 @@ class Checkpointer:
         raise UserError(f"no readable checkpoint in '{self.directory}' ({'; '.join(failures)}); "
                         "restore the files or start a new --run-dir")
 
+    def read_meta(self, step: int | None = None) -> dict:
+        """The JSON meta of checkpoint `step` (None: the latest) without reading any array."""
+        self._mngr.reload()
+        present = self.all_steps()
+        if not present or (step is not None and step not in present):
+            raise UserError(f"checkpoint step {step if step is not None else '(latest)'} not found in "
+                            f"'{self.directory}'; steps present: {present or 'none'}")
+        step = present[-1] if step is None else step
+        try:
+            out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"checkpoint step {step} in '{self.directory}' has no readable meta "
+                            f"({type(e).__name__}: {one_line(e, 300)}); pass another step")
+        return dict(out["meta"])
+
     # ---- lifecycle
 
     def wait(self) -> None:

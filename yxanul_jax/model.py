@@ -53,16 +53,26 @@ class RMSNorm(nn.Module):
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
     """sin, cos tables [L, K/2] for positions 0..L-1 (float32)."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles_LxK2 = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    return jnp.sin(angles_LxK2), jnp.cos(angles_LxK2)
+    return rope_at(jnp.arange(seq_len), head_dim, theta)
 
 
-def apply_rope(x_BxLxHxK, sin_LxK2, cos_LxK2):
-    """Rotate channel pairs (i, i + K/2) by position-dependent angles (GPT-NeoX/Llama layout)."""
+def rope_at(positions, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """sin, cos [..., K/2] for integer positions of any shape ([L], or [B, T] when decoding)."""
+    inv_freq_K2 = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq_K2.reshape((1,) * positions.ndim + (-1,))
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+def apply_rope(x_BxLxHxK, sin, cos):
+    """Rotate channel pairs (i, i + K/2) by position-dependent angles (GPT-NeoX/Llama layout).
+
+    sin, cos are [L, K/2] (the same positions for every row) or [B, L, K/2] (per-row positions)."""
     x = x_BxLxHxK.astype(jnp.float32)
     x1, x2 = jnp.split(x, 2, axis=-1)
-    sin, cos = sin_LxK2[None, :, None, :], cos_LxK2[None, :, None, :]
+    if sin.ndim == 2:
+        sin, cos = sin[None, :, None, :], cos[None, :, None, :]
+    else:
+        sin, cos = sin[:, :, None, :], cos[:, :, None, :]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_BxLxHxK.dtype)
 
@@ -131,13 +141,19 @@ def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> s
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention with RoPE through `jax.nn.dot_product_attention`."""
+    """Causal grouped-query attention with RoPE through `jax.nn.dot_product_attention`.
+
+    Training: `cache=None`, the L tokens attend causally to each other. Decoding: `cache` holds this
+    layer's keys and values {"k", "v": [B, S, G, K]} (kv heads only); the new tokens' keys and values
+    are written at `positions` [B, L] and every token attends to the cached positions <= its own.
+    Returns (output, updated cache or None).
+    """
 
     cfg: ModelConfig
     fp8: FP8Config
 
     @nn.compact
-    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2):
+    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None):
         c = self.cfg
         B, L, D = x_BxLxD.shape
         H, G, K = c.n_heads, c.n_kv_heads, c.resolved_head_dim
@@ -147,10 +163,22 @@ class Attention(nn.Module):
         v_BxLxGxK = _dense(c, self.fp8, "v", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
         q_BxLxHxK = apply_rope(q_BxLxHxK, sin_LxK2, cos_LxK2)
         k_BxLxGxK = apply_rope(k_BxLxGxK, sin_LxK2, cos_LxK2)
-        impl = attention_implementation(c)
-        o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
-                                                 implementation=impl)
-        return _dense(c, self.fp8, "o", D, ("heads", "embed"), out_std)(o_BxLxHxK.reshape(B, L, H * K))
+        if cache is None:
+            impl = attention_implementation(c)
+            o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
+                                                     implementation=impl)
+        else:
+            rows_Bx1 = jnp.arange(B)[:, None]
+            k_BxSxGxK = cache["k"].at[rows_Bx1, positions_BxL].set(k_BxLxGxK.astype(cache["k"].dtype))
+            v_BxSxGxK = cache["v"].at[rows_Bx1, positions_BxL].set(v_BxLxGxK.astype(cache["v"].dtype))
+            cache = {"k": k_BxSxGxK, "v": v_BxSxGxK}
+            S = k_BxSxGxK.shape[1]
+            visible_BxLxS = jnp.arange(S).reshape(1, 1, S) <= positions_BxL[:, :, None]
+            o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxSxGxK.astype(q_BxLxHxK.dtype),
+                                                     v_BxSxGxK.astype(q_BxLxHxK.dtype),
+                                                     mask=visible_BxLxS[:, None, :, :], implementation="xla")
+        out = _dense(c, self.fp8, "o", D, ("heads", "embed"), out_std)(o_BxLxHxK.reshape(B, L, H * K))
+        return out, cache
 
 
 class SwiGLU(nn.Module):
@@ -170,18 +198,20 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block; (x, sin, cos) -> (x, None) so it can be scanned."""
+    """Pre-norm transformer block; (x, sin, cos, cache, positions) -> (x, cache) so it can be scanned
+    (the cache is this layer's slice when decoding, None in training)."""
 
     cfg: ModelConfig
     fp8: FP8Config
 
     @nn.compact
-    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2):
+    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None):
         c, dt = self.cfg, DTYPES[self.cfg.dtype]
-        x_BxLxD = x_BxLxD + Attention(c, self.fp8, name="attn")(RMSNorm(c.norm_eps, dt, name="attn_norm")(x_BxLxD),
-                                                                sin_LxK2, cos_LxK2)
+        attn_BxLxD, cache = Attention(c, self.fp8, name="attn")(RMSNorm(c.norm_eps, dt, name="attn_norm")(x_BxLxD),
+                                                                 sin_LxK2, cos_LxK2, cache, positions_BxL)
+        x_BxLxD = x_BxLxD + attn_BxLxD
         x_BxLxD = x_BxLxD + SwiGLU(c, self.fp8, name="mlp")(RMSNorm(c.norm_eps, dt, name="mlp_norm")(x_BxLxD))
-        return x_BxLxD, None
+        return x_BxLxD, cache
 
 
 REMAT_POLICIES = {
@@ -215,7 +245,7 @@ class Yxanul(nn.Module):
             block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
         if c.scan_layers:
             self.layers = nn.scan(block, variable_axes={True: 0}, split_rngs={"params": True},
-                                  in_axes=(nn.broadcast, nn.broadcast), length=c.n_layers,
+                                  in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=c.n_layers,
                                   metadata_params={nn.PARTITION_NAME: "layers"})(c, self.fp8, name="layers")
         else:
             self.layers = [block(c, self.fp8, name=f"layer_{i}") for i in range(c.n_layers)]
@@ -233,14 +263,32 @@ class Yxanul(nn.Module):
     def hidden(self, tokens_BxL):
         """Final-normed hidden states h_BxLxD, before the output head."""
         c = self.cfg
-        x_BxLxD = self.embed(tokens_BxL)
         sin_LxK2, cos_LxK2 = rope_tables(tokens_BxL.shape[1], c.resolved_head_dim, c.rope_theta)
-        if c.scan_layers:
-            x_BxLxD, _ = self.layers(x_BxLxD, sin_LxK2, cos_LxK2)
+        h_BxLxD, _ = self._trunk(tokens_BxL, sin_LxK2, cos_LxK2, None, None)
+        return h_BxLxD
+
+    def _trunk(self, tokens_BxL, sin, cos, cache, positions_BxL):
+        """Embedding, the blocks and the final norm; the cache is stacked [n_layers, ...] or None."""
+        x_BxLxD = self.embed(tokens_BxL)
+        if self.cfg.scan_layers:
+            x_BxLxD, cache = self.layers(x_BxLxD, sin, cos, cache, positions_BxL)
         else:
-            for layer in self.layers:
-                x_BxLxD, _ = layer(x_BxLxD, sin_LxK2, cos_LxK2)
-        return self.final_norm(x_BxLxD)
+            new = []
+            for i, layer in enumerate(self.layers):
+                layer_cache = None if cache is None else jax.tree_util.tree_map(lambda a: a[i], cache)
+                x_BxLxD, layer_cache = layer(x_BxLxD, sin, cos, layer_cache, positions_BxL)
+                new.append(layer_cache)
+            cache = None if cache is None else jax.tree_util.tree_map(lambda *a: jnp.stack(a), *new)
+        return self.final_norm(x_BxLxD), cache
+
+    def decode(self, tokens_BxT, positions_BxT, cache):
+        """One decoding call with a KV cache: T new tokens per row at `positions` [B, T] (a prefill
+        when T > 1, one generated token when T = 1). `cache` is `init_cache(...)`'s layout. Returns
+        (float32 logits [B, T, vocab_size], updated cache)."""
+        c = self.cfg
+        sin_BxTxK2, cos_BxTxK2 = rope_at(positions_BxT, c.resolved_head_dim, c.rope_theta)
+        h_BxTxD, cache = self._trunk(tokens_BxT, sin_BxTxK2, cos_BxTxK2, cache, positions_BxT)
+        return self.logits(h_BxTxD)[..., :c.vocab_size], cache
 
     def logits(self, h_NxD):
         """Output head: h[..., D] -> float32 logits[..., padded_vocab]; the padded columns are -inf
@@ -264,6 +312,12 @@ class Yxanul(nn.Module):
     def __call__(self, tokens_BxL):
         """Token ids [B, L] -> float32 logits [B, L, vocab_size]."""
         return self.logits(self.hidden(tokens_BxL))[..., :self.cfg.vocab_size]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    """An empty KV cache for `Yxanul.decode`: {"k", "v": [n_layers, B, max_len, kv heads, head_dim]}."""
+    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.resolved_head_dim)
+    return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,0 +1,77 @@
+"""KV-cache decoding: equal to recomputing the whole prefix, batched prompts of different lengths equal to
+one at a time, sampling filters, and the user errors."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from yxanul_jax.config import FP8Config
+from yxanul_jax.errors import UserError
+from yxanul_jax.generate import filter_logits, generate, sample
+from yxanul_jax.model import Yxanul, init_variables
+
+from conftest import micro_model
+
+OFF = FP8Config(enabled=False)
+
+
+def _greedy_by_recomputing(m, variables, prompt, n):
+    model, tokens = Yxanul(m, OFF), list(prompt)
+    for _ in range(n):
+        logits = model.apply(variables, jnp.asarray([tokens], jnp.int32))
+        tokens.append(int(jnp.argmax(logits[0, -1])))
+    return tokens[len(prompt):]
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_cached_greedy_decoding_equals_recomputing_the_prefix(scan):
+    m = micro_model(scan_layers=scan, remat="full" if scan else "none")
+    variables = init_variables(m, OFF, jax.random.key(0))
+    prompt = [5, 17, 3, 60, 2, 9, 41]
+    want = _greedy_by_recomputing(m, variables, prompt, 12)
+    got = generate(m, OFF, variables, [prompt], 12)["tokens"][0]
+    assert got == want
+
+
+def test_batched_prompts_of_different_lengths_equal_one_at_a_time():
+    m = micro_model()
+    variables = init_variables(m, OFF, jax.random.key(1))
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12, 13, 14], [42]]
+    together = generate(m, OFF, variables, prompts, 8)["tokens"]
+    alone = [generate(m, OFF, variables, [p], 8)["tokens"][0] for p in prompts]
+    assert together == alone
+
+
+def test_decoding_stops_at_eos_and_runs_with_fp8_state():
+    m = micro_model()
+    fp8 = FP8Config(amax_history_len=4, scaling="current")
+    variables = init_variables(m, fp8, jax.random.key(2))
+    first = generate(m, fp8, variables, [[3, 4, 5]], 6)["tokens"][0]
+    eos = first[1]
+    stopped = generate(m, fp8, variables, [[3, 4, 5]], 6, eos_id=eos)["tokens"][0]
+    assert stopped == first[:first.index(eos) + 1]  # EOS is kept, nothing after it
+
+
+def test_sampling_filters():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))
+    assert np.isneginf(np.asarray(filter_logits(logits, 1.0, 2, 1.0)))[0].tolist() == [False, False, True, True]
+    assert np.isneginf(np.asarray(filter_logits(logits, 1.0, 0, 0.7)))[0].tolist() == [False, False, True, True]
+    assert np.isneginf(np.asarray(filter_logits(logits, 1.0, 0, 0.1)))[0].tolist() == [False, True, True, True]
+    key = jax.random.key(0)
+    assert int(sample(logits, key, temperature=1.0, top_k=1)[0]) == 0  # top-1 is greedy
+    draws = [int(sample(logits, k, temperature=1.0)[0]) for k in jax.random.split(key, 400)]
+    assert 0.4 < draws.count(0) / 400 < 0.6 and set(draws) <= {0, 1, 2, 3}
+    assert int(sample(logits, key, temperature=0.0)[0]) == 0
+
+
+def test_user_errors():
+    m = dataclasses.replace(micro_model(), max_position=16)
+    variables = init_variables(m, OFF, jax.random.key(0))
+    with pytest.raises(UserError, match="prompt is empty"):
+        generate(m, OFF, variables, [[1, 2], []], 4)
+    with pytest.raises(UserError, match="exceeds the model's max_position"):
+        generate(m, OFF, variables, [list(range(10))], 8)
+    with pytest.raises(UserError, match="top-p"):
+        generate(m, OFF, variables, [[1]], 2, temperature=1.0, top_p=0.0)
