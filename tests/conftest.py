@@ -44,3 +44,21 @@ def no_fp8() -> FP8Config:
 
 def micro_config(**model_overrides) -> Config:
     return dataclasses.replace(Config(), model=micro_model(**model_overrides))
+
+
+TRAINED_RUN = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+               "model.ffn_dim=128", "model.embed_rank=16", "curriculum=[{start_step: 0, seq_len: 32, batch_size: 8}]",
+               "train.steps=6", "eval.interval=0", "eval.max_batches=1", "eval.batch_size=4",
+               "checkpoint.interval=0", "checkpoint.async_save=false", "optim.warmup_steps=2"]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """A run directory with a tiny model trained for 6 steps (FP8 on, demo corpus) by `train()`."""
+    from yxanul_jax.config import load_config
+    from yxanul_jax.train import train
+
+    os.environ["YXANUL_CACHE"] = str(tmp_path_factory.mktemp("cache"))  # this worker's demo corpus
+    run_dir = tmp_path_factory.mktemp("trained-run")
+    train(load_config(None, TRAINED_RUN), str(run_dir))
+    return run_dir

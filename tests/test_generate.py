@@ -75,3 +75,30 @@ def test_user_errors():
         generate(m, OFF, variables, [list(range(10))], 8)
     with pytest.raises(UserError, match="top-p"):
         generate(m, OFF, variables, [[1]], 2, temperature=1.0, top_p=0.0)
+
+
+def _cli(*args):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    return subprocess.run([sys.executable, "-m", "yxanul_jax.generate", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
+def test_cli_samples_a_trained_run_and_refuses_bad_prompts(trained_run):
+    import json
+
+    ok = _cli("--run-dir", str(trained_run), "--prompt", "def ", "--prompt", "import os\nclass ", "--max-new-tokens",
+              "8", "--num-samples", "2", "--seed", "1", "--json")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    out = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert len(out["samples"]) == 4 and out["step"] == 6 and out["tokens_per_sec"] > 0
+    assert all(1 <= s["tokens"] <= 8 for s in out["samples"]) and "--- sample 4" in ok.stdout
+    for args, needle in ((["--prompt", ""], "prompt is empty"),
+                         (["--prompt", "x", "--max-new-tokens", "5000"], "exceeds the model's max_position"),
+                         ([], "give a prompt")):
+        bad = _cli("--run-dir", str(trained_run), *args)
+        lines = [line for line in bad.stderr.splitlines() if line.strip()]
+        assert bad.returncode == 2 and len(lines) == 1 and needle in lines[0], bad.stderr

@@ -1,0 +1,122 @@
+"""Export to Hugging Face: the real `transformers` loads what we write, its logits equal our float32
+forward, its greedy generation equals ours, and importing the export gives the same model back."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from yxanul_jax import hf
+from yxanul_jax.config import FP8Config
+from yxanul_jax.export import export
+from yxanul_jax.generate import generate
+from yxanul_jax.model import Yxanul, init_variables
+from yxanul_jax.trained import Trained, load_trained
+
+from conftest import REPO, micro_model
+
+torch = pytest.importorskip("torch", reason="the parity tests need torch (CPU build) and transformers: the dev extra")
+transformers = pytest.importorskip("transformers")
+
+TEXT = Path(__file__).read_text()[:1500]  # real text: Python source, like the demo corpus
+OFF = FP8Config(enabled=False)
+TOL = 1e-4  # relative to the largest |logit|: float32 on both sides, different summation orders
+
+
+def _ours_f32(trained: Trained, ids):
+    m = dataclasses.replace(trained.cfg.model, dtype="float32")
+    return np.asarray(Yxanul(m, OFF).apply({"params": trained.params}, jnp.asarray([ids], jnp.int32))[0])
+
+
+def _theirs(folder, ids):
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        return model, model(torch.tensor([ids])).logits[0].numpy()
+
+
+def test_exported_trained_model_matches_in_transformers(trained_run, tmp_path):
+    trained = load_trained(run_dir=str(trained_run))
+    out = tmp_path / "hf"
+    summary = export(trained, str(out), "float32")
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors",
+                                       "tokenizer.json", "tokenizer_config.json"]
+    assert summary["tie_word_embeddings"] and summary["vocab_size"] == 512
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tok(TEXT)["input_ids"][:96]
+    assert ids == trained.tokenizer().tokenizer.encode(TEXT).ids[:96]  # the same tokenizer, through transformers
+    model, theirs = _theirs(out, ids)
+    ours = _ours_f32(trained, ids)
+    assert model.config.vocab_size == 512 and theirs.shape == ours.shape == (96, 512)
+    np.testing.assert_allclose(theirs, ours, rtol=0, atol=TOL * np.abs(ours).max())
+    # 20 greedy tokens: transformers.generate == ours (no EOS stop on either side within 20)
+    prompt = ids[:24]
+    want = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+    m = dataclasses.replace(trained.cfg.model, dtype="float32")
+    got = generate(m, OFF, {"params": trained.params}, [prompt], 20)["tokens"][0]
+    assert got == want
+
+
+@pytest.mark.parametrize("overrides", [dict(head="factorized"), dict(head="untied", embed_rank=0),
+                                       dict(head="untied", scan_layers=True, remat="full")],
+                         ids=["factorized-head", "untied-full", "untied-scanned"])
+def test_every_head_maps_to_llama(overrides, tmp_path):
+    m = micro_model(**overrides)
+    params = jax.device_get(init_variables(m, OFF, jax.random.key(3))["params"])
+    tied, tensors = hf.to_hf(m, params)
+    cfg = transformers.LlamaConfig(**{k: v for k, v in hf.hf_config(m, tied, None, "float32").items()
+                                      if k not in ("architectures", "model_type", "dtype", "torch_dtype")})
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"} and (tied or not missing)
+    if tied:
+        model.tie_weights()
+    ids = list(range(1, 40))
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids])).logits[0].numpy()
+    ours = np.asarray(Yxanul(m, OFF).apply({"params": params}, jnp.asarray([ids], jnp.int32))[0])
+    np.testing.assert_allclose(theirs, ours, rtol=0, atol=TOL * np.abs(ours).max())
+
+
+def test_import_of_an_export_gives_the_same_logits():
+    m = micro_model(embed_rank=0, head="untied")  # init.from_hf starts full-embedding models
+    params = jax.device_get(init_variables(m, OFF, jax.random.key(4))["params"])
+    tied, tensors = hf.to_hf(m, params)
+    config = hf.hf_config(m, tied, None, "float32")
+    m2 = hf.model_config_from_hf(config, micro_model(name="imported", n_layers=1, d_model=16))
+    assert (m2.d_model, m2.n_layers, m2.embed_rank, m2.head, m2.padded_vocab) == (32, 2, 0, "untied", 112)
+    like = init_variables(m2, OFF, jax.random.key(0))["params"]
+    back = hf.from_hf(m2, tensors, like)
+    ids = jnp.arange(1, 30)[None, :]
+    np.testing.assert_array_equal(np.asarray(Yxanul(m2, OFF).apply({"params": back}, ids)),
+                                  np.asarray(Yxanul(m, OFF).apply({"params": params}, ids)))
+
+
+def test_import_refuses_what_is_not_a_llama():
+    base = micro_model()
+    with pytest.raises(Exception, match="not a Llama"):
+        hf.model_config_from_hf({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, base)
+    with pytest.raises(Exception, match="hidden_act"):
+        hf.model_config_from_hf({"model_type": "llama", "hidden_act": "gelu"}, base)
+    with pytest.raises(Exception, match="scaled RoPE"):
+        hf.model_config_from_hf({"model_type": "llama", "rope_scaling": {"type": "linear", "factor": 2.0}}, base)
+
+
+def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("keep me")
+    for args, needle in ((["--run-dir", str(trained_run), "--output", str(taken)], "already exists"),
+                         (["--run-dir", str(tmp_path), "--output", str(tmp_path / "new")], "not a run directory"),
+                         (["--output", str(tmp_path / "new")], "exactly one of")):
+        proc = subprocess.run([sys.executable, "-m", "yxanul_jax.export", *args], capture_output=True, text=True,
+                              cwd=REPO, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+    assert (taken / "x").read_text() == "keep me" and not (tmp_path / "new").exists()

@@ -1,0 +1,100 @@
+"""`python -m yxanul_jax.export`: a trained model as a Hugging Face Llama folder that `transformers` loads.
+
+    python -m yxanul_jax.export --run-dir runs/tiny --output hf/tiny [--dtype bfloat16|float32]
+    python -m yxanul_jax.export --checkpoint runs/tiny/checkpoints/300 --output hf/tiny
+
+Writes `config.json` (LlamaForCausalLM), `model.safetensors` (the `safetensors` library; the
+factorized embedding materialized as E·P, see `yxanul_jax.hf`), `tokenizer.json` +
+`tokenizer_config.json` (the run's tokenizer) and `generation_config.json` (EOS). Everything is
+written into a temporary folder beside the output and renamed into place at the end; an existing
+output is refused. Then:
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("hf/tiny"); tok = AutoTokenizer.from_pretrained("hf/tiny")
+
+The FP8 state is not exported: the exported weights are the float32 master weights (cast to
+`--dtype`), as every FP8 training recipe ships them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from yxanul_jax import console
+from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.hf import hf_config, to_hf
+
+DTYPES = ("bfloat16", "float32")
+
+
+def export(trained, output: str, dtype: str = "bfloat16") -> dict:
+    """Write the HF folder of a `trained.Trained` to `output` (atomically); returns a summary dict."""
+    import jax.numpy as jnp
+    from safetensors.flax import save_file
+
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    output = os.path.abspath(output)
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise UserError(f"--output '{output}' already exists; pass a new folder (nothing is overwritten)")
+    parent = os.path.dirname(output)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise UserError(f"--output '{output}': its folder '{parent}' does not exist or is not writable")
+    tok = trained.tokenizer()
+    m = trained.cfg.model
+    tied, tensors = to_hf(m, trained.params)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output)}.tmp-")
+    try:
+        jdt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+        save_file({k: jnp.asarray(v, jdt) for k, v in tensors.items()}, os.path.join(tmp, "model.safetensors"),
+                  metadata={"format": "pt"})
+        _write_json(tmp, "config.json", hf_config(m, tied, tok.eos_id, dtype))
+        _write_json(tmp, "generation_config.json", {"bos_token_id": tok.eos_id, "eos_token_id": tok.eos_id,
+                                                     "do_sample": False})
+        shutil.copyfile(trained.tokenizer_path, os.path.join(tmp, "tokenizer.json"))
+        _write_json(tmp, "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                    "eos_token": tok.eos_token, "bos_token": tok.eos_token,
+                                                    "model_max_length": m.max_position, "add_bos_token": False})
+        if os.path.isdir(output):
+            os.rmdir(output)  # an empty folder the user made
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    n = sum(int(v.size) for v in tensors.values())
+    return {"output": output, "step": trained.step, "tensors": len(tensors), "values": n, "dtype": dtype,
+            "tie_word_embeddings": tied, "vocab_size": m.vocab_size}
+
+
+def _write_json(folder: str, name: str, obj: dict) -> None:
+    with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2)
+        fh.write("\n")
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m yxanul_jax.export", description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", default=None, help="a training run directory (its latest checkpoint)")
+    p.add_argument("--checkpoint", default=None, help="a checkpoint directory or one step's directory")
+    p.add_argument("--output", required=True, help="new folder for the Hugging Face model")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    args = p.parse_args(argv)
+    from yxanul_jax.trained import load_trained
+
+    out = os.path.abspath(args.output)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):  # before the restore
+        raise UserError(f"--output '{out}' already exists; pass a new folder (nothing is overwritten)")
+    summary = export(load_trained(args.run_dir, args.checkpoint), args.output, args.dtype)
+    console.info(f"exported step {summary['step']} to {summary['output']}: {summary['tensors']} tensors, "
+                 f"{summary['values']:,} values ({summary['dtype']}), tied embeddings {summary['tie_word_embeddings']}")
+    console.info(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
