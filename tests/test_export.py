@@ -120,3 +120,29 @@ def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
     assert (taken / "x").read_text() == "keep me" and not (tmp_path / "new").exists()
+
+
+def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
+    # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights
+    from yxanul_jax.config import load_config
+    from yxanul_jax.steps import abstract_train_state
+    from yxanul_jax.checkpoint import Checkpointer
+    from yxanul_jax.train import train
+
+    from conftest import TRAINED_RUN
+    source = load_trained(run_dir=str(trained_run))
+    folder = tmp_path / "hf"
+    export(source, str(folder), "float32")
+    cfg = load_config(None, TRAINED_RUN + [f"init.from_hf={folder}", "train.steps=1", "optim.lr=1e-12",
+                                           "optim.weight_decay=0", "model.d_model=8", "model.n_layers=1"])
+    run = tmp_path / "run"
+    train(cfg, str(run))
+    started = load_trained(run_dir=str(run))
+    m = started.cfg.model
+    assert (m.d_model, m.n_layers, m.embed_rank, m.head) == (64, 2, 0, "tied")  # sizes from config.json
+    ids = list(range(3, 60))
+    ours = np.asarray(Yxanul(dataclasses.replace(m, dtype="float32"), OFF).apply(
+        {"params": started.params}, jnp.asarray([ids], jnp.int32))[0])
+    np.testing.assert_allclose(ours, _ours_f32(source, ids), rtol=0, atol=TOL * np.abs(ours).max())
+    with pytest.raises(Exception, match="no config.json"):
+        train(load_config(None, TRAINED_RUN + [f"init.from_hf={tmp_path}"]), str(tmp_path / "run2"))

@@ -46,8 +46,11 @@ def rows(run_dir, kind="loss"):
 
 def test_default_command_loss_falls(env, tmp_path):
     run = str(tmp_path / "run")
-    train(env, "--run-dir", run, "train.steps=30", "curriculum.1.start_step=15", "train.log_every=1",
-          "eval.max_batches=2")
+    proc = train(env, "--run-dir", run, "train.steps=30", "curriculum.1.start_step=15", "train.log_every=1",
+                 "eval.max_batches=2")
+    # the run ends in text: a sample from the model it trained, under the validation table
+    tail = proc.stdout[proc.stdout.index("validation at step 30"):]
+    assert "sample (train.sample_prompt, " in tail and "\ndef " in tail
     losses = [r["loss"] for r in rows(run)]
     assert len(losses) == 30
     assert np.mean(losses[-5:]) < losses[0] - 1.0, losses

@@ -10,6 +10,8 @@ COMMANDS = {
     "tokenizer": "train a BPE tokenizer or measure characters per token",
     "prepare": "tokenize a corpus into shards with a manifest",
     "analyze": "cost, memory and GEMM analysis of a compiled train step, here or for an H100 (--target)",
+    "generate": "sample text from a trained model (KV cache)",
+    "export": "write a trained model as a Hugging Face Llama folder",
 }
 
 # `inspect` shadowed the standard library's module when a file of the package ran as a script.

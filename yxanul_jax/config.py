@@ -230,6 +230,16 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
+class InitConfig:
+    """Where a fresh run's parameters come from."""
+
+    from_hf: str = ""
+    """A Hugging Face Llama folder (config.json + model.safetensors): a fresh run starts from its
+    weights, the model's sizes read from its config.json (full embedding, head tied or untied as
+    saved; other model fields, such as dtype and remat, stay as configured). Empty: random init."""
+
+
+@dataclass(frozen=True)
 class ProfileConfig:
     """XLA profiling."""
 
@@ -255,6 +265,10 @@ class TrainConfig:
     """Tokens per chunk of the chunked cross-entropy (the full logits never exist at once)."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
+    sample_prompt: str = "def "
+    """Prompt of the short sample printed when a run finishes (the demo corpus is Python source)."""
+    sample_tokens: int = 48
+    """Tokens of that sample (temperature 0.8, top-k 40, seeded by train.seed); 0: no sample."""
     xla_options: dict[str, Union[bool, int, float, str]] = field(default_factory=dict)
     """XLA compiler options of the train step (e.g. `xla_gpu_enable_triton_gemm: false`), passed to
     `.compile(compiler_options=...)` and shown in the run header; empty: XLA's defaults (no GPU
@@ -281,6 +295,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    init: InitConfig = field(default_factory=InitConfig)
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,6 +545,8 @@ def validate(cfg: Config) -> Config:
     t = cfg.train
     if t.steps < 1:
         raise UserError(f"config key 'train.steps' must be >= 1, got {t.steps}")
+    if t.sample_tokens < 0:
+        raise UserError(f"config key 'train.sample_tokens' must be >= 0, got {t.sample_tokens}")
     if t.loss_chunk < 1 or t.log_every < 1:
         raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
     if cfg.mesh.data == 0 or cfg.mesh.fsdp == 0 or cfg.mesh.data < -1 or cfg.mesh.fsdp < -1:

@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         console.info(f"--- sample {i + 1} (step {trained.step}) ---\n{samples[-1]['prompt']}{text}")
     rate = result["new_tokens"] / max(result["decode_s"], 1e-9)
     console.info(f"{result['new_tokens']} tokens in {result['decode_s']:.2f} s ({rate:,.0f} tokens/s decoding, "
-                 f"batch {len(prompts)}); prefill {result['prefill_s']:.2f} s (compiles included)")
+                 f"batch {len(prompts)}, the one-token step's compile included); prefill {result['prefill_s']:.2f} s "
+                 "(its compile included)")
     if args.json:
         console.info(json.dumps({"step": trained.step, "samples": samples, "tokens_per_sec": rate}))
     return 0

@@ -72,6 +72,54 @@ def to_hf(m: ModelConfig, params: dict) -> tuple[bool, dict[str, np.ndarray]]:
     return tied, {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
+def read_hf(folder: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """(config.json, {tensor name: float32 array}) of a Hugging Face folder (one or several
+    .safetensors files)."""
+    import glob
+    import os
+
+    from safetensors.flax import load_file
+
+    config, _ = read_hf_config(folder)
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise UserError(f"init.from_hf: '{folder}' has no .safetensors weights (PyTorch .bin files are not read); "
+                        "save the model with safe_serialization=True")
+    tensors = {}
+    for path in files:
+        try:
+            tensors.update({k: np.asarray(v, np.float32) for k, v in load_file(path).items()})
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign file
+            raise UserError(f"init.from_hf: '{path}' is not a readable safetensors file ({type(e).__name__})")
+    return config, tensors
+
+
+def resolve_init(cfg):
+    """`cfg` with the model sizes of `init.from_hf`'s config.json (unchanged when it is empty)."""
+    import dataclasses
+
+    from yxanul_jax.config import validate
+
+    if not cfg.init.from_hf:
+        return cfg
+    config, _ = read_hf_config(cfg.init.from_hf)
+    return validate(dataclasses.replace(cfg, model=model_config_from_hf(config, cfg.model)))
+
+
+def read_hf_config(folder: str) -> tuple[dict, None]:
+    import json
+    import os
+
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise UserError(f"init.from_hf: '{folder}' has no config.json; pass a Hugging Face model folder")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh), None
+    except (OSError, ValueError) as e:
+        raise UserError(f"init.from_hf: '{path}' is not readable JSON ({type(e).__name__})")
+
+
 def model_config_from_hf(config: dict, base: ModelConfig) -> ModelConfig:
     """`base` with the sizes of a Llama config.json (full embedding, head tied or untied as saved).
     UserError when the checkpoint is not Llama-compatible."""

@@ -86,6 +86,20 @@ def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, layou
     if ckpt.latest_step() is not None:
         step, state, meta = ckpt.restore(abstract)
         return state, meta, step
+    if cfg.init.from_hf:  # a fresh run from a Hugging Face Llama: its weights, fresh moments
+        from yxanul_jax import hf
+        from yxanul_jax.optim import make_optimizer
+
+        _, tensors = hf.read_hf(cfg.init.from_hf)
+        imported = hf.from_hf(cfg.model, tensors, abstract.params)
+
+        def init_from(key, params):
+            state = init_train_state(cfg, key)
+            return state.replace(params=params, opt_state=make_optimizer(cfg).init(params))
+
+        state = jax.jit(init_from, out_shardings=shardings)(jax.random.key(cfg.train.seed), imported)
+        console.info(f"initialized from the Hugging Face model in {cfg.init.from_hf}")
+        return state, {}, None
     init = jax.jit(lambda key: init_train_state(cfg, key), out_shardings=shardings)
     return init(jax.random.key(cfg.train.seed)), {}, None
 
@@ -219,6 +233,24 @@ class Trainer:
         return state, cfg.train.steps, False
 
 
+def print_sample(cfg: Config, state) -> None:
+    """A short continuation of `train.sample_prompt` by the model just trained: the run ends in text."""
+    from yxanul_jax.generate import generate
+    from yxanul_jax.tokenizer import load_tokenizer
+    from yxanul_jax.trained import tokenizer_path_of
+
+    tok = load_tokenizer(tokenizer_path_of(cfg))
+    prompt = list(map(int, tok.tokenizer.encode(cfg.train.sample_prompt).ids))
+    if not prompt or len(prompt) + cfg.train.sample_tokens > cfg.model.max_position:
+        return
+    variables = {"params": jax.device_get(state.params), **jax.device_get(state.fp8)}
+    out = generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens, temperature=0.8, top_k=40,
+                   seed=cfg.train.seed, eos_id=tok.eos_id)["tokens"][0]
+    text = tok.tokenizer.decode([t for t in out if t != tok.eos_id])
+    console.info(f"sample (train.sample_prompt, {len(out)} tokens, temperature 0.8, top-k 40):\n"
+                 f"{cfg.train.sample_prompt}{text}")
+
+
 def _report_eval(row: dict, step: int) -> None:
     console.info(f"validation at step {step}\n{format_eval(row)}")
     console.info(json.dumps({"step": step, **row}))
@@ -244,6 +276,9 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
     good checkpoint is left intact either way.
     """
     fp8_lib.check_backend(cfg.fp8)
+    if cfg.init.from_hf:
+        from yxanul_jax.hf import resolve_init
+        cfg = resolve_init(cfg)  # the model's sizes are the checkpoint's
     sh.maybe_initialize_distributed(cfg.mesh)
     mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
     lead = jax.process_index() == 0
@@ -278,6 +313,8 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
             row = trainer.validate(state, step, cfg.curriculum[last_stage].seq_len, writer)
             _report_eval(row, step)  # every process: the values are global, so they must agree
             trainer.save(state, step, last_stage, row["val/mean/ppl"])
+            if lead and cfg.train.sample_tokens:
+                print_sample(cfg, state)
         elapsed = time.perf_counter() - started
         outside = sum(trainer.times.values())
         console.info(f"time: {elapsed:.1f} s in all, {elapsed - outside:.1f} s training; outside it compile waits "
