@@ -150,8 +150,14 @@ def test_corrupt_latest_falls_back_with_warning(tmp_path, capsys):
     np.testing.assert_array_equal(state["w"], np.full((2, 3), 2.0, np.float32))
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
     assert any("step 3" in line and "falling back to step 2" in line for line in warnings), warnings
-    with pytest.raises(UserError, match="step 3 .* is unreadable"):
+    # the damaged step was moved aside (never deleted), so the run can save step 3 again
+    moved = os.listdir(os.path.join(directory, "corrupt"))
+    assert len(moved) == 1 and moved[0].startswith("3-") and ckpt.all_steps() == [1, 2]
+    with pytest.raises(UserError, match="step 3 not found"):
         ckpt.restore(_template(_small_state(0)), step=3)
+    assert ckpt.save(3, _small_state(33), {"step": 3}, force=True)
+    ckpt.wait()
+    assert ckpt.restore(_template(_small_state(0)))[0] == 3
     ckpt.close()
 
 

@@ -56,27 +56,54 @@ def test_config_yaml_round_trips(tmp_path):
     assert prepare_run_dir(str(run_dir), cfg) == ckpt_dir  # same config again: accepted (resume)
 
 
-def test_different_config_is_refused_unless_overwrite(tmp_path):
+def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tmp_path):
     run_dir = tmp_path / "run"
     prepare_run_dir(str(run_dir), _cfg())
-    original = (run_dir / "config.yaml").read_text()
     layers, batch = Config().model.n_layers, Config().curriculum[0].batch_size
-    with pytest.raises(UserError, match=rf"'model\.n_layers' is {layers} there but {layers + 1} now; "
-                                        "pass a new --run-dir or overwrite=true"):
-        prepare_run_dir(str(run_dir), _cfg(f"model.n_layers={layers + 1}"))
-    with pytest.raises(UserError, match=rf"'curriculum\.0\.batch_size' is {batch} there but {batch + 1} now"):
-        prepare_run_dir(str(run_dir), _cfg(f"curriculum.0.batch_size={batch + 1}"))
-    assert (run_dir / "config.yaml").read_text() == original
-
+    # nothing trained yet (a failed start): the corrected command is taken, and recorded
+    prepare_run_dir(str(run_dir), _cfg(f"model.n_layers={layers + 1}"))
+    history = [json.loads(x) for x in (run_dir / "config_history.jsonl").read_text().splitlines()]
+    assert history[-1]["changes"] == {"model.n_layers": [layers, layers + 1]}
     (run_dir / "checkpoints" / "100").mkdir(parents=True)
+    original = (run_dir / "config.yaml").read_text()
+    with pytest.raises(UserError, match=rf"'model\.n_layers' is {layers + 1}, not {layers}: that changes the model "
+                                        "or the data; pass a new --run-dir .* or --overwrite to start over"):
+        prepare_run_dir(str(run_dir), _cfg())
+    with pytest.raises(UserError, match=rf"'curriculum\.0\.batch_size' is {batch}, not {batch + 1}"):
+        prepare_run_dir(str(run_dir), _cfg(f"model.n_layers={layers + 1}", f"curriculum.0.batch_size={batch + 1}"))
+    assert (run_dir / "config.yaml").read_text() == original
+    # settings a resume may change: more steps, logging, eval, checkpointing, the peak lr
+    resumed = _cfg(f"model.n_layers={layers + 1}", "train.steps=900", "train.log_every=5", "optim.lr=1e-4",
+                   "eval.interval=50", "checkpoint.interval=25")
+    prepare_run_dir(str(run_dir), resumed)
+    assert from_dict(Config, yaml.safe_load((run_dir / "config.yaml").read_text())) == resumed
+    last = json.loads((run_dir / "config_history.jsonl").read_text().splitlines()[-1])["changes"]
+    assert set(last) == {"train.steps", "train.log_every", "optim.lr", "eval.interval", "checkpoint.interval"}
+
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
-    new = _cfg(f"model.n_layers={layers + 1}")
+    new = _cfg(f"model.n_layers={layers + 2}")
     prepare_run_dir(str(run_dir), new, overwrite=True)
     assert from_dict(Config, yaml.safe_load((run_dir / "config.yaml").read_text())) == new
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.jsonl").exists()
     (aside,) = [p for p in run_dir.iterdir() if p.name.startswith("replaced-")]
     assert (aside / "checkpoints" / "100").is_dir()  # moved, not deleted
-    assert (aside / "config.yaml").read_text() == original
+
+
+def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
+    import subprocess
+    import sys
+
+    from yxanul_jax.rundir import LOCK_FILE, RunLock
+
+    with RunLock(str(tmp_path)):
+        with pytest.raises(UserError, match=r"in use by another train process \(PID \d+\)"):
+            RunLock(str(tmp_path)).acquire()
+    assert not (tmp_path / LOCK_FILE).exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    import socket
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    with RunLock(str(tmp_path)) as lock:  # a stale lock of a process that is gone
+        assert lock.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
 
 
 def test_fresh_start_refuses_existing_checkpoints(tmp_path):

@@ -5,7 +5,13 @@ One checkpoint is one Orbax step directory `<dir>/<step>/` holding two items wri
 
 * `state`: a pytree of arrays (params, optimizer state, FP8 state, RNG key data, ...), saved with
   `StandardSave` (tensorstore/OCDBT) and restored bit-exactly into a template;
-* `meta`: a JSON dict (data-iterator state, curriculum position, the resolved config, ...).
+* `meta`: a JSON dict (data-iterator state, curriculum position, the resolved config, ...) and
+  `checksums`: per array, two wrap-around sums of its raw bits (plain and position-weighted),
+  computed on device at save.
+
+A restore verifies what it read: checksums equal, every float finite. A checkpoint that fails that,
+or whose metadata or arrays cannot be read, is moved aside into `<dir>/corrupt/<step>-<UTC time>/`
+(never deleted) with a warning, and the previous one is tried; saving continues from there.
 
 Orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames when complete, so a run killed mid-save
 leaves the previous checkpoints untouched and the half-written one is ignored (and cleaned up).
@@ -34,11 +40,13 @@ from orbax.checkpoint import checkpoint_managers as ocm
 from yxanul_jax.config import CheckpointConfig
 from yxanul_jax import console
 from yxanul_jax.errors import UserError, one_line
-from yxanul_jax.rundir import CHECKPOINT_DIR, checkpoint_steps
+from yxanul_jax.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
 
 
 METRIC = "val_ppl"
 """Name of the metric that Orbax stores with each step and ranks by (lower is better)."""
+CHECKSUMS = "checksums"
+"""The meta key holding `tree_checksums` of the saved state."""
 
 
 
@@ -102,6 +110,57 @@ def _leaf_specs(tree) -> dict[str, tuple[tuple[int, ...], str]]:
             leaf = jax.eval_shape(jax.random.key_data, leaf)
         specs[".".join(_key_name(k) for k in path)] = (tuple(leaf.shape), np.dtype(leaf.dtype).name)
     return specs
+
+
+def _bits_u32(x) -> jax.Array:
+    """The raw bits of an array as uint32 words (1-, 2-, 4- and 8-byte element types)."""
+    size = jnp.dtype(x.dtype).itemsize
+    if size == 8:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[size]
+    return jax.lax.bitcast_convert_type(x, unsigned).reshape(-1).astype(jnp.uint32)
+
+
+@jax.jit
+def _sums(leaves: list) -> list:
+    out = []
+    for x in leaves:
+        w = _bits_u32(x)
+        weights = (jnp.arange(w.size, dtype=jnp.uint32) % jnp.uint32(65521)) + jnp.uint32(1)
+        out.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weights, dtype=jnp.uint32)]))
+    return out
+
+
+def tree_checksums(tree: Any) -> dict[str, list[int]]:
+    """Dotted path -> [sum, position-weighted sum] (mod 2**32) of every array's bits. Integer sums
+    are order-independent, so the same values give the same checksums on any device or sharding."""
+    named = [(".".join(_key_name(k) for k in path), leaf)
+             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+             if hasattr(leaf, "dtype") and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+             and jnp.dtype(leaf.dtype).itemsize in (1, 2, 4, 8)]
+    sums = jax.device_get(_sums([leaf for _, leaf in named]))
+    return {name: [int(v) for v in s] for (name, _), s in zip(named, sums)}
+
+
+def _trained_parts(state: Any) -> list:
+    """The parameters and optimizer state of a train state (a TrainState or a dict holding them)."""
+    get = state.get if isinstance(state, dict) else lambda k: getattr(state, k, None)
+    return [part for part in (get("params"), get("opt_state")) if part is not None]
+
+
+def verify(state: Any, meta: dict) -> str | None:
+    """Why a restored `state` cannot be trusted, or None: an array whose checksum differs from the
+    saved one, or a NaN/inf in the parameters or optimizer state (the FP8 state and others may
+    hold any value)."""
+    saved = meta.get(CHECKSUMS)
+    if saved is not None:
+        got = tree_checksums(state)
+        bad = sorted(k for k in saved if got.get(k) != saved[k])
+        if bad:
+            return f"array '{bad[0]}' does not match its checksum ({len(bad)} array(s) damaged)"
+    if not tree_is_finite(_trained_parts(state)):
+        return "its parameters or optimizer state hold NaN or inf"
+    return None
 
 
 def _mismatch(saved_specs: dict, wanted_specs: dict) -> str | None:
@@ -221,6 +280,7 @@ class Checkpointer:
             else:
                 console.warn(f"step {step}: validation perplexity is {value}; saving without a metric so it "
                              "can never be the best checkpoint")
+        meta = {**meta, CHECKSUMS: tree_checksums(state)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         with _quiet_missing_metrics():
             self._mngr.save(step, args=args, metrics=metrics, force=True)
@@ -259,11 +319,15 @@ class Checkpointer:
         wanted = _leaf_specs(abstract_state)
         failures = []
         for i, s in enumerate(candidates):
+            reason = None
             try:
                 saved = _leaf_specs(self._mngr.item_metadata(s)["state"])
             except Exception as e:  # noqa: BLE001 - anything unreadable means "try the previous one"
                 reason = f"{type(e).__name__}: {one_line(e, 300)}"
             else:
+                if not saved:  # no state metadata: a damaged checkpoint, not a different config
+                    reason = "its array metadata (state/_METADATA) is missing"
+            if reason is None:
                 diff = _mismatch(saved, wanted)
                 if diff:
                     raise UserError(f"checkpoint step {s} in '{self.directory}' does not match the state "
@@ -272,18 +336,43 @@ class Checkpointer:
                 try:
                     out = self._mngr.restore(s, args=ocp.args.Composite(
                         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-                    return s, out["state"], dict(out["meta"])
                 except Exception as e:  # noqa: BLE001
                     reason = f"{type(e).__name__}: {one_line(e, 300)}"
+                else:
+                    reason = verify(out["state"], dict(out["meta"]))
+                    if reason is None:
+                        return s, out["state"], {k: v for k, v in dict(out["meta"]).items() if k != CHECKSUMS}
             failures.append(f"step {s}: {reason}")
-            if step is None and i + 1 < len(candidates):
-                console.warn(f"checkpoint step {s} in {self.directory} is unreadable ({reason}); falling back to step "
-                             f"{candidates[i + 1]}")
+            if step is None:
+                aside = self._quarantine(s)
+                where = f"moved to {aside}" if aside else "left in place"
+                nxt = f"falling back to step {candidates[i + 1]}" if i + 1 < len(candidates) else "no earlier one"
+                console.warn(f"checkpoint step {s} in {self.directory} cannot be used ({reason}); {where}; {nxt}")
         if step is not None:
             raise UserError(f"checkpoint step {step} in '{self.directory}' is unreadable ({failures[0]}); "
                             "pass another step or the checkpoint directory to take the latest readable one")
         raise UserError(f"no readable checkpoint in '{self.directory}' ({'; '.join(failures)}); "
                         "restore the files or start a new --run-dir")
+
+    def _quarantine(self, step: int) -> str | None:
+        """Move a damaged step aside into `<dir>/corrupt/` (process 0 only; never deleted)."""
+        if jax.process_index() != 0:
+            return None
+        import datetime
+
+        src = os.path.join(self.directory, str(step))
+        if not os.path.isdir(src):
+            return None
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        dst = os.path.join(self.directory, CORRUPT_DIR, f"{step}-{stamp}")
+        try:
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.replace(src, dst)
+        except OSError as e:
+            console.warn(f"could not move damaged checkpoint step {step} aside ({type(e).__name__}); leaving it")
+            return None
+        self._mngr.reload()
+        return dst
 
     def read_meta(self, step: int | None = None) -> dict:
         """The JSON meta of checkpoint `step` (None: the latest) without reading any array."""

@@ -82,6 +82,10 @@ class MetricsWriter:
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._tb.add_scalar(key, float(value), global_step=step)
 
+    def flush(self) -> None:
+        """Push TensorBoard's buffered events to disk (called at every checkpoint save)."""
+        self._tb.flush()
+
     def close(self) -> None:
         self._file.close()
         self._tb.close()

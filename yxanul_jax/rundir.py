@@ -8,6 +8,7 @@ Run directory::
       metrics.jsonl    one JSON object per logged step / validation
       tb/              TensorBoard event files (same scalars as metrics.jsonl)
       checkpoints/     Orbax checkpoints (yxanul_jax.checkpoint)
+        corrupt/       checkpoints that failed verification, moved aside (never deleted)
       profile/         jax.profiler traces (profile.start_step)
       hlo/             optimized HLO of each stage's step (profile.dump_hlo)
 
@@ -16,7 +17,9 @@ tokenized evaluation files and JAX's persistent compilation cache (`xla/`).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -39,6 +42,7 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 CHECKPOINT_DIR = "checkpoints"
+CORRUPT_DIR = "corrupt"
 PROFILE_DIR = "profile"
 HLO_DIR = "hlo"
 RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR, HLO_DIR)
@@ -64,25 +68,35 @@ def atomic_write(path: str, text: str) -> None:
         raise
 
 
-def _first_difference(old: Any, new: Any, key: str = "") -> tuple[str, Any, Any] | None:
-    """(dotted key, old value, new value) of the first difference between two config dicts."""
+CONFIG_HISTORY_FILE = "config_history.jsonl"
+LOCK_FILE = ".lock"
+# Config fields a resumed run may change: they neither change the model nor the data stream. The rest
+# (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused; optim.lr is allowed (the
+# NaN advice says to lower it) and recorded.
+RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sample_tokens", "train.xla_options",
+             "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
+             "optim.lr", "data.num_workers", "data.prefetch")
+
+
+def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every difference between two config dicts."""
     missing = "<absent>"
     if isinstance(old, dict) and isinstance(new, dict):
+        out = []
         for k in list(new) + [k for k in old if k not in new]:
             here = f"{key}.{k}" if key else str(k)
             if k not in old or k not in new:
-                return here, old.get(k, missing), new.get(k, missing)
-            found = _first_difference(old[k], new[k], here)
-            if found:
-                return found
-        return None
+                out.append((here, old.get(k, missing), new.get(k, missing)))
+            else:
+                out += differences(old[k], new[k], here)
+        return out
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        for i, (a, b) in enumerate(zip(old, new)):
-            found = _first_difference(a, b, f"{key}.{i}" if key else str(i))
-            if found:
-                return found
-        return None
-    return None if old == new else (key or "<root>", old, new)
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in differences(a, b, f"{key}.{i}" if key else str(i))]
+    return [] if old == new else [(key or "<root>", old, new)]
+
+
+def _resumable(key: str) -> bool:
+    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -131,18 +145,90 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
                 old = yaml.safe_load(fh)
         except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
             raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
-                            "pass a new --run-dir or overwrite=true")
-        diff = _first_difference(old, yaml.safe_load(text))
-        if diff:
-            key, was, now = diff
-            raise UserError(f"run directory '{run_dir}' holds a different config: '{key}' is {was!r} there "
-                            f"but {now!r} now; pass a new --run-dir or overwrite=true to start over")
+                            "pass a new --run-dir, or --overwrite to start over")
+        diffs = differences(old, yaml.safe_load(text))
+        fixed = [d for d in diffs if not _resumable(d[0])]
+        if fixed and checkpoint_steps(ckpt_dir):
+            key, was, now = fixed[0]
+            raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "
+                            "changes the model or the data; pass a new --run-dir (add --checkpoint "
+                            f"{ckpt_dir} to start from its weights) or --overwrite to start over")
+        if diffs:  # nothing trained yet, or only settings a resume may change: take the new config
+            changes = {k: [was, now] for k, was, now in diffs}
+            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"time": stamp, "changes": changes}, default=str) + "\n")
+            atomic_write(config_path, text)
     steps = checkpoint_steps(ckpt_dir)
     if steps and not resume:
         raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
-                        "resume from them, pass a new --run-dir, or overwrite=true to start over")
+                        "resume from them, pass a new --run-dir, or --overwrite to start over")
     if not os.path.exists(config_path):
         atomic_write(config_path, text)
     return ckpt_dir
+
+
+class RunLock:
+    """`run_dir/.lock` holding this process's PID and host: a second `train` on the same run
+    directory is refused while the first lives; a lock left by a dead process is taken over."""
+
+    def __init__(self, run_dir: str):
+        self.path = os.path.join(os.path.abspath(os.path.expanduser(run_dir)), LOCK_FILE)
+        self.held = False
+
+    def acquire(self) -> "RunLock":
+        import socket
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder and holder.get("host") == me["host"] and _alive(holder.get("pid")):
+                    raise UserError(f"run directory '{os.path.dirname(self.path)}' is in use by another train "
+                                    f"process (PID {holder['pid']}); wait for it to finish or pass another --run-dir")
+                if holder and holder.get("host") != me["host"]:
+                    raise UserError(f"run directory '{os.path.dirname(self.path)}' is locked by a process on host "
+                                    f"{holder.get('host')} (PID {holder.get('pid')}); if it is gone, delete "
+                                    f"{self.path} and run again")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)  # a dead process's lock: take it over
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(me, fh)
+            self.held = True
+            return self
+        raise UserError(f"could not take the lock {self.path}; another process keeps recreating it")
+
+    def _holder(self) -> dict | None:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.held:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            self.held = False
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 

@@ -23,11 +23,11 @@ from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
 from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
 from yxanul_jax.data import PreparedDataset, TrainStream, open_dataset
-from yxanul_jax.errors import cli_entry
+from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
 from yxanul_jax.accounting import flops_per_token
 from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
-from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, prepare_run_dir
+from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, prepare_run_dir
 from yxanul_jax import sharding as sh
 from yxanul_jax.stages import StageCompiler, enable_compilation_cache, stage_index
 from yxanul_jax.steps import init_train_state, make_eval_step
@@ -123,13 +123,13 @@ class Trainer:
     """The loop's state that outlives one step: writers, checkpointer, compiled stages, counters."""
 
     def __init__(self, cfg: Config, ds: PreparedDataset, run_dir: str, ckpt: Checkpointer,
-                 layout: sh.StateLayout | None = None):
+                 layout: sh.StateLayout | None = None, domains: dict | None = None):
         self.cfg, self.ds, self.run_dir, self.ckpt = cfg, ds, run_dir, ckpt
         self.layout = layout if layout is not None else sh.state_layout(cfg, sh.make_mesh(cfg.mesh))
         self.mesh = self.layout.mesh
         sh.check_divisible(cfg, self.mesh)
         self.batch_sharding = self.layout.batch
-        self.domains = resolve_domains(cfg.eval.domains, ds)
+        self.domains = domains if domains is not None else resolve_domains(cfg.eval.domains, ds)
         self.eval_step = jax.jit(make_eval_step(cfg))
         self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None, self.layout)
         self.stream = TrainStream(ds, seed=cfg.data.shuffle_seed, process_index=jax.process_index(),
@@ -143,7 +143,7 @@ class Trainer:
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
 
     def validate(self, state, step: int, seq_len: int, writer: MetricsWriter | None) -> dict:
-        row = validate_on_mesh(self.cfg, self.eval_step, state, self.domains, self.cfg.eval.seq_len or seq_len,
+        row = validate_on_mesh(self.cfg, self.eval_step, state, self.domains, eval_seq_len(self.cfg, seq_len),
                                self.mesh)
         if writer is not None:
             writer.write({"step": step, **row})
@@ -153,7 +153,8 @@ class Trainer:
         if not tree_is_finite(state.params):
             console.warn(f"parameters are not finite at step {step}; not saving")
             return False
-        return self.ckpt.save(step, state, self.meta(stage), val_ppl=val_ppl, force=True)
+        return self.ckpt.save(step, state, {**self.meta(stage), "validated": val_ppl is not None}, val_ppl=val_ppl,
+                              force=True)
 
     def run(self, state, start_step: int, writer: MetricsWriter, progress: Progress):
         cfg = self.cfg
@@ -213,7 +214,9 @@ class Trainer:
                     jax.profiler.stop_trace()
                 done = step + 1
                 do_eval = cfg.eval.interval > 0 and done % cfg.eval.interval == 0 and done < total
-                if do_eval or self.ckpt.should_save(done) or guard.requested:
+                # the last step is saved once, after the final validation, with its perplexity
+                interval_save = self.ckpt.should_save(done) and done < total
+                if do_eval or interval_save or guard.requested:
                     flush()
                     t0 = time.perf_counter()
                     row = self.validate(state, done, stage.seq_len, writer) if do_eval else {}
@@ -221,6 +224,7 @@ class Trainer:
                         console.info(f"step {done} validation\n{format_eval(row)}")
                     t1 = time.perf_counter()
                     self.save(state, done, si, row.get("val/mean/ppl"))
+                    writer.flush()  # TensorBoard loses nothing a checkpoint covers
                     paused += time.perf_counter() - t0
                     self.times["validation"] += t1 - t0
                     self.times["checkpoint"] += time.perf_counter() - t1
@@ -262,8 +266,33 @@ class _NullWriter:
     def write(self, row: dict) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
+
+
+def eval_seq_len(cfg: Config, stage_seq_len: int) -> int:
+    """Validation row length: eval.seq_len; else, when the best checkpoint is chosen by perplexity,
+    the last stage's (one length for every comparison); else the current stage's."""
+    if cfg.eval.seq_len:
+        return cfg.eval.seq_len
+    return cfg.curriculum[-1].seq_len if cfg.checkpoint.keep_best else stage_seq_len
+
+
+def check_run(cfg: Config, ds: PreparedDataset, mesh) -> dict:
+    """Every check that can fail before training, run before anything is written: mesh and batch
+    divisibility, evaluation domains (files, columns, templates, vocabulary) and their batches.
+    Returns the resolved evaluation domains."""
+    sh.check_divisible(cfg, mesh)
+    if cfg.eval.batch_size < 1 or cfg.eval.max_batches < 0:
+        raise UserError(f"config keys 'eval.batch_size' ({cfg.eval.batch_size}) must be >= 1 and "
+                        f"'eval.max_batches' ({cfg.eval.max_batches}) >= 0")
+    if cfg.eval.batch_size % jax.process_count():
+        raise UserError(f"config key 'eval.batch_size' ({cfg.eval.batch_size}) must divide evenly over "
+                        f"{jax.process_count()} processes")
+    return resolve_domains(cfg.eval.domains, ds)
 
 
 def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
@@ -272,8 +301,9 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
     `checkpoint`), and return {"step", "interrupted", "validation" (the final row, or None)}.
 
     The library form of `python -m yxanul_jax.train` (a notebook or another program calls this).
-    Raises UserError for a user mistake and TrainingDiverged when the loss becomes NaN/inf; the last
-    good checkpoint is left intact either way.
+    Raises UserError for a user mistake (found before anything is written to the run directory)
+    and TrainingDiverged when the loss becomes NaN/inf; the last good checkpoint is left intact
+    either way. The run directory is locked while it trains.
     """
     fp8_lib.check_backend(cfg.fp8)
     if cfg.init.from_hf:
@@ -284,42 +314,64 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
     lead = jax.process_index() == 0
     run_dir = run_dir or os.path.join("runs", cfg.model.name)
     ds = open_training_data(cfg)
+    domains = check_run(cfg, ds, mesh)
     enable_compilation_cache()
+    lock = RunLock(run_dir).acquire() if lead else None
+    try:
+        return _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) -> dict:
     ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=overwrite) if lead else os.path.join(run_dir, CHECKPOINT_DIR)
     if lead:
         console.info(run_header(cfg, with_config=False))
     ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
     layout = sh.state_layout(cfg, mesh)
     state, meta, restored = restore_or_init(cfg, ckpt, checkpoint, layout)
-    trainer = Trainer(cfg, ds, run_dir, ckpt, layout)
+    trainer = Trainer(cfg, ds, run_dir, ckpt, layout, domains)
     start = int(state.step)
     if restored is not None:
         trainer.stream.set_state(meta["data"])
         trainer.tokens = int(meta.get("tokens", 0))
         console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {trainer.tokens:,} tokens)")
-    console.info(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters; data {cfg.data.train or 'demo corpus'}; "
-          f"FP8 {f'{cfg.fp8.backend} ({cfg.fp8.scaling})' if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} stage(s); "
-          f"{cfg.train.steps} steps; mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}; run dir {run_dir} "
-          f"(resolved config in {CONFIG_FILE})")
-    writer = MetricsWriter(run_dir, resume_step=start if restored is not None else None) if lead else _NullWriter()
+    console.info(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters; data "
+                 f"{cfg.data.train or 'demo corpus'}; FP8 "
+                 f"{f'{cfg.fp8.backend} ({cfg.fp8.scaling})' if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} "
+                 f"stage(s); {cfg.train.steps} steps; mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}; "
+                 f"run dir {run_dir} (resolved config in {CONFIG_FILE})")
+    # Every start cuts metrics.jsonl (and TensorBoard, by a purge marker) back to the step it starts
+    # from: rows of steps a killed run logged after its last checkpoint would otherwise appear twice.
+    writer = MetricsWriter(run_dir, resume_step=start) if lead else _NullWriter()
     progress = Progress(cfg.train.steps, stream=None if lead else open(os.devnull, "w"))
-    row = None
+    row, step, interrupted = None, start, False
     started = time.perf_counter()
     try:
+        if start >= cfg.train.steps:
+            console.info(f"this run already finished: step {start} of train.steps={cfg.train.steps}; raise "
+                         "train.steps to train on")
+            if not meta.get("validated"):  # stopped at its last step before validating: do it now
+                last_stage = stage_index(cfg, start - 1)
+                row = trainer.validate(state, start, cfg.curriculum[last_stage].seq_len, writer)
+                _report_eval(row, start)
+            return {"step": start, "interrupted": False, "validation": row}
         state, step, interrupted = trainer.run(state, start, writer, progress)
-        if not interrupted and start < cfg.train.steps:
+        if not interrupted:
             progress.close()
             last_stage = stage_index(cfg, step - 1)
             row = trainer.validate(state, step, cfg.curriculum[last_stage].seq_len, writer)
             _report_eval(row, step)  # every process: the values are global, so they must agree
             trainer.save(state, step, last_stage, row["val/mean/ppl"])
+            writer.flush()
             if lead and cfg.train.sample_tokens:
                 print_sample(cfg, state)
         elapsed = time.perf_counter() - started
         outside = sum(trainer.times.values())
         console.info(f"time: {elapsed:.1f} s in all, {elapsed - outside:.1f} s training; outside it compile waits "
-              f"{trainer.times['compile_wait']:.1f} s, validation {trainer.times['validation']:.1f} s, checkpoints "
-              f"{trainer.times['checkpoint']:.1f} s")
+                     f"{trainer.times['compile_wait']:.1f} s, validation {trainer.times['validation']:.1f} s, "
+                     f"checkpoints {trainer.times['checkpoint']:.1f} s")
     except TrainingDiverged as e:
         progress.close()
         e.last_good_step = ckpt.latest_step()
@@ -360,7 +412,7 @@ def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | 
         step, state, _ = ckpt.restore(sh.state_layout(cfg, mesh).abstract, step)
     finally:
         ckpt.close()
-    seq_len = cfg.eval.seq_len or cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
+    seq_len = eval_seq_len(cfg, cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len)
     row = validate_on_mesh(cfg, jax.jit(make_eval_step(cfg)), state, resolve_domains(cfg.eval.domains, ds),
                            seq_len, mesh)
     if jax.process_index() == 0:

@@ -1,0 +1,103 @@
+"""Fault injection: damaged checkpoints are caught, moved aside and skipped; a run never logs a step
+twice; a finished run says so; the last checkpoint carries its perplexity."""
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from yxanul_jax.checkpoint import Checkpointer
+from yxanul_jax.config import CheckpointConfig, load_config
+from yxanul_jax.rundir import CORRUPT_DIR
+
+from conftest import TRAINED_RUN
+
+
+def _ckpt(directory):
+    return Checkpointer(str(directory), CheckpointConfig(interval=1, max_to_keep=5, keep_best=False,
+                                                         async_save=False))
+
+
+def _state(v):
+    # random values: the stored chunk cannot be compressed away, so flipped bytes land in array data
+    w = np.random.default_rng(v).normal(size=(64, 64)).astype(np.float32)
+    w[0, 0] = v
+    return {"params": {"w": jnp.asarray(w)}, "opt_state": {"mu": jnp.zeros((64, 64))}}
+
+
+def _template():
+    return {"params": {"w": np.zeros((64, 64), np.float32)}, "opt_state": {"mu": np.zeros((64, 64), np.float32)}}
+
+
+def _largest_data_file(step_dir):
+    files = [os.path.join(d, f) for d, _, names in os.walk(os.path.join(step_dir, "state")) for f in names
+             if "METADATA" not in f and not f.startswith("manifest")]
+    return max(files, key=os.path.getsize)
+
+
+def _saved(directory, steps, bad=None):
+    with _ckpt(directory) as ck:
+        for s in steps:
+            state = _state(s)
+            if bad is not None and s in bad:
+                state = bad[s](state)
+            ck.save(s, state, {"step": s}, force=True)
+
+
+def test_flipped_bytes_are_caught_moved_aside_and_skipped(tmp_path, capsys):
+    _saved(tmp_path, (1, 2))
+    path = _largest_data_file(tmp_path / "2")
+    data = bytearray(open(path, "rb").read())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(b ^ 0xFF for b in data[mid:mid + 64])
+    open(path, "wb").write(bytes(data))
+    with _ckpt(tmp_path) as ck:
+        step, state, meta = ck.restore(_template())
+    assert step == 1 and meta == {"step": 1} and float(state["params"]["w"][0, 0]) == 1.0
+    err = capsys.readouterr().err
+    assert "warning: checkpoint step 2" in err and "falling back to step 1" in err
+    assert os.listdir(tmp_path / CORRUPT_DIR)[0].startswith("2-")
+
+
+def test_missing_metadata_is_a_damaged_checkpoint_not_a_config_mismatch(tmp_path, capsys):
+    _saved(tmp_path, (1, 2))
+    os.remove(os.path.join(tmp_path, "2", "state", "_METADATA"))
+    with _ckpt(tmp_path) as ck:
+        assert ck.restore(_template())[0] == 1
+    assert "falling back to step 1" in capsys.readouterr().err
+
+
+def test_two_damaged_checkpoints_then_saving_goes_on(tmp_path):
+    nan = lambda st: {**st, "params": {"w": st["params"]["w"].at[3, 3].set(jnp.nan)}}  # noqa: E731
+    _saved(tmp_path, (1, 2, 3), bad={2: nan, 3: nan})  # NaN parameters saved (a diverged run)
+    with _ckpt(tmp_path) as ck:
+        step, _, _ = ck.restore(_template())
+        assert step == 1 and ck.all_steps() == [1]
+        assert ck.save(2, _state(20), {"step": 2}, force=True)  # the retrained run saves again
+        assert ck.restore(_template())[0] == 2
+    assert len(os.listdir(tmp_path / CORRUPT_DIR)) == 2
+
+
+def test_no_step_is_logged_twice_and_a_finished_run_says_so(tmp_path, monkeypatch, capsys):
+    from yxanul_jax.train import train
+
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    cfg = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.sample_tokens=0"])
+    train(cfg, str(run))
+    metrics = run / "metrics.jsonl"
+    with open(metrics, "a") as fh:  # rows a killed run logged after its last checkpoint
+        for s in (7, 8, 9):
+            fh.write(json.dumps({"step": s, "loss": 99.0}) + "\n")
+    more = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.sample_tokens=0", "train.steps=8"])
+    train(more, str(run))  # train.steps may grow on resume
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss" in json.loads(x)]
+    assert steps == sorted(set(steps)) and steps[-1] == 8 and 99.0 not in [
+        json.loads(x).get("loss") for x in metrics.read_text().splitlines()]
+    with Checkpointer(str(run / "checkpoints"), more.checkpoint) as ck:
+        assert ck.latest_step() == 8 and ck.best_step() == 8  # the last checkpoint carries its perplexity
+    capsys.readouterr()
+    out = train(more, str(run))
+    assert out["step"] == 8 and "this run already finished: step 8" in capsys.readouterr().out
+    history = (run / "config_history.jsonl").read_text()
+    assert '"train.steps": [6, 8]' in history
