@@ -97,3 +97,38 @@ def test_cli_exits_2_with_one_line(args, needle):
 def test_plan_main_returns_2_in_process(capsys):
     assert plan.main(["model.d_model=abc"]) == 2
     assert "model.d_model" in capsys.readouterr().err
+
+
+def test_cli_habits_overrides_anywhere_and_a_config_path_without_flag(tmp_path):
+    from yxanul_jax.train import parse_args
+
+    args = parse_args(["model.dtype=float32", "--disable-fp8", "train.steps=3", "--run-dir", "x", "eval.interval=0"])
+    assert args.overrides == ["model.dtype=float32", "train.steps=3", "eval.interval=0"] and args.disable_fp8
+    with pytest.raises(UserError, match="did you mean --config configs/tiny.yaml"):
+        load_config(None, ["configs/tiny.yaml"])
+
+
+def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
+    from yxanul_jax.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, cli_entry
+
+    @cli_entry
+    def full(argv=None):
+        raise OSError(28, "No space left on device", "/out/model.safetensors")
+
+    @cli_entry
+    def stopped(argv=None):
+        raise KeyboardInterrupt
+
+    assert full() == EXIT_USER_ERROR and stopped() == EXIT_INTERRUPTED
+    err = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert len(err) == 2 and err[0].startswith("error: No space left on device '/out/model.safetensors'")
+    assert err[1].startswith("error: interrupted (Ctrl-C)")
+
+
+def test_an_overridden_model_gets_its_own_default_run_dir():
+    from yxanul_jax.train import default_run_dir
+
+    assert default_run_dir(load_config("configs/tiny.yaml"), "configs/tiny.yaml") == "runs/tiny"
+    changed = default_run_dir(load_config("configs/tiny.yaml", ["model.d_model=256"]), "configs/tiny.yaml")
+    assert changed.startswith("runs/tiny-") and len(changed) == len("runs/tiny-") + 8
+    assert default_run_dir(load_config("configs/tiny.yaml", ["train.steps=5"]), "configs/tiny.yaml") == "runs/tiny"

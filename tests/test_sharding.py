@@ -1,6 +1,7 @@
 """Sharding and multi-host: the same run on 1 device, 8 virtual devices (data x fsdp) and 2 processes."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -107,3 +108,27 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     # Both processes computed the same global validation loss from their own halves of the data.
     vals = [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for out, _ in outs]
     assert vals[0]["val/mean/loss"] > 0 and vals[0] == vals[1]
+
+
+def test_a_sigterm_on_one_process_stops_both_at_the_same_step(cache, tmp_path):
+    import signal
+    import time
+
+    port = _free_port()
+    run = str(tmp_path / "multi-stop")
+    args = [*RUN, "train.steps=400", "curriculum.1.start_step=300", "eval.interval=0", "checkpoint.interval=0",
+            "train.sample_tokens=0", f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2"]
+    procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
+                               f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.time() + 600
+    metrics = os.path.join(run, "metrics.jsonl")
+    while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).read().splitlines()) >= 3):
+        time.sleep(0.5)
+    procs[1].send_signal(signal.SIGTERM)  # only the second process is told
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-2000:] + err[-3000:]
+    stopped = [int(re.search(r"stopped by .* at step (\d+)", out).group(1)) for out, _ in outs]
+    assert stopped[0] == stopped[1] < 400 and stopped[0] % 5 == 0
+    assert sorted(int(n) for n in os.listdir(os.path.join(run, "checkpoints")) if n.isdigit()) == [stopped[0]]

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--xla-option", action="append", default=[], metavar="K=V",
                         help="an XLA compiler option for this compile (same as train.xla_options.K=V)")
     parser.add_argument("--disable-fp8", action="store_true", help="compile the same model in BF16")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before, between or after flags
     if args.require and not args.target:
         raise UserError("--require checks a GPU compile; add --target h100 (or h200)")
     cfg = config_from_args(args)

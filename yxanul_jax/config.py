@@ -469,6 +469,8 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     """Apply `key.sub=value` strings in order (values parsed as YAML scalars/lists)."""
     for item in overrides:
         if "=" not in item:
+            if item.endswith((".yaml", ".yml")):
+                raise UserError(f"'{item}' looks like a config file; did you mean --config {item}?")
             raise UserError(f"override '{item}' is not of the form key.sub=value")
         key, _, text = item.partition("=")
         key = key.strip()

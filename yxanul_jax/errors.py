@@ -7,6 +7,7 @@ from typing import Callable, TypeVar
 F = TypeVar("F", bound=Callable[..., int | None])
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 
 class UserError(Exception):
@@ -28,16 +29,28 @@ def one_line(e: BaseException, limit: int | None = None) -> str:
 
 
 def cli_entry(main: F) -> F:
-    """Decorate a ``main(argv) -> int`` so that a UserError prints one line and exits 2."""
+    """Decorate a ``main(argv) -> int`` so that a user mistake ends in one `error:` line: a UserError
+    or an operating-system error (read-only output, disk full, permissions, a missing file) exits 2,
+    Ctrl-C exits 130. Files are written to temporary paths and renamed, so nothing is half-written."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        from yxanul_jax import console  # deferred: errors is imported by everything, console by few
+
         try:
             return main(*args, **kwargs)
         except UserError as e:
-            from yxanul_jax import console  # deferred: errors is imported by everything, console by few
-
             console.error(str(e))
             return EXIT_USER_ERROR
+        except OSError as e:
+            where = f" '{e.filename}'" if getattr(e, "filename", None) else ""
+            what = e.strerror or one_line(e)
+            console.error(f"{what}{where} ({type(e).__name__}); free space, fix the permissions or pass "
+                          "another path, then run the command again")
+            return EXIT_USER_ERROR
+        except KeyboardInterrupt:
+            console.error("interrupted (Ctrl-C); finished files and checkpoints are intact, temporary ones "
+                          "are removed on the next run")
+            return EXIT_INTERRUPTED
 
     return wrapper  # type: ignore[return-value]

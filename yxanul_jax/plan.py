@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--headroom", type=float, default=memory.DEFAULT_HEADROOM,
                         help="share of JAX's memory pool kept free (default 0.1)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole plan")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may come before, between or after flags
     gpu = memory.parse_gpu(args.gpu, args.headroom)
     cfg = config_from_args(args)
     plan = build_plan(cfg, gpu)

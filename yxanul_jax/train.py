@@ -21,7 +21,7 @@ import numpy as np
 from yxanul_jax import accounting, console
 from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
-from yxanul_jax.config import Config, add_config_args, config_from_args, to_dict
+from yxanul_jax.config import Config, add_config_args, config_from_args, load_config, to_dict
 from yxanul_jax.data import PreparedDataset, TrainStream, open_dataset
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
@@ -48,11 +48,15 @@ def parse_args(argv):
     p.add_argument("--run-dir", default=None, help="run directory (default: runs/<model.name>)")
     p.add_argument("--overwrite", action="store_true",
                    help="reuse a run directory that holds a different config (old files are moved aside)")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # overrides may come before, between or after flags
 
 
 def load_run_config(args) -> Config:
-    cfg = config_from_args(args)
+    saved = os.path.join(args.run_dir, CONFIG_FILE) if args.run_dir else None
+    if args.eval_only and args.config is None and saved and os.path.isfile(saved):
+        cfg = load_config(saved, args.overrides)  # validate the run as it was trained
+    else:
+        cfg = config_from_args(args)
     if args.disable_fp8:
         cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=False))
     fp8_lib.check_backend(cfg.fp8)
@@ -216,7 +220,8 @@ class Trainer:
                 do_eval = cfg.eval.interval > 0 and done % cfg.eval.interval == 0 and done < total
                 # the last step is saved once, after the final validation, with its perplexity
                 interval_save = self.ckpt.should_save(done) and done < total
-                if do_eval or interval_save or guard.requested:
+                stop = stop_requested(guard, done)
+                if do_eval or interval_save or stop:
                     flush()
                     t0 = time.perf_counter()
                     row = self.validate(state, done, stage.seq_len, writer) if do_eval else {}
@@ -228,13 +233,31 @@ class Trainer:
                     paused += time.perf_counter() - t0
                     self.times["validation"] += t1 - t0
                     self.times["checkpoint"] += time.perf_counter() - t1
-                if guard.requested:
+                if stop:
                     self.ckpt.wait()
-                    console.info(f"stopped by {guard.signal_name} at step {done}; checkpoint saved. "
-                          "Run the same command again to resume.")
+                    by = guard.signal_name or "a signal to another process"
+                    console.info(f"stopped by {by} at step {done}; checkpoint saved. "
+                                 "Run the same command again to resume.")
                     return state, done, True
             flush()
         return state, cfg.train.steps, False
+
+
+STOP_CHECK_EVERY = 5  # steps between the processes' agreement on a stop (a small collective)
+
+
+def stop_requested(guard: SignalGuard, step: int) -> bool:
+    """Whether to stop after `step`. One process: its own signal flag. Several: every process
+    shares its flag every STOP_CHECK_EVERY steps, so a SIGTERM on any one stops all of them at the
+    same step with one checkpoint (a collective save that only some processes enter would hang)."""
+    if jax.process_count() == 1:
+        return guard.requested
+    if step % STOP_CHECK_EVERY:
+        return False
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.array([int(guard.requested)], np.int32))
+    return bool(np.max(flags))
 
 
 def print_sample(cfg: Config, state) -> None:
@@ -384,18 +407,30 @@ def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) 
     return {"step": step, "interrupted": interrupted, "validation": row}
 
 
+def default_run_dir(cfg: Config, config_path: str | None) -> str:
+    """`runs/<model.name>`; when overrides changed the model but not its name, `runs/<name>-<hash>`,
+    so a modified model never takes (and is then refused by) the shipped model's run directory."""
+    import hashlib
+
+    shipped = load_config(config_path).model
+    if cfg.model == shipped:
+        return os.path.join("runs", cfg.model.name)
+    digest = hashlib.sha256(json.dumps(to_dict(cfg.model), sort_keys=True).encode()).hexdigest()[:8]
+    return os.path.join("runs", f"{cfg.model.name}-{digest}")
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = load_run_config(args)
+    run_dir = args.run_dir or default_run_dir(cfg, args.config)
     if args.eval_only:
         sh.maybe_initialize_distributed(cfg.mesh)
         ds = open_training_data(cfg)
         enable_compilation_cache()
-        return eval_only(cfg, ds, args.run_dir or os.path.join("runs", cfg.model.name), args.checkpoint,
-                         sh.make_mesh(cfg.mesh))
+        return eval_only(cfg, ds, run_dir, args.checkpoint, sh.make_mesh(cfg.mesh))
     try:
-        train(cfg, args.run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite)
+        train(cfg, run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite)
     except TrainingDiverged as e:
         console.error(f"{e}; stopping. The last good checkpoint (step {e.last_good_step}) is intact; lower "
                       "optim.lr or raise the warmup, then resume from it.")
