@@ -101,3 +101,19 @@ def test_no_step_is_logged_twice_and_a_finished_run_says_so(tmp_path, monkeypatc
     assert out["step"] == 8 and "this run already finished: step 8" in capsys.readouterr().out
     history = (run / "config_history.jsonl").read_text()
     assert '"train.steps": [6, 8]' in history
+
+
+def test_mistakes_found_before_anything_is_written(trained_run, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the trained_run fixture's cache holds the demo corpus
+    for bad, needle in (("eval.domains.code=/nonexistent/code.parquet", "eval domain 'code'"),
+                        ("eval.batch_size=0", "eval.batch_size")):
+        run = tmp_path / bad.split("=")[0]
+        proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", "--run-dir", str(run), *TRAINED_RUN, bad],
+                              capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
+        assert not run.exists()  # no run directory left behind by a refused start

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from yxanul_jax import console
 from yxanul_jax.rundir import cache_root
 from yxanul_jax.data import PreparedDataset, eval_batches, open_dataset
 from yxanul_jax.errors import UserError
@@ -54,8 +53,8 @@ def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[
         path, _, template = spec.partition("::")
         template = template.replace("\\n", "\n") or None
         if not os.path.exists(path):
-            console.warn(f"eval domain '{name}': '{path}' does not exist; skipping it")
-            continue
+            raise UserError(f"eval domain '{name}': '{path}' does not exist; fix eval.domains.{name} or remove it "
+                            "(a run never validates on something other than what it was told)")
         if Path(path, "manifest.json").exists():
             ds = open_dataset(path)
         else:
@@ -64,6 +63,8 @@ def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[
         out.append(Domain(name, ds))
     if not out:
         out.append(Domain("heldout", train_ds))
+    for d in out:  # no validation split: a UserError now, not at the first validation after training
+        d.dataset.split(d.split)
     return out
 
 
