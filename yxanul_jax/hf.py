@@ -80,7 +80,7 @@ def read_hf(folder: str) -> tuple[dict, dict[str, np.ndarray]]:
 
     from safetensors.flax import load_file
 
-    config, _ = read_hf_config(folder)
+    config = read_hf_config(folder)
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
         raise UserError(f"init.from_hf: '{folder}' has no .safetensors weights (PyTorch .bin files are not read); "
@@ -102,11 +102,12 @@ def resolve_init(cfg):
 
     if not cfg.init.from_hf:
         return cfg
-    config, _ = read_hf_config(cfg.init.from_hf)
+    config = read_hf_config(cfg.init.from_hf)
     return validate(dataclasses.replace(cfg, model=model_config_from_hf(config, cfg.model)))
 
 
-def read_hf_config(folder: str) -> tuple[dict, None]:
+def read_hf_config(folder: str) -> dict:
+    """The config.json of a Hugging Face model folder (UserError when missing or not JSON)."""
     import json
     import os
 
@@ -115,7 +116,7 @@ def read_hf_config(folder: str) -> tuple[dict, None]:
         raise UserError(f"init.from_hf: '{folder}' has no config.json; pass a Hugging Face model folder")
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh), None
+            return json.load(fh)
     except (OSError, ValueError) as e:
         raise UserError(f"init.from_hf: '{path}' is not readable JSON ({type(e).__name__})")
 
