@@ -16,7 +16,7 @@ import time
 import jax
 
 from yxanul_jax.config import load_config
-from yxanul_jax.stages import compile_stage
+from yxanul_jax.stages import compile_stage, compiled_memory
 
 GB = 1e9
 
@@ -31,21 +31,20 @@ def main() -> None:
     stage = cfg.curriculum[args.stage]
     tokens = stage.seq_len * stage.batch_size
     start = time.perf_counter()
-    mem = compile_stage(cfg, stage).memory_analysis()
+    mem = compiled_memory(compile_stage(cfg, stage))
     seconds = time.perf_counter() - start
     naive_logits = tokens * cfg.model.vocab_size * 2  # BF16 logits alone, before their gradient
-    temp, args_b, out_b = mem.temp_size_in_bytes, mem.argument_size_in_bytes, mem.output_size_in_bytes
-    peak = temp + args_b + out_b - mem.alias_size_in_bytes
+    temp, args_b, out_b, peak = mem["temp_bytes"], mem["argument_bytes"], mem["output_bytes"], mem["peak_bytes"]
     print(f"config {args.config} stage {args.stage}: seq_len {stage.seq_len} x batch {stage.batch_size} = "
           f"{tokens:,} tokens, vocab {cfg.model.vocab_size:,}, loss chunk {cfg.train.loss_chunk:,} tokens")
     print(f"{'quantity':<40}{'GB':>10}")
     for name, value in [("arguments (state + batch)", args_b), ("outputs (new state + metrics)", out_b),
-                        ("aliased (donated state)", mem.alias_size_in_bytes), ("temporaries", temp),
+                        ("aliased (donated state)", mem["alias_bytes"]), ("temporaries", temp),
                         ("compiled peak estimate", peak), ("naive BF16 logits alone", naive_logits)]:
         print(f"{name:<40}{value / GB:>10.2f}")
     print(f"compile {seconds:.1f} s on {platform.machine()} ({jax.devices()[0].platform})")
     print(json.dumps({"config": args.config, "stage": args.stage, "tokens": tokens, "temp_bytes": temp,
-                      "argument_bytes": args_b, "output_bytes": out_b, "alias_bytes": mem.alias_size_in_bytes,
+                      "argument_bytes": args_b, "output_bytes": out_b, "alias_bytes": mem["alias_bytes"],
                       "peak_bytes": peak, "naive_logits_bytes": naive_logits, "compile_seconds": round(seconds, 1)}))
 
 

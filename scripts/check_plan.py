@@ -14,7 +14,6 @@ Prints a table and a final JSON line.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import platform as host
@@ -23,9 +22,9 @@ import time
 import jax
 
 from yxanul_jax.config import load_config
+from yxanul_jax.gpu_target import gpu_config
 from yxanul_jax.memory import estimate_stage
-from yxanul_jax.model import attention_implementation
-from yxanul_jax.stages import compile_stage
+from yxanul_jax.stages import compile_stage, compiled_memory
 
 DEFAULT = ["configs/tiny.yaml", "configs/pythia_70m_capped.yaml", "configs/yxanul_197m.yaml:0,4,9",
            "configs/yxanul_270m.yaml:0,5"]
@@ -34,12 +33,8 @@ GB = 1e9
 
 def compiled_peak(cfg, stage, device=None) -> dict:
     start = time.perf_counter()
-    mem = compile_stage(cfg, stage, device=device).memory_analysis()
-    out = {"argument_bytes": mem.argument_size_in_bytes, "output_bytes": mem.output_size_in_bytes,
-           "alias_bytes": mem.alias_size_in_bytes, "temp_bytes": mem.temp_size_in_bytes,
-           "compile_seconds": round(time.perf_counter() - start, 1)}
-    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-    return out
+    out = compiled_memory(compile_stage(cfg, stage, device=device))
+    return {**out, "compile_seconds": round(time.perf_counter() - start, 1)}
 
 
 def main() -> None:
@@ -74,9 +69,7 @@ def main() -> None:
                    "plan_bytes": est["bytes_total"], "plan_phase": est["phase"], "error": round(err, 4)}
             gpu_cols = ""
             if device is not None:
-                gcfg = dataclasses.replace(cfg, model=dataclasses.replace(
-                    cfg.model, attention=attention_implementation(cfg.model, "gpu")))
-                g = compiled_peak(gcfg, stage, device)
+                g = compiled_peak(gpu_config(cfg), stage, device)
                 g_est = estimate_stage(cfg, stage, platform="gpu")["bytes_total"]
                 g_err = (g_est - g["peak_bytes"]) / g["peak_bytes"]
                 row["gpu"] = {**g, "target": args.target, "plan_bytes": g_est, "error": round(g_err, 4)}

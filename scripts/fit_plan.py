@@ -43,8 +43,8 @@ def collect(args) -> None:
     import jax
 
     from yxanul_jax.config import load_config, to_dict
-    from yxanul_jax.model import attention_implementation
-    from yxanul_jax.stages import compile_stage
+    from yxanul_jax.gpu_target import gpu_config
+    from yxanul_jax.stages import compile_stage, compiled_memory
 
     device = None
     if args.target:
@@ -55,15 +55,13 @@ def collect(args) -> None:
         for path, stages, overrides in VARIANTS:
             cfg = load_config(path, overrides)
             if device is not None:  # resolve attention=auto as the GPU would
-                attention = attention_implementation(cfg.model, "gpu")
-                cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention))
+                cfg = gpu_config(cfg)
             for i in stages:
                 start = time.perf_counter()
-                mem = compile_stage(cfg, cfg.curriculum[i], device=device).memory_analysis()
-                peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-                        + mem.temp_size_in_bytes)
+                mem = compiled_memory(compile_stage(cfg, cfg.curriculum[i], device=device))
+                peak = mem["peak_bytes"]
                 row = {"config": path, "stage": i, "overrides": overrides, "platform": platform,
-                       "target": args.target, "peak_bytes": int(peak), "temp_bytes": int(mem.temp_size_in_bytes),
+                       "target": args.target, "peak_bytes": peak, "temp_bytes": mem["temp_bytes"],
                        "cfg": to_dict(cfg), "compile_s": round(time.perf_counter() - start, 1)}
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()

@@ -55,20 +55,10 @@ def _check_hlo_out(hlo_out: str | None) -> None:
                             "folder); pass a file path in an existing folder")
 
 
-def _memory(compiled) -> dict:
-    mem = compiled.memory_analysis()
-    memory = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
-              "alias_bytes": int(mem.alias_size_in_bytes), "temp_bytes": int(mem.temp_size_in_bytes)}
-    memory["peak_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
-                            + memory["temp_bytes"])
-    return memory
-
-
-def _gpu_report(cfg: Config, stage_index: int, text: str) -> dict:
+def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
     """The GPU-target part of the report: GEMM kinds, FP8 expected vs found, lost, cuDNN attention."""
     from yxanul_jax.accounting import expected_fp8_gemms, fp8_gemms
 
-    items = gemms(text)
     fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)} if cfg.fp8.backend == "xla" else set()
     lost = sorted({f"{g.target} ({g.phase}, {g.precision} {g.engine})" for g in items
                    if g.target in fp8_targets and g.precision != "fp8"})
@@ -90,7 +80,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
 
     from yxanul_jax.memory import estimate_stage
     from yxanul_jax.model import attention_implementation
-    from yxanul_jax.stages import compile_stage
+    from yxanul_jax.stages import compile_stage, compiled_memory
 
     n = len(cfg.curriculum)
     if not -n <= stage_index < n:
@@ -100,15 +90,14 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     _check_hlo_out(hlo_out)
     device = None
     if target:
-        from yxanul_jax.gpu_target import INSTALL_HINT, compile_device, cudnn_available
+        from yxanul_jax.gpu_target import INSTALL_HINT, compile_device, cudnn_available, gpu_config
 
         device = compile_device(target)
         platform = "gpu"
-        attention = attention_implementation(cfg.model, platform)
-        if attention == "cudnn" and not cudnn_available():
+        cfg = gpu_config(cfg)
+        if cfg.model.attention == "cudnn" and not cudnn_available():
             raise UserError(f"--target {target} with cuDNN attention needs cuDNN's library to lower it; install "
                             f"{INSTALL_HINT}, or pass model.attention=xla")
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention))
     else:
         platform = jax.devices()[0].platform
         if cfg.model.attention == "cudnn" and platform != "gpu":
@@ -120,20 +109,21 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
         with open(hlo_out, "w", encoding="utf-8") as fh:
             fh.write(text)
     estimate = estimate_stage(cfg, stage, platform="cpu" if platform == "cpu" else "gpu")
+    items = gemms(text)
     tokens = stage.grad_accum_steps * stage.batch_size * stage.seq_len
     cost = _cost(compiled)
     report = {"model": cfg.model.name, "stage": stage_index, "seq_len": stage.seq_len,
               "batch_size": stage.batch_size, "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens,
               "platform": platform, "target": target, "device_kind": getattr(device, "device_kind", None),
               "attention": attention_implementation(cfg.model, platform),
-              "xla_options": {k: v for k, v in cfg.train.xla_options.items()},
+              "xla_options": dict(cfg.train.xla_options),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "scaling": cfg.fp8.scaling},
               "cost": {**cost, "flops_per_token": cost["flops"] / tokens},
-              "memory": _memory(compiled), "planner_bytes": estimate["bytes_total"],
-              "dots": count_dots(text), "hlo_out": hlo_out}
+              "memory": compiled_memory(compiled), "planner_bytes": estimate["bytes_total"],
+              "dots": count_dots(items), "hlo_out": hlo_out}
     if target:
-        report["gpu"] = _gpu_report(cfg, stage_index, text)
+        report["gpu"] = _gpu_report(cfg, stage_index, text, items)
     return report
 
 

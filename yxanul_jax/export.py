@@ -27,6 +27,7 @@ import tempfile
 from yxanul_jax import console
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.hf import hf_config, to_hf
+from yxanul_jax.trained import add_source_args, load_trained
 
 DTYPES = ("bfloat16", "float32")
 
@@ -38,12 +39,8 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
 
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    output = os.path.abspath(output)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        raise UserError(f"--output '{output}' already exists; pass a new folder (nothing is overwritten)")
+    output = check_output(output)
     parent = os.path.dirname(output)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise UserError(f"--output '{output}': its folder '{parent}' does not exist or is not writable")
     tok = trained.tokenizer()
     m = trained.cfg.model
     tied, tensors = to_hf(m, trained.params)
@@ -70,6 +67,18 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
             "tie_word_embeddings": tied, "vocab_size": m.vocab_size}
 
 
+def check_output(output: str) -> str:
+    """The absolute output path, or a UserError when it exists (and is not an empty folder) or its
+    folder cannot be written."""
+    output = os.path.abspath(output)
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise UserError(f"--output '{output}' already exists; pass a new folder (nothing is overwritten)")
+    parent = os.path.dirname(output)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise UserError(f"--output '{output}': its folder '{parent}' does not exist or is not writable")
+    return output
+
+
 def _write_json(folder: str, name: str, obj: dict) -> None:
     with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=2)
@@ -79,16 +88,11 @@ def _write_json(folder: str, name: str, obj: dict) -> None:
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m yxanul_jax.export", description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", default=None, help="a training run directory (its latest checkpoint)")
-    p.add_argument("--checkpoint", default=None, help="a checkpoint directory or one step's directory")
+    add_source_args(p)
     p.add_argument("--output", required=True, help="new folder for the Hugging Face model")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     args = p.parse_args(argv)
-    from yxanul_jax.trained import load_trained
-
-    out = os.path.abspath(args.output)
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):  # before the restore
-        raise UserError(f"--output '{out}' already exists; pass a new folder (nothing is overwritten)")
+    check_output(args.output)  # before the restore
     summary = export(load_trained(args.run_dir, args.checkpoint), args.output, args.dtype)
     console.info(f"exported step {summary['step']} to {summary['output']}: {summary['tensors']} tensors, "
                  f"{summary['values']:,} values ({summary['dtype']}), tied embeddings {summary['tie_word_embeddings']}")

@@ -44,7 +44,6 @@ E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
 FP8_COLLECTION = "fp8_meta"
 OPERANDS = ("input", "kernel", "grad")
-SCALINGS = ("delayed", "current")
 GEMM_ALIGN = 16  # cuBLASLt FP8 GEMMs need every matrix dimension to be a multiple of 16
 
 
@@ -128,10 +127,6 @@ def quantize(x: jax.Array, q_dtype, scale: jax.Array) -> jax.Array:
     m = fp8_max(q_dtype)
     inv = (1.0 / scale).astype(jnp.float32)
     return jnp.clip(x.astype(jnp.float32) * inv, -m, m).astype(q_dtype)
-
-
-def dequantize(q: jax.Array, scale: jax.Array, dtype) -> jax.Array:
-    return q.astype(dtype) * scale.astype(dtype)
 
 
 def _amax(x: jax.Array) -> jax.Array:

@@ -25,7 +25,7 @@ import numpy as np
 from yxanul_jax import console
 from yxanul_jax.config import FP8Config, ModelConfig
 from yxanul_jax.errors import UserError, cli_entry
-from yxanul_jax.model import Yxanul, init_cache
+from yxanul_jax.model import DTYPES, Yxanul, init_cache
 
 
 def filter_logits(logits_BxV, temperature: float, top_k: int, top_p: float):
@@ -80,7 +80,7 @@ def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: l
     for i, p in enumerate(prompts):
         tokens_BxP[i, :len(p)] = p
     decode = jax.jit(lambda v, t, pos, c: model.apply(v, t, pos, c, method=Yxanul.decode))
-    cache = init_cache(model_cfg, B, total, jnp.float32 if model_cfg.dtype == "float32" else jnp.bfloat16)
+    cache = init_cache(model_cfg, B, total, DTYPES[model_cfg.dtype])
     key = jax.random.key(seed)
 
     start = time.perf_counter()
@@ -125,9 +125,10 @@ def _prompts(args) -> list[str]:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
+    from yxanul_jax.trained import add_source_args, load_trained  # deferred: generate() needs no checkpoint code
+
     p = argparse.ArgumentParser(prog="python -m yxanul_jax.generate", description=__doc__.splitlines()[0])
-    p.add_argument("--run-dir", default=None, help="a training run directory (its latest checkpoint)")
-    p.add_argument("--checkpoint", default=None, help="a checkpoint directory or one step's directory")
+    add_source_args(p)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable: decoded as one batch)")
     p.add_argument("--prompt-file", action="append", help="a file whose whole text is one prompt (repeatable)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -142,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_samples < 1:
         raise UserError(f"--num-samples must be >= 1, got {args.num_samples}")
     texts = _prompts(args)
-    from yxanul_jax.trained import load_trained
-
     trained = load_trained(args.run_dir, args.checkpoint)
     tok = trained.tokenizer()
     fp8 = trained.cfg.fp8

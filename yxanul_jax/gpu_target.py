@@ -163,6 +163,17 @@ def compile_device(target: str = "h100"):
     return topo.devices[0]
 
 
+def gpu_config(cfg):
+    """`cfg` with `model.attention: auto` resolved as on a GPU (cuDNN for BF16), for compiling on a
+    compile-only device while JAX's own backend is the CPU."""
+    import dataclasses
+
+    from yxanul_jax.model import attention_implementation
+
+    attention = attention_implementation(cfg.model, "gpu")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention))
+
+
 def cudnn_available() -> bool:
     """Whether cuDNN's library is importable (jax needs it to lower cuDNN attention for a GPU target)."""
     try:

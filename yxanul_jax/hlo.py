@@ -266,8 +266,8 @@ def gemms(hlo_text: str) -> list[Gemm]:
     return HloGraph(hlo_text).gemms()
 
 
-def count_dots(hlo_text: str) -> dict:
-    """Matrix multiplies of an HLO module by precision.
+def count_dots(hlo: "str | list[Gemm]") -> dict:
+    """Matrix multiplies of an HLO module (its text, or its `gemms` already read) by precision.
 
     Returns {"fp8": n, "bf16": n, "f32": n, ... (other element types), "total": n,
     "fp8_custom_calls": n (cuBLASLt FP8 GEMMs, included in "fp8"), "executed": {same keys, weighted
@@ -276,7 +276,7 @@ def count_dots(hlo_text: str) -> dict:
     counts: dict[str, int] = defaultdict(int)
     executed: dict[str, int] = defaultdict(int)
     fp8_calls = 0
-    for g in gemms(hlo_text):
+    for g in (gemms(hlo) if isinstance(hlo, str) else hlo):
         counts[g.precision] += 1
         executed[g.precision] += g.runs
         fp8_calls += g.engine == "cublaslt" and g.precision == "fp8"

@@ -59,6 +59,16 @@ def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage))
 
 
+def compiled_memory(compiled) -> dict:
+    """XLA's memory analysis of a compiled step, and the peak it adds up to:
+    arguments + outputs - aliased (donated) + temporaries."""
+    mem = compiled.memory_analysis()
+    out = {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
+           "alias_bytes": int(mem.alias_size_in_bytes), "temp_bytes": int(mem.temp_size_in_bytes)}
+    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    return out
+
+
 class StageCompiler:
     """Compiles stages on demand or ahead of time (one background thread); each stage once."""
 

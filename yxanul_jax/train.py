@@ -25,7 +25,6 @@ from yxanul_jax.config import Config, add_config_args, config_from_args, load_co
 from yxanul_jax.data import PreparedDataset, TrainStream, open_dataset
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
-from yxanul_jax.accounting import flops_per_token
 from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
 from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, prepare_run_dir
 from yxanul_jax import sharding as sh
@@ -70,7 +69,7 @@ def open_training_data(cfg: Config) -> PreparedDataset:
         from yxanul_jax.corpus import ensure_demo_dataset
 
         console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
-              "built on first use)")
+                     "built on first use)")
         ds = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size))
     ds.check_vocab(cfg.model.vocab_size)
     return ds
@@ -130,8 +129,7 @@ class Trainer:
                  layout: sh.StateLayout | None = None, domains: dict | None = None):
         self.cfg, self.ds, self.run_dir, self.ckpt = cfg, ds, run_dir, ckpt
         self.layout = layout if layout is not None else sh.state_layout(cfg, sh.make_mesh(cfg.mesh))
-        self.mesh = self.layout.mesh
-        sh.check_divisible(cfg, self.mesh)
+        self.mesh = self.layout.mesh  # checked by check_run before the run directory is touched
         self.batch_sharding = self.layout.batch
         self.domains = domains if domains is not None else resolve_domains(cfg.eval.domains, ds)
         self.eval_step = jax.jit(make_eval_step(cfg))
@@ -184,7 +182,7 @@ class Trainer:
             if not math.isfinite(m["loss"]):
                 raise TrainingDiverged(f"loss became {m['loss']} at step {step}")
             self.tokens += int(m["step_tokens"])
-            util = mfu(tps, flops_per_token(cfg.model, stage.seq_len), jax.device_count(), self.peak)
+            util = mfu(tps, accounting.flops_per_token(cfg.model, stage.seq_len), jax.device_count(), self.peak)
             progress.update(step, si, stage.seq_len, m["loss"], tps, util)
             if step % cfg.train.log_every == 0 or step == total:
                 writer.write({"step": step, "stage": si, "seq_len": stage.seq_len, "loss": m["loss"],
@@ -198,8 +196,9 @@ class Trainer:
                 stage = cfg.curriculum[si]
                 if si != stage_i or step == start_step:
                     stage_i = si
-                    console.info(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} x accum "
-                          f"{stage.grad_accum_steps}" + (f" ({stage.description})" if stage.description else ""))
+                    console.info(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} "
+                                 f"x accum {stage.grad_accum_steps}"
+                                 + (f" ({stage.description})" if stage.description else ""))
                     if si + 1 < len(cfg.curriculum) and cfg.curriculum[si + 1].start_step < total:
                         self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
                 t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from yxanul_jax.checkpoint import Checkpointer, resolve_checkpoint_path
 from yxanul_jax.config import Config, from_dict, validate
 from yxanul_jax.errors import UserError
 from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE
-from yxanul_jax.steps import TrainState, abstract_train_state
+from yxanul_jax.steps import abstract_train_state
 from yxanul_jax.tokenizer import LoadedTokenizer, load_tokenizer
 
 
@@ -59,6 +59,12 @@ def tokenizer_path_of(cfg: Config) -> str:
     return path
 
 
+def add_source_args(parser) -> None:
+    """`--run-dir` / `--checkpoint`: where the sampling and export commands take a trained model from."""
+    parser.add_argument("--run-dir", default=None, help="a training run directory (its latest checkpoint)")
+    parser.add_argument("--checkpoint", default=None, help="a checkpoint directory or one step's directory")
+
+
 def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> Trained:
     """Restore a trained model from a run directory or a checkpoint (exactly one of them)."""
     if bool(run_dir) == bool(checkpoint):
@@ -81,6 +87,5 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
         step, state, _ = ckpt.restore(abstract, step)
     finally:
         ckpt.close()
-    state: TrainState
     params, fp8 = jax.device_get(state.params), jax.device_get(state.fp8)
     return Trained(cfg, params, fp8, int(step), tokenizer_path_of(cfg))
