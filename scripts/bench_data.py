@@ -20,17 +20,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from yxanul_jax.corpus import default_cache_root  # noqa: E402
+from shared_datasets import gutenberg_superbpe  # noqa: E402
 from yxanul_jax.data import TrainStream, open_dataset  # noqa: E402
-from yxanul_jax.prepare import prepare_dataset  # noqa: E402
-from yxanul_jax.sources import DocumentSource  # noqa: E402
 
-SHARED = ROOT.parent / "shared"
 SHAPES = [(128, 256), (2048, 16)]  # (seq_len, batch_size): 32,768 tokens per batch each
 
 
 def measure(ds, seq_len: int, batch_size: int, workers: int, seconds: float) -> float:
-    with TrainStream(ds, seed=0, num_workers=workers, prefetch=4) as stream:
+    # one lane per row: the most reads per batch a run can ask for (data.lanes)
+    with TrainStream(ds, seed=0, lanes=batch_size, num_workers=workers, prefetch=4) as stream:
         stream.next_batch(seq_len, batch_size)  # warm-up: starts threads / worker processes
         tokens, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
@@ -46,9 +44,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     args = parser.parse_args()
     if args.data is None:
-        args.data = str(default_cache_root() / "bench-gutenberg-superbpe")
-        source = DocumentSource([str(SHARED / "data/train/gutenberg-*.parquet")])
-        prepare_dataset(source, str(SHARED / "tokenizers/superbpe-t80k"), args.data, progress=sys.stderr.isatty())
+        args.data = gutenberg_superbpe()
     ds = open_dataset(args.data)
     train = ds.manifest["splits"]["train"]
     print(f"dataset: {args.data} ({train['documents']:,} train documents, {train['tokens']:,} tokens, "

@@ -10,6 +10,7 @@ import pytest
 from data_fixtures import docs, prepared, tiny_tok  # noqa: F401  (fixtures)
 from yxanul_jax.data import TrainStream, eval_batches, open_dataset
 from yxanul_jax.errors import UserError
+from yxanul_jax.corpus import stdlib_files
 from yxanul_jax.prepare import prepare_documents
 
 
@@ -199,3 +200,88 @@ def test_restore_refuses_other_seed_or_dataset(prepared, tmp_path, docs, tiny_to
     prepare_documents([docs[:40]], tiny_tok, only_val, request={"t": 2}, val_fraction=1.0, progress=False)
     with pytest.raises(UserError, match="no 'train' documents"):
         TrainStream(open_dataset(only_val), seed=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Lanes: rows of one batch from far-apart places of the shuffled epoch
+
+
+def lane_targets(batches, lanes):
+    """Per lane, its targets (and mask) in stream order: lane g owns rows g, g + G, g + 2G, ..."""
+    t = [np.concatenate([b["targets"][g::lanes].ravel() for b in batches]) for g in range(lanes)]
+    m = [np.concatenate([b["mask"][g::lanes].ravel() for b in batches]) for g in range(lanes)]
+    return t, m
+
+
+def test_lanes_cover_the_epoch_once_with_padding_masked(prepared):
+    ds = open_dataset(prepared)
+    G = 4
+    s = TrainStream(ds, seed=3, lanes=G)
+    T, lane = s.stream.length, s.lanes.lane_len
+    assert lane == -(-T // G) and s.lanes.epoch_len == G * lane
+    batches = []
+    while s.cursor < s.lanes.epoch_len:
+        batches.append(s.next_batch(16, 8))
+    expected = packed([split_docs(ds, "train")[i] for i in s.stream.epoch_order(0)], ds.eos_id)
+    assert len(expected) == T
+    targets, masks = lane_targets(batches, G)
+    real_total = 0
+    for g in range(G):
+        want = expected[g * lane + 1:(g + 1) * lane]  # lane g's epoch-0 targets (its first token is context)
+        n = len(want)
+        np.testing.assert_array_equal(targets[g][:n], want)
+        assert masks[g][:n].all() and not masks[g][n:lane - 1].any()  # the last lane's tail is padding
+        real_total += n + 1
+    assert real_total == T  # lanes tile the epoch: every token once
+    assert s.get_state()["epoch"] == 1 and s.get_state()["lanes"] == G
+
+
+def test_lanes_stage_change_resume_and_process_shards(prepared):
+    ds = open_dataset(prepared)
+    G = 4
+    shapes = [(16, 8)] * 3 + [(32, 4)] * 2 + [(8, 12)] * 4
+    staged = TrainStream(ds, seed=5, lanes=G)
+    mixed = [staged.next_batch(L, B) for L, B in shapes]
+    plain = TrainStream(ds, seed=5, lanes=G)
+    reference = [plain.next_batch(8, G) for _ in range(staged.cursor // (8 * G))]
+    for a, b in zip(lane_targets(mixed, G)[0], lane_targets(reference, G)[0]):
+        np.testing.assert_array_equal(a, b)  # per lane: no token skipped or repeated by a shape change
+    first = TrainStream(ds, seed=5, lanes=G)
+    for L, B in shapes[:4]:
+        first.next_batch(L, B)
+    resumed = TrainStream(ds, seed=5, lanes=G)
+    resumed.set_state(json.loads(json.dumps(first.get_state())))  # right after a shape change
+    for (L, B), want in zip(shapes[4:], mixed[4:]):
+        np.testing.assert_array_equal(resumed.next_batch(L, B)["inputs"], want["inputs"])
+    for P, B in [(2, 8), (2, 4), (4, 8)]:  # rows per process a multiple of G, or a part of one lane round
+        whole = TrainStream(ds, seed=2, lanes=G).next_batch(16, B)
+        parts = [TrainStream(ds, seed=2, lanes=G, process_index=p, process_count=P).next_batch(16, B)
+                 for p in range(P)]
+        for key in ("inputs", "targets", "mask"):
+            np.testing.assert_array_equal(np.concatenate([x[key] for x in parts]), whole[key])
+    with pytest.raises(UserError, match="data.lanes"):
+        staged.next_batch(16, 6)
+    with pytest.raises(UserError, match="data.lanes=4"):
+        TrainStream(ds, seed=5, lanes=2).set_state(staged.get_state())
+
+
+@pytest.fixture(scope="module")
+def long_documents(tmp_path_factory, tiny_tok):
+    """Whole stdlib files (thousands of tokens each): one document spans many batch rows."""
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_files(400_000)]
+    out = tmp_path_factory.mktemp("long") / "ds"
+    prepare_documents([texts], tiny_tok, out, request={"fixture": "long"}, val_fraction=0.0, progress=False)
+    return open_dataset(out)
+
+
+def test_a_batch_of_16_rows_mixes_documents(long_documents):
+    ds = long_documents
+    assert np.median(ds.split("train").lengths) > 16 * 128  # a single document outlasts a whole batch
+    for seed in range(3):
+        one_lane = TrainStream(ds, seed=seed, lanes=1).batch_fn(128, 16)
+        lanes = TrainStream(ds, seed=seed, lanes=16).batch_fn(128, 16)
+        for k in (0, 7, 50):
+            first_docs = lanes.documents(k)[:, 1]  # the document of each row's first target
+            assert len(set(first_docs.tolist())) >= 8, first_docs  # at least half the rows differ
+            assert len(set(one_lane.documents(k)[:, 1].tolist())) <= 3  # the plain stream: one or two books
+            np.testing.assert_array_equal(lanes(k)["inputs"].shape, (16, 128))

@@ -4,6 +4,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from yxanul_jax.config import Config, FP8Config, StageConfig, TrainConfig
 from yxanul_jax.steps import fp8_bootstrap_config, init_train_state, make_accumulate, make_eval_step, make_train_step
@@ -89,3 +90,18 @@ def test_bootstrap_only_for_delayed_xla_fp8():
     assert fp8_bootstrap_config(_cfg(FP8Config())).fp8.scaling == "current"
     for f in (FP8Config(scaling="current"), FP8Config(enabled=False), FP8Config(backend="none")):
         assert fp8_bootstrap_config(_cfg(f)) is None
+
+
+@pytest.mark.parametrize("head,rank,d_model", [("tied", 32, 128), ("tied", 0, 128), ("factorized", 32, 128),
+                                               ("untied", 0, 128), ("tied", 64, 512)])
+def test_first_step_loss_is_ln_vocab(head, rank, d_model):
+    # An untrained model should guess uniformly: loss ln V. The final norm's initial gain
+    # (model.head_gain) holds the logits' std at 0.1, so the excess is about 0.005 nats; without it
+    # the tied factorized head starts 0.10 (d 128) to 0.20 (d 768) above ln V. Tolerance: 0.02.
+    model = micro_model(vocab_size=4096, vocab_pad_to=1, d_model=d_model, n_heads=4, ffn_dim=3 * d_model,
+                        embed_rank=rank, head=head)
+    cfg = dataclasses.replace(_cfg(FP8Config(enabled=True, backend="xla")), model=model)
+    stage = StageConfig(seq_len=64, batch_size=8)
+    _, metrics = jax.jit(make_train_step(cfg, stage))(init_train_state(cfg, jax.random.key(0)),
+                                                      _batch(1, 8, 64, 4096, key=3))
+    assert abs(float(metrics["loss"]) - np.log(4096)) < 0.02, float(metrics["loss"]) - np.log(4096)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Optional, Union
 
 import yaml
@@ -177,6 +178,10 @@ class DataConfig:
     """Prepared dataset directory (`python -m yxanul_jax.prepare`); empty: the embedded demo corpus."""
     shuffle_seed: int = 0
     """Seed of the document shuffle."""
+    lanes: int = 0
+    """Lanes the shuffled stream is read in side by side, so one batch mixes that many places of the
+    corpus (yxanul_jax/data.py); must divide every stage's batch_size x grad_accum_steps. 0: the
+    largest such count (their greatest common divisor)."""
     num_workers: int = 0
     """Grain worker processes (0: read in the main process)."""
     prefetch: int = 2
@@ -273,6 +278,11 @@ class TrainConfig:
     """XLA compiler options of the train step (e.g. `xla_gpu_enable_triton_gemm: false`), passed to
     `.compile(compiler_options=...)` and shown in the run header; empty: XLA's defaults (no GPU
     measurement has yet shown a faster setting, docs/BENCHMARKS.md)."""
+
+
+def stream_lanes(cfg: "Config") -> int:
+    """Lanes of the training stream: data.lanes, or (0) the gcd of every stage's rows per step."""
+    return cfg.data.lanes or math.gcd(*(s.batch_size * s.grad_accum_steps for s in cfg.curriculum))
 
 
 def _default_curriculum() -> tuple[StageConfig, ...]:
@@ -530,6 +540,13 @@ def validate(cfg: Config) -> Config:
                             f"({m.max_position}); raise max_position or shorten the stage")
         if s.lr_scale < 0 or s.grad_clip < 0 or s.warmup_steps < 0:
             raise UserError(f"config keys 'curriculum.{i}.lr_scale/grad_clip/warmup_steps' must be >= 0")
+    if cfg.data.lanes < 0:
+        raise UserError(f"config key 'data.lanes' must be >= 0 (0: automatic), got {cfg.data.lanes}")
+    for i, s in enumerate(cfg.curriculum):
+        if cfg.data.lanes and s.batch_size * s.grad_accum_steps % cfg.data.lanes:
+            raise UserError(f"config key 'data.lanes' ({cfg.data.lanes}) must divide curriculum.{i}'s rows per "
+                            f"step ({s.batch_size} x {s.grad_accum_steps}); set data.lanes=0 (automatic) or "
+                            f"{stream_lanes(replace(cfg, data=replace(cfg.data, lanes=0)))}")
     if cfg.eval.seq_len < 0 or cfg.eval.seq_len > m.max_position:
         raise UserError(f"config key 'eval.seq_len' ({cfg.eval.seq_len}) must be in [0, model.max_position "
                         f"({m.max_position})]; 0 validates at each stage's seq_len")

@@ -7,14 +7,22 @@ are held in memory, never the corpus.
 
 The stream. One epoch is the split's documents in a seeded order (`np.random.default_rng([seed,
 epoch]).permutation`, a fresh order every epoch), each preceded by EOS: `EOS d0 EOS d1 EOS d2 ...`
-(EOS separates documents and acts as BOS). Epochs follow each other forever. A batch of
-`batch_size` rows of `seq_len + 1` tokens starting at global position `c` takes row r from
-`[c + r*L, c + r*L + L + 1)`: `inputs = row[:-1]`, `targets = row[1:]`, and the cursor moves to
-`c + B*L`. Consecutive rows overlap by one token, so every token of the stream is a target exactly
-once. The whole position is that one integer cursor, hence:
-  * exact save/restore: `get_state()` is `{"cursor": c, ...}`; any restore replays the same batches;
-  * a curriculum stage change (new seq_len / batch_size) just reads on from `c`: no document is
-    skipped or repeated;
+(EOS separates documents and acts as BOS), T tokens. Epochs follow each other forever.
+
+Lanes: so that the rows of one batch come from many documents, not from one long book, each epoch is
+cut into G equal lanes of `Lane = ceil(T / G)` positions (lane g holds epoch positions [g*Lane,
+(g+1)*Lane); the last lane's tail past T is padding: EOS, never a target), and a batch reads all
+lanes side by side. A batch of B rows (B a multiple of G; R = B / G rows per lane) of `seq_len + 1`
+tokens at cursor c reads lane offsets [o, o + R*L + 1) of every lane, o = c / G; row r = i*G + g is
+lane g's window [o + i*L, o + i*L + L + 1): `inputs = row[:-1]`, `targets = row[1:]`, and the cursor
+moves to `c + B*L`. A lane runs on into the same lane of the next epoch. Inside a lane consecutive
+rows overlap by one token, so every token is a target exactly once per epoch (in epoch 0, lane g's
+first token, g > 0, is context only). G = 1 is the plain stream. The whole position is that one
+integer cursor (G is fixed for the run), hence:
+  * exact save/restore: `get_state()` is `{"cursor": c, "lanes": G, ...}`; any restore replays the
+    same batches;
+  * a curriculum stage change (new seq_len / batch_size, still a multiple of G) just reads on from
+    `c`: no document is skipped or repeated;
   * process sharding: process p of P takes rows [p*B/P, (p+1)*B/P) of every global batch, reading
     only its own tokens; all processes keep the same cursor.
 
@@ -210,6 +218,59 @@ class TokenStream:
                 i += 1
         return out
 
+    def documents(self, start: int, n: int) -> np.ndarray:
+        """Document id of stream positions [start, start + n) (an EOS belongs to the document it opens)."""
+        pos_N = np.arange(start, start + n, dtype=np.int64)
+        epoch_N, p_N = np.divmod(pos_N, self.length)
+        out_N = np.empty(n, dtype=np.int64)
+        for epoch in np.unique(epoch_N):
+            order, ends = self._epoch(int(epoch))
+            sel = epoch_N == epoch
+            out_N[sel] = order[np.searchsorted(ends, p_N[sel], side="right")]
+        return out_N
+
+
+class Lanes:
+    """The G-lane view of a shuffled stream (module docstring): lane offsets to tokens, padding marked."""
+
+    def __init__(self, stream: TokenStream, lanes: int):
+        if lanes < 1:
+            raise UserError(f"data.lanes must be >= 1, got {lanes}")
+        if stream.length < 2 * lanes:
+            raise UserError(f"the training split has {stream.length:,} tokens, too few for {lanes} lanes; "
+                            "set data.lanes smaller or use a larger dataset")
+        self.stream, self.lanes = stream, lanes
+        self.lane_len = -(-stream.length // lanes)
+        self.epoch_len = lanes * self.lane_len  # cursor units (padding included) per epoch
+
+    def _pieces(self, g: int, o: int, n: int):
+        """(out offset, stream position, count) of the real stretches of lane g's offsets [o, o + n)."""
+        T, filled = self.stream.length, 0
+        while filled < n:
+            epoch, q = divmod(o + filled, self.lane_len)
+            take = min(n - filled, self.lane_len - q)
+            p = g * self.lane_len + q
+            real = max(0, min(take, T - p))
+            if real:
+                yield filled, epoch * T + p, real
+            filled += take
+
+    def read(self, g: int, o: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens int32[n], real bool[n]) of lane g's offsets [o, o + n); padding reads as EOS."""
+        tokens_N = np.full(n, self.stream.eos_id, dtype=np.int32)
+        real_N = np.zeros(n, dtype=bool)
+        for at, pos, count in self._pieces(g, o, n):
+            tokens_N[at:at + count] = self.stream.read(pos, count)
+            real_N[at:at + count] = True
+        return tokens_N, real_N
+
+    def documents(self, g: int, o: int, n: int) -> np.ndarray:
+        """Document id of lane g's offsets [o, o + n); -1 for padding."""
+        out_N = np.full(n, -1, dtype=np.int64)
+        for at, pos, count in self._pieces(g, o, n):
+            out_N[at:at + count] = self.stream.documents(pos, count)
+        return out_N
+
 
 def _rows(stream: TokenStream, start: int, seq_len: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """(inputs_BxL, targets_BxL) of `rows` rows from stream position `start`; rows overlap by one token."""
@@ -220,16 +281,43 @@ def _rows(stream: TokenStream, start: int, seq_len: int, rows: int) -> tuple[np.
 class _TrainBatchAt:
     """Batch k of a stage: a pure function of k (pickled into Grain worker processes)."""
 
-    def __init__(self, stream: TokenStream, cursor0: int, seq_len: int, batch_size: int,
+    def __init__(self, lanes: Lanes, cursor0: int, seq_len: int, batch_size: int,
                  process_index: int, process_count: int):
-        self.stream, self.cursor0, self.seq_len, self.batch_size = stream, cursor0, seq_len, batch_size
-        self.local = batch_size // process_count
-        self.offset = process_index * self.local * seq_len
+        self.lanes, self.cursor0, self.seq_len, self.batch_size = lanes, cursor0, seq_len, batch_size
+        local = batch_size // process_count
+        self.rows = (process_index * local, (process_index + 1) * local)  # global rows [r0, r1)
+
+    def lane_rows(self):
+        """(lane g, its first row index i0, its row count m, local row positions) for this process."""
+        G, (r0, r1) = self.lanes.lanes, self.rows
+        for g in range(G):
+            i0, i1 = -(-(r0 - g) // G), (r1 - 1 - g) // G  # rows r = i*G + g inside [r0, r1)
+            if i1 >= i0:
+                yield g, i0, i1 - i0 + 1, np.arange(i0, i1 + 1) * G + g - r0
 
     def __call__(self, k: int) -> dict:
-        cursor = self.cursor0 + k * self.batch_size * self.seq_len
-        inputs, targets = _rows(self.stream, cursor + self.offset, self.seq_len, self.local)
-        return {"inputs": inputs, "targets": targets, "cursor": np.int64(cursor)}
+        L = self.seq_len
+        cursor = self.cursor0 + k * self.batch_size * L
+        o = cursor // self.lanes.lanes
+        local = self.rows[1] - self.rows[0]
+        inputs = np.empty((local, L), np.int32)
+        targets = np.empty((local, L), np.int32)
+        mask = np.empty((local, L), np.float32)
+        for g, i0, m, at in self.lane_rows():
+            tokens_N, real_N = self.lanes.read(g, o + i0 * L, m * L + 1)
+            inputs[at], targets[at] = tokens_N[:-1].reshape(m, L), tokens_N[1:].reshape(m, L)
+            mask[at] = real_N[1:].reshape(m, L)
+        return {"inputs": inputs, "targets": targets, "mask": mask, "cursor": np.int64(cursor)}
+
+    def documents(self, k: int) -> np.ndarray:
+        """int64[local, L + 1]: the document id of every token of batch k's rows (-1: padding)."""
+        L = self.seq_len
+        o = (self.cursor0 + k * self.batch_size * L) // self.lanes.lanes
+        out = np.empty((self.rows[1] - self.rows[0], L + 1), np.int64)
+        for g, i0, m, at in self.lane_rows():
+            d_N = self.lanes.documents(g, o + i0 * L, m * L + 1)
+            out[at] = np.lib.stride_tricks.sliding_window_view(d_N, L + 1)[::L]
+        return out
 
 
 def _allow_grain_workers() -> None:
@@ -243,8 +331,8 @@ def _allow_grain_workers() -> None:
 class TrainStream:
     """Infinite packed training batches; `next_batch(seq_len, batch_size)` may change shape at any call."""
 
-    def __init__(self, ds: PreparedDataset, *, seed: int, process_index: int = 0, process_count: int = 1,
-                 num_workers: int = 0, prefetch: int = 2):
+    def __init__(self, ds: PreparedDataset, *, seed: int, lanes: int = 1, process_index: int = 0,
+                 process_count: int = 1, num_workers: int = 0, prefetch: int = 2):
         if not 0 <= process_index < process_count:
             raise UserError(f"process_index {process_index} is not in [0, {process_count})")
         if num_workers < 0 or prefetch < 0:
@@ -253,14 +341,14 @@ class TrainStream:
         self.process_index, self.process_count = process_index, process_count
         self.num_workers, self.prefetch = num_workers, prefetch
         self.stream = TokenStream(ds.split("train"), ds.eos_id, self.seed)
+        self.lanes = Lanes(self.stream, lanes)
         self.cursor = 0
         self._iter = None
         self._shape: tuple[int, int] | None = None
-        self._masks: dict[tuple[int, int], np.ndarray] = {}
 
     def _restart(self, seq_len: int, batch_size: int) -> None:
         self.close()
-        fn = _TrainBatchAt(self.stream, self.cursor, seq_len, batch_size, self.process_index, self.process_count)
+        fn = self.batch_fn(seq_len, batch_size)
         threads = 1 if self.prefetch else 0
         it_ds = grain.MapDataset.range(0, 2**62).map(fn).to_iter_dataset(
             grain.ReadOptions(num_threads=threads, prefetch_buffer_size=self.prefetch))
@@ -271,25 +359,26 @@ class TrainStream:
         self._iter = iter(it_ds)
         self._shape = (seq_len, batch_size)
 
-    def next_batch(self, seq_len: int, batch_size: int) -> dict:
-        """Next global batch's local rows: inputs / targets int32[B_local, L], mask float32 ones.
-
-        B_local = batch_size // process_count. A new (seq_len, batch_size) continues the stream.
-        """
-        if seq_len < 1 or batch_size < 1 or batch_size % self.process_count:
+    def batch_fn(self, seq_len: int, batch_size: int) -> _TrainBatchAt:
+        """Batch k (k = 0, 1, ...) of shape (seq_len, batch_size) from the current cursor, as a function."""
+        if seq_len < 1 or batch_size < 1 or batch_size % self.process_count or batch_size % self.lanes.lanes:
             raise UserError(f"batch_size {batch_size} must be a positive multiple of the process count "
-                            f"{self.process_count} and seq_len {seq_len} positive")
+                            f"{self.process_count} and of data.lanes ({self.lanes.lanes}), and seq_len "
+                            f"{seq_len} positive")
+        return _TrainBatchAt(self.lanes, self.cursor, seq_len, batch_size, self.process_index, self.process_count)
+
+    def next_batch(self, seq_len: int, batch_size: int) -> dict:
+        """Next global batch's local rows: inputs / targets int32[B_local, L], mask float32[B_local, L].
+
+        B_local = batch_size // process_count; mask is 0 only on lane padding (module docstring). A new
+        (seq_len, batch_size) continues the stream.
+        """
         if self._shape != (seq_len, batch_size) or self._iter is None:
             self._restart(seq_len, batch_size)
         batch = next(self._iter)
         if int(batch.pop("cursor")) != self.cursor:  # Grain returned batches out of order: a bug
             raise RuntimeError(f"data stream out of step: expected cursor {self.cursor}")
         self.cursor += seq_len * batch_size
-        key = batch["inputs"].shape
-        if key not in self._masks:
-            self._masks[key] = np.ones(key, np.float32)
-            self._masks[key].flags.writeable = False
-        batch["mask"] = self._masks[key]
         return batch
 
     @property
@@ -300,7 +389,7 @@ class TrainStream:
     def get_state(self) -> dict:
         """JSON-serializable exact position (the same on every process)."""
         return {"kind": _STATE_KIND, "version": 1, "cursor": self.cursor, "tokens_consumed": self.cursor,
-                "epoch": self.cursor // self.stream.length, "seed": self.seed,
+                "epoch": self.cursor // self.lanes.epoch_len, "seed": self.seed, "lanes": self.lanes.lanes,
                 "dataset": self.ds.fingerprint("train")}
 
     def set_state(self, state: dict) -> None:
@@ -311,6 +400,9 @@ class TrainStream:
         if state.get("seed") != self.seed:
             raise UserError(f"saved data-stream state used data.shuffle_seed={state.get('seed')} but this run "
                             f"uses {self.seed}; set data.shuffle_seed={state.get('seed')} to resume exactly")
+        if state.get("lanes", 1) != self.lanes.lanes:
+            raise UserError(f"saved data-stream state read {state.get('lanes', 1)} lanes but this run reads "
+                            f"{self.lanes.lanes}; set data.lanes={state.get('lanes', 1)} to resume exactly")
         if state.get("dataset") != self.ds.fingerprint("train"):
             raise UserError(f"saved data-stream state belongs to another dataset than '{self.ds.path}' "
                             "(documents, tokens or tokenizer differ); resume with the same data.train")

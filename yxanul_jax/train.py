@@ -21,8 +21,8 @@ import numpy as np
 from yxanul_jax import accounting, console
 from yxanul_jax import fp8 as fp8_lib
 from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
-from yxanul_jax.config import Config, add_config_args, config_from_args, load_config, to_dict
-from yxanul_jax.data import PreparedDataset, TrainStream, open_dataset
+from yxanul_jax.config import Config, add_config_args, stream_lanes, config_from_args, load_config, to_dict
+from yxanul_jax.data import Lanes, PreparedDataset, TokenStream, TrainStream, open_dataset
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
 from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
@@ -134,7 +134,8 @@ class Trainer:
         self.domains = domains if domains is not None else resolve_domains(cfg.eval.domains, ds)
         self.eval_step = jax.jit(make_eval_step(cfg))
         self.compiler = StageCompiler(cfg, run_dir if cfg.profile.dump_hlo else None, self.layout)
-        self.stream = TrainStream(ds, seed=cfg.data.shuffle_seed, process_index=jax.process_index(),
+        self.stream = TrainStream(ds, seed=cfg.data.shuffle_seed, lanes=stream_lanes(cfg),
+                                  process_index=jax.process_index(),
                                   process_count=jax.process_count(), num_workers=cfg.data.num_workers,
                                   prefetch=cfg.data.prefetch)
         self.peak = peak_flops_per_device(jax.devices()[0])
@@ -308,6 +309,7 @@ def check_run(cfg: Config, ds: PreparedDataset, mesh) -> dict:
     divisibility, evaluation domains (files, columns, templates, vocabulary) and their batches.
     Returns the resolved evaluation domains."""
     sh.check_divisible(cfg, mesh)
+    Lanes(TokenStream(ds.split("train"), ds.eos_id, cfg.data.shuffle_seed), stream_lanes(cfg))  # enough tokens
     if cfg.eval.batch_size < 1 or cfg.eval.max_batches < 0:
         raise UserError(f"config keys 'eval.batch_size' ({cfg.eval.batch_size}) must be >= 1 and "
                         f"'eval.max_batches' ({cfg.eval.max_batches}) >= 0")
