@@ -72,7 +72,7 @@ def test_state_changes_after_one_gradient_step_and_follows_delayed_scaling():
 
 def test_margin_and_zero_amax_and_saturation():
     spec = F.Fp8Spec(jnp.float32, margin=2)
-    meta = {"amax_history": jnp.array([0.0, 0.0]), "scale": jnp.array(0.5), "nonfinite": jnp.array(0.0)}
+    meta = F.init_meta(2) | {"scale": jnp.array(0.5)}
     same = F.update_meta(meta, jnp.array(0.0), F.E4M3, spec)
     assert float(same["scale"]) == 0.5  # no information keeps the previous scale
     upd = F.update_meta(meta, jnp.array(448.0), F.E4M3, spec)
@@ -198,3 +198,19 @@ def test_unaligned_targets_stay_bf16_with_one_warning(capsys):
     assert set(layer["mlp"]) == set() if "mlp" in layer else True
     assert set(layer["attn"]) == {"q", "k", "v", "o"}
     assert [t for t, _, _ in accounting.fp8_gemms(m, FP8Config())] == ["q", "k", "v", "o"]
+
+
+def test_underflow_share_counts_nonzero_values_cast_to_zero():
+    spec = F.Fp8Spec(jnp.float32, underflow_stats=True)
+    g = jnp.array([0.0, 1.0, -1.0, 1e-9, -1e-9, 2e-9, 0.0, 0.5], jnp.float32)
+    scale = jnp.array(1.0 / 64)  # E5M2's smallest subnormal is 2**-16: 1e-9 / scale still flushes to 0
+    g_q = F.quantize(g, F.E5M2, scale)
+    # reference: 6 nonzero values, 3 of them below half the smallest subnormal times the scale
+    tiny = np.abs(np.asarray(g)) < 2.0 ** -17 * float(scale)
+    expected = np.sum(tiny & (np.asarray(g) != 0)) / np.sum(np.asarray(g) != 0)
+    assert float(F.underflow_share(g, g_q, spec)) == pytest.approx(expected) == pytest.approx(0.5)
+    assert F.underflow_share(g, g_q, spec._replace(underflow_stats=False)) is None
+    state = {"layer": {"q": {"grad": F.update_meta(F.init_meta(4), jnp.array(1.0), F.E5M2, spec, jnp.array(0.5)),
+                             "input": F.init_meta(4)}},
+             "head": {"grad": F.update_meta(F.init_meta(4), jnp.array(1.0), F.E5M2, spec, jnp.array(0.25))}}
+    assert float(F.underflow_mean(state, "grad")) == pytest.approx(0.375)

@@ -73,7 +73,8 @@ from yxanul_jax import fp8 as F, hlo
 from yxanul_jax.gpu_target import compile_device
 s = jax.sharding.SingleDeviceSharding(compile_device("h100"))
 A = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=s)
-meta = {"amax_history": A((16,), jnp.float32), "scale": A((), jnp.float32), "nonfinite": A((), jnp.float32)}
+meta = {"amax_history": A((16,), jnp.float32), "scale": A((), jnp.float32), "nonfinite": A((), jnp.float32),
+        "underflow": A((), jnp.float32)}
 spec = F.Fp8Spec(jnp.bfloat16)
 loss = lambda x, w, a, b, c: jnp.sum(F.fp8_dot(x, w, a, b, c, spec).astype(jnp.float32) ** 2)
 lo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(A((8, 512, 768), jnp.bfloat16), A((768, 2048), jnp.float32),

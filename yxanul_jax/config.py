@@ -114,6 +114,9 @@ class FP8Config:
     """`delayed`: each step quantizes with the scale from the amax history of earlier steps (TE's
     DelayedScaling; the first step of a fresh run uses `current` once to fill the history);
     `current`: the scale from each tensor's own amax in this step (TE's Float8CurrentScaling)."""
+    underflow_stats: bool = False
+    """Measure, per FP8 operand and step, the share of nonzero values the cast flushes to zero, and
+    log the gradients' mean as `fp8_grad_underflow` (`xla` backend; costs a reduction per cast)."""
 
     @property
     def active(self) -> bool:

@@ -56,6 +56,7 @@ class Fp8Spec(NamedTuple):
     scaling: str = "delayed"
     kernel_dtype: Any = jnp.float32
     input_dtype: Any = jnp.bfloat16
+    underflow_stats: bool = False
 
 
 def fp8_max(dtype) -> float:
@@ -80,9 +81,9 @@ def warn_unaligned(name: str, dims: tuple[int, ...]) -> None:
 
 
 def init_meta(history_len: int) -> dict[str, jax.Array]:
-    """Fresh state for one operand: empty history, unit scale, no non-finite amax seen."""
+    """Fresh state for one operand: empty history, unit scale, no non-finite amax seen, no underflow."""
     return {"amax_history": jnp.zeros((history_len,), jnp.float32), "scale": jnp.ones((), jnp.float32),
-            "nonfinite": jnp.zeros((), jnp.float32)}
+            "nonfinite": jnp.zeros((), jnp.float32), "underflow": jnp.zeros((), jnp.float32)}
 
 
 def _amax_from_history(history: jax.Array, algo: str) -> jax.Array:
@@ -94,13 +95,14 @@ def _scale_of(amax: jax.Array, q_dtype, margin: int) -> jax.Array:
     return amax * (2.0 ** margin) / fp8_max(q_dtype)
 
 
-def update_meta(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> dict:
+def update_meta(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec, underflow=None) -> dict:
     """Push `amax` into the history and compute the scale the *next* step will use.
 
     scale = max(history) * 2**margin / fp8_max (or the most recent amax). A non-finite amax (an
     overflow somewhere upstream) is not pushed and only counted in `nonfinite`: one inf in a
     1,024-long `max` history would otherwise freeze the scale for 1,024 steps. A history whose
-    amax is 0 (no information) keeps the previous scale.
+    amax is 0 (no information) keeps the previous scale. `underflow` (this step's share of nonzero
+    values cast to zero, `underflow_share`) is recorded as is; 0 when not measured.
     """
     amax = amax.astype(jnp.float32)
     finite = jnp.isfinite(amax)
@@ -109,7 +111,8 @@ def update_meta(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> dict:
     amax_h = _amax_from_history(history, spec.amax_algo)
     scale = jnp.where(amax_h > 0, _scale_of(amax_h, q_dtype, spec.margin), meta["scale"])
     return {"amax_history": history, "scale": scale,
-            "nonfinite": meta["nonfinite"] + jnp.where(finite, 0.0, 1.0)}
+            "nonfinite": meta["nonfinite"] + jnp.where(finite, 0.0, 1.0),
+            "underflow": jnp.zeros((), jnp.float32) if underflow is None else underflow.astype(jnp.float32)}
 
 
 def step_scale(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> jax.Array:
@@ -127,6 +130,16 @@ def quantize(x: jax.Array, q_dtype, scale: jax.Array) -> jax.Array:
     m = fp8_max(q_dtype)
     inv = (1.0 / scale).astype(jnp.float32)
     return jnp.clip(x.astype(jnp.float32) * inv, -m, m).astype(q_dtype)
+
+
+def underflow_share(x: jax.Array, x_q: jax.Array, spec: Fp8Spec):
+    """Share of x's nonzero values that its FP8 cast flushed to zero (None unless spec.underflow_stats):
+    information the GEMM never sees. E5M2 gradients scaled by a stale, large amax lose most of it."""
+    if not spec.underflow_stats:
+        return None
+    nonzero = x != 0
+    lost = jnp.sum(nonzero & (x_q.astype(jnp.float32) == 0), dtype=jnp.float32)
+    return lost / jnp.maximum(jnp.sum(nonzero, dtype=jnp.float32), 1.0)
 
 
 def _amax(x: jax.Array) -> jax.Array:
@@ -161,8 +174,8 @@ def _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
     x_q = quantize(x, E4M3, x_scale)
     w_q = quantize(w, E4M3, w_scale)
     y = scaled_dot(x_q, w_q, (((x.ndim - 1,), (0,)), ((), ())), x_scale * w_scale, spec.compute_dtype)
-    new_x = update_meta(x_meta, x_amax, E4M3, spec)
-    new_w = update_meta(w_meta, w_amax, E4M3, spec)
+    new_x = update_meta(x_meta, x_amax, E4M3, spec, underflow_share(x, x_q, spec))
+    new_w = update_meta(w_meta, w_amax, E4M3, spec, underflow_share(w, w_q, spec))
     # Residuals are the FP8 tensors themselves: half the bytes of saving BF16 activations.
     return y, (x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta)
 
@@ -177,7 +190,7 @@ def _fp8_bwd(spec: Fp8Spec, res, g):
     # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2
     x_NxI, g_NxO = x_q.reshape(-1, x_q.shape[-1]), g_q.reshape(-1, g_q.shape[-1])
     dw = scaled_dot(x_NxI, g_NxO, (((0,), (0,)), ((), ())), x_scale * g_scale, spec.kernel_dtype)
-    new_g = update_meta(g_meta, g_amax, E5M2, spec)
+    new_g = update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec))
     return dx, dw, new_x, new_w, new_g
 
 
@@ -235,10 +248,18 @@ def merge_fp8_max(a, b):
     return jax.tree_util.tree_map(jnp.maximum, a, b)
 
 
+def _leaves(fp8_state: dict, field: str, operand: str | None = None) -> list:
+    return [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(fp8_state)
+            if getattr(path[-1], "key", None) == field
+            and (operand is None or getattr(path[-2], "key", None) == operand)]
+
+
 def nonfinite_total(fp8_state: dict) -> jax.Array:
     """Sum over every operand of the steps that saw a non-finite amax (0 with no FP8 state)."""
-    total = jnp.zeros((), jnp.float32)
-    for path, leaf in jax.tree_util.tree_leaves_with_path(fp8_state):
-        if getattr(path[-1], "key", None) == "nonfinite":
-            total = total + jnp.sum(leaf)
-    return total
+    return sum((jnp.sum(leaf) for leaf in _leaves(fp8_state, "nonfinite")), jnp.zeros((), jnp.float32))
+
+
+def underflow_mean(fp8_state: dict, operand: str = "grad") -> jax.Array:
+    """Mean over FP8 GEMMs (layers included) of `operand`'s last-step underflow share."""
+    leaves = [leaf.reshape(-1) for leaf in _leaves(fp8_state, "underflow", operand)]
+    return jnp.mean(jnp.concatenate(leaves)) if leaves else jnp.zeros((), jnp.float32)

@@ -134,7 +134,8 @@ class Matmul(nn.Module):
         h = self.fp8.amax_history_len
         metas = [self.variable(fp8_lib.FP8_COLLECTION, op, fp8_lib.init_meta, h).value
                  for op in fp8_lib.OPERANDS]
-        spec = fp8_lib.Fp8Spec(self.dtype, self.fp8.margin, self.fp8.amax_compute_algo, self.fp8.scaling)
+        spec = fp8_lib.Fp8Spec(self.dtype, self.fp8.margin, self.fp8.amax_compute_algo, self.fp8.scaling,
+                               underflow_stats=self.fp8.underflow_stats)
         return fp8_lib.fp8_dot(x, w_IxO, *metas, spec)
 
 

@@ -157,6 +157,8 @@ def make_train_step(cfg: Config, stage: StageConfig):
                    "lr": schedule(state.step), "step_tokens": jnp.sum(batch["mask"])}
         if new_fp8:  # steps x operands whose amax was inf/NaN (kept out of the histories), over the whole run
             metrics["fp8_nonfinite"] = fp8_lib.nonfinite_total(new_fp8)
+            if cfg.fp8.underflow_stats:
+                metrics["fp8_grad_underflow"] = fp8_lib.underflow_mean(new_fp8, "grad")
         return new_state, metrics
 
     return train_step

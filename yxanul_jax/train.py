@@ -149,7 +149,7 @@ class Trainer:
         row = validate_on_mesh(self.cfg, self.eval_step, state, self.domains, eval_seq_len(self.cfg, seq_len),
                                self.mesh)
         if writer is not None:
-            writer.write({"step": step, **row})
+            writer.write({"step": step, "tokens": self.tokens, **row})
         return row
 
     def save(self, state, step: int, stage: int, val_ppl: float | None = None) -> bool:
@@ -189,7 +189,9 @@ class Trainer:
                 writer.write({"step": step, "stage": si, "seq_len": stage.seq_len, "loss": m["loss"],
                               "lr": m["lr"], "grad_norm": m["grad_norm"], "tokens": self.tokens,
                               "tokens_per_sec": tps, "mfu": util, **({"z_loss": m["z_loss"]} if cfg.train.z_loss else {}),
-                              **({"fp8_nonfinite": int(m["fp8_nonfinite"])} if "fp8_nonfinite" in m else {})})
+                              **({"fp8_nonfinite": int(m["fp8_nonfinite"])} if "fp8_nonfinite" in m else {}),
+                              **({"fp8_grad_underflow": float(m["fp8_grad_underflow"])}
+                                 if "fp8_grad_underflow" in m else {})})
 
         with SignalGuard() as guard:
             for step in range(start_step, total):

@@ -1,0 +1,88 @@
+"""Count-model reference losses of a prepared dataset: what a model must beat to have learned anything.
+
+    python scripts/reference_losses.py [--data DIR]  (default: the embedded demo dataset)
+
+Both models are fitted on the train split's packed stream (`EOS d EOS d ...`, the stream training
+reads) and scored in nats per token on the val split's packed stream, every token a target once:
+  * unigram: token frequencies, add-one smoothed;
+  * bigram: P(b | a) = lam * c(a, b) / c(a) + (1 - lam) * P_unigram(b), lam chosen on the last
+    10 % of the train stream after fitting on the rest (never on val), then refitted on all of it.
+Prints a table, then one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from yxanul_jax.data import PreparedDataset, TokenStream, open_dataset  # noqa: E402
+
+LAMBDAS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+
+
+def packed(ds: PreparedDataset, split: str) -> np.ndarray:
+    """The split's whole stream in stored order, int64."""
+    stream = TokenStream(ds.split(split), ds.eos_id, seed=None)
+    return stream.read(0, stream.length).astype(np.int64)
+
+
+class Bigram:
+    """Counts of a token stream; `nll(stream, lam)` scores another stream."""
+
+    def __init__(self, tokens: np.ndarray, vocab: int):
+        self.V = vocab
+        self.unigram = (np.bincount(tokens, minlength=vocab) + 1.0) / (len(tokens) + vocab)
+        self.context = np.bincount(tokens[:-1], minlength=vocab).astype(np.float64)
+        self.pairs, self.pair_counts = np.unique(tokens[:-1] * vocab + tokens[1:], return_counts=True)
+
+    def unigram_nll(self, tokens: np.ndarray) -> float:
+        return float(-np.log(self.unigram[tokens[1:]]).mean())
+
+    def nll(self, tokens: np.ndarray, lam: float) -> float:
+        code = tokens[:-1] * self.V + tokens[1:]
+        at = np.clip(np.searchsorted(self.pairs, code), 0, len(self.pairs) - 1)
+        count = np.where(self.pairs[at] == code, self.pair_counts[at], 0)
+        ctx = self.context[tokens[:-1]]
+        p_bigram = np.divide(count, ctx, out=np.zeros(len(code)), where=ctx > 0)
+        return float(-np.log(lam * p_bigram + (1 - lam) * self.unigram[tokens[1:]]).mean())
+
+
+def reference_losses(ds: PreparedDataset) -> dict:
+    """{"unigram", "bigram" (nats per val token), "lambda", "val_tokens"}."""
+    train, val = packed(ds, "train"), packed(ds, "val")
+    cut = int(len(train) * 0.9)
+    tune = Bigram(train[:cut], ds.vocab_size)
+    lam = min(LAMBDAS, key=lambda x: tune.nll(train[cut:], x))
+    full = Bigram(train, ds.vocab_size)
+    return {"unigram": round(full.unigram_nll(val), 4), "bigram": round(full.nll(val, lam), 4), "lambda": lam,
+            "val_tokens": int(len(val) - 1), "train_tokens": int(len(train))}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=None, help="prepared dataset (default: the embedded demo dataset)")
+    args = parser.parse_args()
+    if args.data is None:
+        from yxanul_jax.corpus import ensure_demo_dataset
+        from yxanul_jax.config import ModelConfig
+
+        args.data = str(ensure_demo_dataset(vocab_size=ModelConfig().vocab_size))
+    ref = reference_losses(open_dataset(args.data))
+    print(f"dataset: {args.data} ({ref['train_tokens']:,} train tokens, {ref['val_tokens']:,} val targets)")
+    print(f"{'model':>8} {'val nats':>9} {'ppl':>9}")
+    for name in ("unigram", "bigram"):
+        print(f"{name:>8} {ref[name]:>9.4f} {np.exp(ref[name]):>9.1f}")
+    print(json.dumps({**ref, "data": args.data, "machine": platform.platform(), "date": time.strftime("%Y-%m-%d")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
