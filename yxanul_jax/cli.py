@@ -12,6 +12,7 @@ COMMANDS = {
     "analyze": "cost, memory and GEMM analysis of a compiled train step, here or for an H100 (--target)",
     "generate": "sample text from a trained model (KV cache)",
     "export": "write a trained model as a Hugging Face Llama folder",
+    "plot": "training / validation loss, tokens/s and lr of runs against tokens, in one PNG",
 }
 
 # `inspect` shadowed the standard library's module when a file of the package ran as a script.

@@ -1,0 +1,75 @@
+"""The plot command and scripts/study.py: real runs, real metrics files, a real PNG and table."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from conftest import REPO, TRAINED_RUN
+from data_fixtures import run_cli
+from yxanul_jax import plot
+from yxanul_jax.monitor import MetricsWriter
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location("study", REPO / "scripts" / "study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plot_command_draws_runs_and_refuses_mistakes(tmp_path):
+    for name, slope in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        with MetricsWriter(str(tmp_path / name)) as w:
+            for step in range(1, 6):
+                w.write({"step": step, "loss": 6 - slope * step / 5, "lr": 1e-3, "tokens": 100 * step,
+                         "tokens_per_sec": 1000.0})
+            w.write({"step": 5, "tokens": 500, "val/mean/loss": 5.0 - slope / 10})
+    out = tmp_path / "cmp.png"
+    rc, stdout, stderr = run_cli(plot.main, [tmp_path / "a", tmp_path / "b", "--output", out])
+    assert rc == 0 and out.read_bytes().startswith(PNG) and "2 runs" in stdout
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # written through a rename
+    assert plot.series(plot.read_metrics(str(tmp_path / "b")), "val/mean/loss") == ([500.0], [4.8])
+    for argv, words in (([tmp_path / "missing"], "no metrics.jsonl"),
+                        ([tmp_path / "a", "--output", tmp_path / "x.jpg"], "must end in .png"),
+                        ([tmp_path / "a", "--output", tmp_path / "no" / "x.png"], "not writable")):
+        rc, _, stderr = run_cli(plot.main, argv)
+        assert rc == 2 and words in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_tokens_to_target_interpolates_and_summary_compares_arms():
+    study = _study()
+    assert study.tokens_to([100, 200, 300], [6.0, 5.0, 4.0], 4.5) == pytest.approx(250)
+    assert study.tokens_to([100, 200], [6.0, 5.0], 4.0) is None
+    rows = lambda losses: [{"step": i + 1, "tokens": 100 * (i + 1), "val/mean/loss": v} for i, v in enumerate(losses)]
+    summary = study.summarize({"a": {0: rows([6, 5, 4]), 1: rows([6, 5, 4.2])},
+                               "b": {0: rows([6, 5.5, 5]), 1: rows([6, 5.4, 4.8])}}, target=5.0)
+    a, b = summary["arms"]["a"], summary["arms"]["b"]
+    assert a["mean"] == pytest.approx(4.1) and a["spread"] == pytest.approx(0.1414, abs=1e-4)
+    assert a["mean_tokens_to_target"] == 200 and b["tokens_to_target"] == {"0": 300, "1": 275}
+    assert b["tokens_ratio"] == pytest.approx(1.438, abs=1e-3) and b["mean_delta"] == pytest.approx(0.8)
+
+
+def test_study_runs_arms_and_seeds_and_writes_table_and_plot(tmp_path, monkeypatch):
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    overrides = [o for o in TRAINED_RUN if not o.startswith(("train.steps", "eval.interval"))]
+    argv = ["--out", str(tmp_path / "st"), "--seeds", "0", "1", "--eval-seq-len", "32",
+            "--set", *overrides, "train.steps=4", "eval.interval=2",
+            "--arm", "plain", "--arm", "hot", "optim.lr=0.01"]
+    rc, stdout, _ = run_cli(_study().main, argv)
+    assert rc == 0, stdout
+    record = json.loads(stdout.strip().splitlines()[-1])
+    assert set(record["arms"]) == {"plain", "hot"} and record["seeds"] == [0, 1]
+    finals = record["arms"]["plain"]["final"]
+    assert set(finals) == {"0", "1"} and finals["0"] != finals["1"]  # seeds differ
+    assert record["arms"]["hot"]["final"] != finals  # the arm's override took effect
+    assert (tmp_path / "st" / "study.png").read_bytes().startswith(PNG)
+    assert "| plain |" in (tmp_path / "st" / "study.md").read_text()
+    saved = (tmp_path / "st" / "runs" / "hot" / "seed1" / "config.yaml").read_text()
+    assert "lr: 0.01" in saved and "seq_len: 32" in saved
+    rc, _, stderr = run_cli(_study().main, ["--out", str(tmp_path / "bad"), "--arm", "x", "model.nope=1"])
+    assert rc == 2 and "model.nope" in stderr and not (tmp_path / "bad").exists()  # checked before writing

@@ -1,0 +1,118 @@
+"""`python -m yxanul_jax.plot RUN_DIR [RUN_DIR ...]`: training and validation loss, tokens/s and lr
+against tokens, from each run's `metrics.jsonl`, in one PNG for comparing runs at a glance.
+
+Needs matplotlib (`pip install 'yxanul-jax[plot]'`); everything else reads plain JSON lines.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from yxanul_jax import console
+from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.rundir import METRICS_FILE, atomic_write_bytes
+
+PANELS = (("loss", "training loss"), ("val/mean/loss", "validation loss"), ("tokens_per_sec", "tokens/s"),
+          ("lr", "learning rate"))
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    """The rows of `run_dir/metrics.jsonl` (torn lines of a crash skipped); UserError if there are none."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.isfile(path):
+        raise UserError(f"'{run_dir}' has no {METRICS_FILE}; pass a run directory of `python -m yxanul_jax.train`")
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    if not rows:
+        raise UserError(f"'{path}' has no rows yet; plot it after the first logged step")
+    return rows
+
+
+def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    """(tokens, values) of every row that has `key` (validation rows of older runs: tokens of their step)."""
+    tokens_at = {r["step"]: r["tokens"] for r in rows if "tokens" in r and "loss" in r}
+    xs, ys = [], []
+    for r in rows:
+        value, tokens = r.get(key), r.get("tokens", tokens_at.get(r.get("step")))
+        if isinstance(value, (int, float)) and tokens is not None:
+            xs.append(float(tokens))
+            ys.append(float(value))
+    return xs, ys
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("plotting needs matplotlib; pip install 'yxanul-jax[plot]' (or matplotlib)")
+    return plt
+
+
+def plot_runs(runs: dict[str, list[dict]], output: str, panels=PANELS, colors: dict[str, str] | None = None,
+              title: str = "") -> str:
+    """Draw `panels` (metric key, label) for every labelled run's rows into `output` (PNG, written
+    atomically). Runs sharing a color (e.g. seeds of one arm) are drawn alike."""
+    plt = _pyplot()
+    import io
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        for name, rows in runs.items():
+            xs, ys = series(rows, key)
+            if xs:
+                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, linewidth=1.2,
+                        label=name, color=(colors or {}).get(name))
+        ax.set_xlabel("tokens")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if not handles:
+        handles, labels = axes[0][1].get_legend_handles_labels()
+    seen = {}
+    for h, lab in zip(handles, labels):
+        seen.setdefault(lab, h)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(len(seen), 6), fontsize=8,
+               frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(output, buf.getvalue())
+    return output
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m yxanul_jax.plot", description=__doc__.splitlines()[0])
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories with a metrics.jsonl")
+    p.add_argument("--output", default="runs.png", help="PNG to write (default: runs.png)")
+    args = p.parse_args(argv)
+    if not args.output.endswith(".png"):
+        raise UserError(f"--output '{args.output}' must end in .png")
+    parent = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise UserError(f"--output '{args.output}': its folder '{parent}' does not exist or is not writable")
+    runs = {}
+    for d in args.run_dirs:
+        name = os.path.basename(os.path.normpath(d)) or d
+        runs[name if name not in runs else d] = read_metrics(d)
+    _pyplot()  # before any work: a missing matplotlib is one line
+    plot_runs(runs, args.output)
+    console.info(f"wrote {args.output} ({len(runs)} run{'s' * (len(runs) > 1)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
