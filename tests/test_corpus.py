@@ -27,7 +27,7 @@ def test_stdlib_files_are_deterministic_sorted_capped_and_skip_tests():
 def test_demo_dataset_is_built_once_into_the_cache_and_streams(tmp_path, monkeypatch):
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     path = corpus.ensure_demo_dataset()
-    assert Path(path) == tmp_path / "cache" / "demo-v1-4096"
+    assert Path(path) == tmp_path / "cache" / "demo-v2-4096"
     ds = open_dataset(path)
     assert ds.vocab_size == 4096 and ds.manifest["tokens"] > 500_000
     assert ds.manifest["tokenizer"]["vocab_size"] == 4096 and ds.tokenizer_path

@@ -23,8 +23,8 @@ from typing import Iterator
 from yxanul_jax.errors import UserError
 from yxanul_jax.rundir import cache_root
 
-DEMO_VERSION = "demo-v1"
-MAX_BYTES = 3_000_000
+DEMO_VERSION = "demo-v2"
+MAX_BYTES = 10_000_000
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
               "pydoc_data", "lib2to3"}
 
@@ -99,11 +99,11 @@ def _locked(path: Path):
 def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, max_bytes: int = MAX_BYTES) -> str:
     """Path of the prepared demo dataset (stdlib sources, BPE of exactly `vocab_size`), built on first use.
 
-    The BPE is trained with `vocab_size` as cap; the ~3 MB corpus runs out of merges near 21,600
-    entries, so a larger cap is filled with never-produced reserved entries (`pad_vocabulary`) and
+    The BPE is trained with `vocab_size` as cap; the ~10 MB corpus runs out of merges long before
+    200k entries, so a larger cap is filled with never-produced reserved entries (`pad_vocabulary`) and
     the dataset always matches `model.vocab_size`.
 
-    Default location `cache_root() / f"demo-v1-{vocab_size}"`. Building is atomic (temp dir,
+    Default location `cache_root() / f"demo-v2-{vocab_size}"`. Building is atomic (temp dir,
     then rename) and serialized by a lock file, so concurrent callers build it once.
     """
     from yxanul_jax.prepare import prepare_documents
