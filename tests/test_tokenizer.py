@@ -114,6 +114,14 @@ def test_bad_tokenizers_and_inputs_are_one_line_errors(tmp_path, tiny_tok_path):
     out = tmp_path / "newtok"
     rc, _, err = run_cli(tk.main, ["train", "--input", tmp_path / "nope.txt", "--vocab-size", "300", "--output", out])
     assert rc == 2 and "does not exist" in err and not out.exists()
+    text = tmp_path / "t.txt"
+    text.write_text("some text\n\nmore text\n")
+    for extra, needle in ((["--min-frequency", "-3"], "--min-frequency -3 must be >= 1"),
+                          (["--vocab-size", "100"], "too small"),
+                          (["--output", tmp_path / "no" / "such" / "dir"], "does not exist or is not writable")):
+        argv = ["train", "--input", text, "--vocab-size", "300", "--output", out, *extra]
+        rc, _, err = run_cli(tk.main, argv)
+        assert rc == 2 and needle in err and err.count("\n") == 1 and not out.exists(), err
 
 
 def test_added_tokens_must_continue_the_vocabulary(tmp_path):

@@ -202,6 +202,15 @@ def _is_superbpe(tok: Tokenizer) -> bool:
 # Training and measuring
 
 
+def check_bpe_args(vocab_size: int, min_frequency: int) -> None:
+    """UserError unless a byte-level BPE can be trained with these settings."""
+    if vocab_size < 258:
+        raise UserError(f"--vocab-size {vocab_size} is too small; a byte-level BPE needs at least 258 "
+                        "(256 bytes + the end-of-text token + one merge)")
+    if min_frequency < 1:
+        raise UserError(f"--min-frequency {min_frequency} must be >= 1 (the least count of a pair worth a merge)")
+
+
 def train_bpe(batches: Iterable[list[str]], vocab_size: int, *, eos_token: str = "<|endoftext|>",
               min_frequency: int = 2, show_progress: bool = False) -> LoadedTokenizer:
     """Train a byte-level BPE whose vocabulary (256 bytes + EOS + merges) has at most `vocab_size` entries.
@@ -209,9 +218,7 @@ def train_bpe(batches: Iterable[list[str]], vocab_size: int, *, eos_token: str =
     The cap is what keeps the embedding table small: the trainer stops at `vocab_size` (or earlier
     when no pair occurs `min_frequency` times), it never keeps one entry per unique word.
     """
-    if vocab_size < 258:
-        raise UserError(f"--vocab-size {vocab_size} is too small; a byte-level BPE needs at least 258 "
-                        "(256 bytes + the end-of-text token + one merge)")
+    check_bpe_args(vocab_size, min_frequency)
     tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -282,6 +289,10 @@ def _refuse_existing(path: str, what: str) -> None:
     p = Path(path).expanduser()
     if p.exists() and (not p.is_dir() or any(p.iterdir())):
         raise UserError(f"output '{path}' already exists; choose another --output or delete it ({what})")
+    parent = p.absolute().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UserError(f"--output '{path}': its folder '{parent}' does not exist or is not writable; "
+                        "choose another --output")
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,7 +333,8 @@ def superbpe_flag(value: str) -> bool | None:
 
 
 def _cmd_train(args) -> int:
-    _refuse_existing(args.output, "a trained tokenizer is never overwritten")
+    _refuse_existing(args.output, "a trained tokenizer is never overwritten")  # before the long part
+    check_bpe_args(args.vocab_size, args.min_frequency)
     source = source_from_args(args)
     tok = train_bpe(source.batches(), args.vocab_size, min_frequency=args.min_frequency,
                     show_progress=sys.stderr.isatty())
