@@ -1,12 +1,14 @@
 """Count-model reference losses of a prepared dataset: what a model must beat to have learned anything.
 
-    python scripts/reference_losses.py [--data DIR]  (default: the embedded demo dataset)
+    python scripts/reference_losses.py [--data DIR] [--max-targets N]  (default: the embedded demo dataset)
 
 Both models are fitted on the train split's packed stream (`EOS d EOS d ...`, the stream training
 reads) and scored in nats per token on the val split's packed stream, every token a target once:
   * unigram: token frequencies, add-one smoothed;
   * bigram: P(b | a) = lam * c(a, b) / c(a) + (1 - lam) * P_unigram(b), lam chosen on the last
     10 % of the train stream after fitting on the rest (never on val), then refitted on all of it.
+`--max-targets N` scores only the first N targets of the val stream: what validation with
+`eval.max_batches` B reads (N = B x eval.batch_size x seq_len; the default run: 20 x 16 x 128).
 Prints a table, then one JSON line.
 """
 from __future__ import annotations
@@ -55,9 +57,11 @@ class Bigram:
         return float(-np.log(lam * p_bigram + (1 - lam) * self.unigram[tokens[1:]]).mean())
 
 
-def reference_losses(ds: PreparedDataset) -> dict:
+def reference_losses(ds: PreparedDataset, max_targets: int = 0) -> dict:
     """{"unigram", "bigram" (nats per val token), "lambda", "val_tokens"}."""
     train, val = packed(ds, "train"), packed(ds, "val")
+    if max_targets:
+        val = val[:max_targets + 1]
     cut = int(len(train) * 0.9)
     tune = Bigram(train[:cut], ds.vocab_size)
     lam = min(LAMBDAS, key=lambda x: tune.nll(train[cut:], x))
@@ -69,13 +73,14 @@ def reference_losses(ds: PreparedDataset) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=None, help="prepared dataset (default: the embedded demo dataset)")
+    parser.add_argument("--max-targets", type=int, default=0, help="score the first N val targets only (0: all)")
     args = parser.parse_args()
     if args.data is None:
         from yxanul_jax.corpus import ensure_demo_dataset
         from yxanul_jax.config import ModelConfig
 
         args.data = str(ensure_demo_dataset(vocab_size=ModelConfig().vocab_size))
-    ref = reference_losses(open_dataset(args.data))
+    ref = reference_losses(open_dataset(args.data), args.max_targets)
     print(f"dataset: {args.data} ({ref['train_tokens']:,} train tokens, {ref['val_tokens']:,} val targets)")
     print(f"{'model':>8} {'val nats':>9} {'ppl':>9}")
     for name in ("unigram", "bigram"):
