@@ -41,7 +41,7 @@ def test_dotted_overrides_types_and_lists():
                                      "train.xla_options.xla_gpu_autotune_level=0"]).train.xla_options
     assert xla == {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}  # typed, for .compile()
     padded = apply_overrides(Config(), ["model.vocab_size=200005", "model.vocab_pad_to=128"]).model
-    assert padded.padded_vocab == 200064 and padded.vocab_padding_params == 59 * padded.embed_rank
+    assert padded.padded_vocab == 200064 and padded.vocab_padding_params == 59 * (padded.embed_rank or padded.d_model)
 
 
 @pytest.mark.parametrize("override, needle", [

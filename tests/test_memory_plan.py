@@ -30,7 +30,7 @@ def _size(tree) -> int:
 
 @pytest.mark.parametrize("path,overrides", [
     (TINY, []), (Y197, []), (str(REPO / "configs/yxanul_270m.yaml"), []), (PYTHIA, []),
-    (TINY, ["model.head=factorized", "fp8.targets=[q,head]", "model.scan_layers=true"]),
+    (TINY, ["model.embed_rank=32", "model.head=factorized", "fp8.targets=[q,head]", "model.scan_layers=true"]),
     (TINY, ["fp8.enabled=false", "model.embed_rank=0", "fp8.amax_history_len=16"]),
 ])
 def test_state_bytes_and_param_count_are_exact(path, overrides):

@@ -50,8 +50,10 @@ def test_tokens_to_target_interpolates_and_summary_compares_arms():
                                "b": {0: rows([6, 5.5, 5]), 1: rows([6, 5.4, 4.8])}}, target=5.0)
     a, b = summary["arms"]["a"], summary["arms"]["b"]
     assert a["mean"] == pytest.approx(4.1) and a["spread"] == pytest.approx(0.1414, abs=1e-4)
-    assert a["mean_tokens_to_target"] == 200 and b["tokens_to_target"] == {"0": 300, "1": 275}
-    assert b["tokens_ratio"] == pytest.approx(1.438, abs=1e-3) and b["mean_delta"] == pytest.approx(0.8)
+    # b's seed 1 crosses 5.0 between (200, 5.4) and (300, 4.8): 200 + 100 * 0.4 / 0.6
+    assert a["mean_tokens_to_target"] == 200 and b["tokens_to_target"] == {"0": 300, "1": 267}
+    assert b["mean_tokens_to_target"] == 283 and b["tokens_ratio"] == pytest.approx(283 / 200, abs=1e-3)
+    assert b["mean_delta"] == pytest.approx(0.8)
 
 
 def test_study_runs_arms_and_seeds_and_writes_table_and_plot(tmp_path, monkeypatch):

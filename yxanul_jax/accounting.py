@@ -141,7 +141,7 @@ def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
 def state_bytes(cfg: Config) -> dict[str, int]:
     """Bytes of the train state by part (equal to `steps.abstract_train_state`; tested)."""
     P = allocated_param_count(cfg)
-    # FP8 state per operand: amax history, scale, non-finite counter (float32).
+    # FP8 state per operand: amax history, scale, non-finite counter, underflow share (float32).
     return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
-            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 2) * 4,
+            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 3) * 4,
             "misc_state": 4}  # the step counter (int32)
