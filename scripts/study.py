@@ -56,8 +56,8 @@ def summarize(results: dict[str, dict[int, list[dict]]], target: float | None) -
     """Per arm: final loss per seed, mean, spread (sample std), tokens to target per seed and mean."""
     finals = {arm: {s: series(rows, "val/mean/loss")[1][-1] for s, rows in seeds.items()}
               for arm, seeds in results.items()}
-    if target is None:  # the worst arm's mean final loss: every arm's seeds can be compared at it
-        target = max(statistics.mean(f.values()) for f in finals.values())
+    if target is None:  # the highest final loss of any run: every run reaches it, so all compare
+        target = max(v for f in finals.values() for v in f.values())
     out = {"target_loss": round(target, 4), "arms": {}}
     for arm, seeds in results.items():
         reach = {s: tokens_to(*series(rows, "val/mean/loss"), target) for s, rows in seeds.items()}
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--eval-seq-len", type=int, default=128, help="one validation length for every arm")
     p.add_argument("--target-loss", type=float, default=None,
-                   help="validation loss for 'tokens to target' (default: the worst arm's mean final loss)")
+                   help="validation loss for 'tokens to target' (default: the highest final loss of any run)")
     args = p.parse_args(argv)
     arms = parse_arms(args.arm)
     fixed = [f"eval.seq_len={args.eval_seq_len}", "train.sample_tokens=0"]
