@@ -93,9 +93,11 @@ def test_planner_agrees_with_xla_compiled_memory_within_15_percent(path, overrid
            + mem.temp_size_in_bytes)
     est = memory.estimate_stage(cfg, stage, platform="cpu")
     assert abs(est["bytes_total"] - xla) / xla < 0.15, (est["bytes_total"] / 1e6, xla / 1e6)
-    # The parts that are exact are exact: XLA's arguments are the state plus the batch.
+    # The parts that are exact are exact: XLA's arguments are the state plus the batch, less the FP8
+    # underflow shares (one float32 per operand), which the step writes but never reads: XLA drops them.
     state = accounting.state_bytes(cfg)
-    assert mem.argument_size_in_bytes == sum(state.values()) + est["batch"]
+    unread = accounting.fp8_gemm_count(cfg) * 3 * 4
+    assert mem.argument_size_in_bytes == sum(state.values()) + est["batch"] - unread
 
 
 def test_chunked_loss_is_what_lets_the_seeds_batch_fit_a_24gb_card():
