@@ -48,7 +48,6 @@ def precision_config(cfg, precision: str):
 def bench_cell(config: str | None, stage_index: int, precision: str, steps: int, warmup: int, torch_ref: bool) -> dict:
     """One cell, in this process: compile, warm up, time; the PyTorch reference at the same shape."""
     import jax
-    import jax.numpy as jnp
 
     from yxanul_jax import fp8 as fp8_lib
     from yxanul_jax.accounting import flops_per_token
@@ -56,7 +55,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     from yxanul_jax.errors import UserError
     from yxanul_jax.memory import estimate_stage
     from yxanul_jax.monitor import peak_flops_per_device
-    from yxanul_jax.stages import compile_stage, compiled_memory
+    from yxanul_jax.stages import compile_stage, synthetic_batch, compiled_memory
     from yxanul_jax.steps import init_train_state
 
     cfg = precision_config(load_config(config), precision)
@@ -75,9 +74,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     executed_flops = float((cost or {}).get("flops", 0.0)) or None
     state = jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0))
-    shape = (stage.grad_accum_steps, stage.batch_size, stage.seq_len + 1)
-    tokens = jax.random.randint(jax.random.key(1), shape, 0, cfg.model.vocab_size)
-    batch = {"inputs": tokens[..., :-1], "targets": tokens[..., 1:], "mask": jnp.ones(tokens[..., 1:].shape, jnp.float32)}
+    batch = synthetic_batch(cfg, stage)
     # Delayed FP8 scaling: the first warm-up step quantizes with a fresh state's unit scales (a real
     # run bootstraps it with current scaling, steps.fp8_bootstrap_config); only timing is read here.
     for _ in range(max(warmup, 1)):
@@ -191,11 +188,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.steps} timed steps after {args.warmup} warm-up, median.\n\n" + table(rows))
     record = {"rows": rows, "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
               "device": _device_name(), "steps": args.steps, "warmup": args.warmup}
-    for name, text in (("bench.json", json.dumps(record, indent=2) + "\n"), ("bench.md", md)):
-        tmp = os.path.join(args.out, name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, os.path.join(args.out, name))
+    from yxanul_jax.rundir import atomic_write
+
+    atomic_write(os.path.join(args.out, "bench.json"), json.dumps(record, indent=2) + "\n")
+    atomic_write(os.path.join(args.out, "bench.md"), md)
     print(md)
     print(json.dumps(record))
     return 0

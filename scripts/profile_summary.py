@@ -97,19 +97,16 @@ def summarize(ops: list[tuple[str, float]], top: int) -> dict:
 
 def trace_stage(config: str | None, stage_index: int, steps: int, out: str) -> str:
     import jax
-    import jax.numpy as jnp
 
     from yxanul_jax.config import load_config
-    from yxanul_jax.stages import compile_stage
+    from yxanul_jax.stages import compile_stage, synthetic_batch
     from yxanul_jax.steps import init_train_state
 
     cfg = load_config(config)
     stage = cfg.curriculum[stage_index]
     step = compile_stage(cfg, stage)
     state = jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0))
-    shape = (stage.grad_accum_steps, stage.batch_size, stage.seq_len + 1)
-    tokens = jax.random.randint(jax.random.key(1), shape, 0, cfg.model.vocab_size)
-    batch = {"inputs": tokens[..., :-1], "targets": tokens[..., 1:], "mask": jnp.ones(tokens[..., 1:].shape, jnp.float32)}
+    batch = synthetic_batch(cfg, stage)
     for _ in range(2):
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)

@@ -62,3 +62,18 @@ def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("trained-run")
     train(load_config(None, TRAINED_RUN), str(run_dir))
     return run_dir
+
+
+def load_script(name: str):
+    """Import `scripts/<name>.py` as a module (scripts are not a package; their siblings import too)."""
+    import importlib.util
+    import sys
+
+    scripts = str(REPO / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

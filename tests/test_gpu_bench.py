@@ -1,25 +1,15 @@
 """The benchmark kit runs on a CPU too: scripts/gpu_bench.py (tiny config), scripts/profile_summary.py."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
-from conftest import REPO
+from conftest import REPO, load_script
 from data_fixtures import run_cli
-
-
-def _script(name: str):
-    sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
     out = tmp_path / "bench"
-    rc, stdout, _ = run_cli(_script("gpu_bench").main,
+    rc, stdout, _ = run_cli(load_script("gpu_bench").main,
                             ["--config", REPO / "configs/tiny.yaml", "--stages", "0", "--baseline", "",
                              "--precisions", "bf16", "fp8-xla", "fp8-te", "--steps", "2", "--warmup", "1",
                              "--torch", "--out", out])
@@ -40,7 +30,7 @@ def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
 
 
 def test_profile_summary_finds_the_ops_of_a_traced_step(tmp_path):
-    rc, stdout, _ = run_cli(_script("profile_summary").main,
+    rc, stdout, _ = run_cli(load_script("profile_summary").main,
                             ["--config", REPO / "configs/tiny.yaml", "--steps", "1", "--out", tmp_path / "p"])
     assert rc == 0, stdout
     record = json.loads(stdout.strip().splitlines()[-1])

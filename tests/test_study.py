@@ -1,12 +1,11 @@
 """The plot command and scripts/study.py: real runs, real metrics files, a real PNG and table."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from conftest import REPO, TRAINED_RUN
+from conftest import TRAINED_RUN, load_script
 from data_fixtures import run_cli
 from yxanul_jax import plot
 from yxanul_jax.monitor import MetricsWriter
@@ -15,10 +14,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("study", REPO / "scripts" / "study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("study")
 
 
 def test_plot_command_draws_runs_and_refuses_mistakes(tmp_path):

@@ -1,15 +1,12 @@
 """scripts/torch_reference.py computes our model: same weights and tokens, same logits and loss."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, micro_model, no_fp8
+from conftest import load_script, micro_model, no_fp8
 from yxanul_jax.loss import chunked_cross_entropy
 from yxanul_jax.model import Yxanul, init_variables
 
@@ -17,11 +14,7 @@ torch = pytest.importorskip("torch", reason="the PyTorch reference needs torch (
 
 
 def _reference():
-    spec = importlib.util.spec_from_file_location("torch_reference", REPO / "scripts" / "torch_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["torch_reference"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("torch_reference")
 
 
 @pytest.mark.parametrize("head,rank", [("tied", 16), ("factorized", 16), ("untied", 0), ("tied", 0)])

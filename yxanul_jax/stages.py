@@ -32,6 +32,14 @@ def abstract_batch(stage: StageConfig, sharding=None) -> dict:
             for k, dt in (("inputs", jnp.int32), ("targets", jnp.int32), ("mask", jnp.float32))}
 
 
+def synthetic_batch(cfg: Config, stage: StageConfig, seed: int = 1) -> dict:
+    """A stage's global [A, B, L] batch of uniform random tokens (benchmarks and profiles: speed does
+    not depend on the text)."""
+    shape = (stage.grad_accum_steps, stage.batch_size, stage.seq_len + 1)
+    tokens = jax.random.randint(jax.random.key(seed), shape, 0, cfg.model.vocab_size)
+    return {"inputs": tokens[..., :-1], "targets": tokens[..., 1:], "mask": jnp.ones(shape[:-1] + (stage.seq_len,), jnp.float32)}
+
+
 def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     """The compiled train step of one stage (donates the incoming state's buffers), compiled with
     the config's `train.xla_options`.
