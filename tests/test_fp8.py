@@ -130,9 +130,48 @@ def test_split_and_max_merge():
     assert "fp8_meta" not in params and set(state) == {"fp8_meta"}
     a = jax.tree_util.tree_map(lambda x: x + 1.0, state)
     b = jax.tree_util.tree_map(lambda x: x * 3.0, state)
-    merged = F.merge_fp8_max(a, b)
+    merged = F.merge_fp8(a, b)
     for x, y, z in zip(*(jax.tree_util.tree_leaves(t) for t in (a, b, merged))):
         np.testing.assert_array_equal(np.asarray(z), np.maximum(np.asarray(x), np.asarray(y)))
+    identity = F.merge_identity(a)
+    for x, z in zip(*(jax.tree_util.tree_leaves(t) for t in (a, F.merge_fp8(identity, a)))):
+        np.testing.assert_array_equal(np.asarray(z), np.asarray(x))
+
+
+def _te_shaped_state(history, scale):
+    """What TE's dot_general wrapper keeps per GEMM (delayed scaling), here for a layer and the head."""
+    te = {"x_amax_history": jnp.asarray(history, jnp.float32), "x_scale": jnp.asarray([scale], jnp.float32)}
+    return {"_overwrite_with_gradient": {"layers": {"q": {"gemm": {"TEWrapper_dot_general_0": te}}},
+                                          "head_gemm": {"TEWrapper_dot_general_0": te}}}
+
+
+def test_te_state_merges_toward_the_larger_amax():
+    # TE's scale quantizes (x * scale, scale = fp8_max / amax): the safe side of two updates is the smaller
+    # scale; its histories merge by max, as ours do.
+    a, b = _te_shaped_state([1.0, 4.0], 448 / 4.0), _te_shaped_state([2.0, 3.0], 448 / 3.0)
+    merged = F.merge_fp8(a, b)["_overwrite_with_gradient"]["head_gemm"]["TEWrapper_dot_general_0"]
+    np.testing.assert_array_equal(np.asarray(merged["x_amax_history"]), [2.0, 4.0])
+    np.testing.assert_array_equal(np.asarray(merged["x_scale"]), [448 / 4.0])
+    identity = F.merge_identity(a)
+    assert float(identity["_overwrite_with_gradient"]["head_gemm"]["TEWrapper_dot_general_0"]["x_scale"][0]) == np.inf
+    chex_equal = lambda t, u: all(np.array_equal(np.asarray(x), np.asarray(y))  # noqa: E731
+                                  for x, y in zip(jax.tree_util.tree_leaves(t), jax.tree_util.tree_leaves(u)))
+    assert chex_equal(F.merge_fp8(identity, a), a)
+    stacked = jax.tree_util.tree_map(lambda x, y: jnp.stack([x, y]), a, b)
+    assert chex_equal(F.merge_copies(stacked), F.merge_fp8(a, b))
+
+
+def test_head_state_is_split_out_of_every_fp8_collection():
+    from yxanul_jax.steps import HEAD_STATE, _join_head, _split_head
+
+    ours = {"fp8_meta": {"layers": {"x": jnp.ones(2)}, HEAD_STATE: {"input": jnp.zeros(2)}}}
+    state = {**ours, **_te_shaped_state([1.0, 2.0], 3.0)}
+    body, head = _split_head(state)
+    assert set(head) == {"fp8_meta", "_overwrite_with_gradient"}
+    assert all(HEAD_STATE not in tree for tree in body.values())
+    joined = _join_head(body, head)
+    assert jax.tree_util.tree_structure(joined) == jax.tree_util.tree_structure(state)
+    assert _split_head({"fp8_meta": {"layers": {}}})[1] is None
 
 
 def test_te_backend_without_transformer_engine_is_a_one_line_user_error():

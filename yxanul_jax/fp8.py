@@ -27,7 +27,13 @@ non-finite amax, which never enters the history) in the Flax collection `fp8_met
 step differentiates the loss w.r.t. this collection too; the custom VJP returns the *updated
 state* as its "cotangent" (the overwrite-with-gradient trick), which the train step then takes as
 the new state: never averaged, clipped or decayed, max-merged across micro-batches and loss chunks
-(`merge_fp8_max`) and saved with the checkpoint.
+(`merge_fp8`) and saved with the checkpoint.
+
+Transformer Engine's state (`fp8.backend: te`) follows the same rules: it lives in other Flax
+collections (`TE_COLLECTIONS`), is updated the same way (TE's modules return the new state as the
+"gradient"), and goes through `merge_fp8` too, with one difference that decides the merge: TE's
+`*_scale` multiplies *before* the cast (x_q = x * scale, the inverse of ours), so for it the safe,
+larger-amax side is the smaller value, and it is min-merged.
 """
 from __future__ import annotations
 
@@ -66,6 +72,13 @@ def fp8_max(dtype) -> float:
 def gemm_aligned(*dims: int) -> bool:
     """Whether a GEMM with these (static) dimensions can run as an FP8 tensor-core GEMM."""
     return all(int(d) % GEMM_ALIGN == 0 for d in dims)
+
+
+def fused_aligned(model) -> bool:
+    """Whether every GEMM of TE's fused layers (`fp8.te_layers`) has FP8-aligned shapes for this `ModelConfig`;
+    when not, the blocks run unfused (each aligned projection still in FP8)."""
+    K = model.resolved_head_dim
+    return gemm_aligned(model.d_model, model.n_heads * K, model.n_kv_heads * K, model.ffn_dim)
 
 
 _WARNED: set = set()
@@ -243,9 +256,31 @@ def split_state(variables: dict) -> tuple[dict, dict]:
     return params, state
 
 
-def merge_fp8_max(a, b):
-    """Element-wise max of two FP8 states (micro-batches, devices): the safe, larger amax wins."""
-    return jax.tree_util.tree_map(jnp.maximum, a, b)
+TE_COLLECTIONS = ("_overwrite_with_gradient", "fp8_metas")  # TE's dot_general wrappers; TE's layers
+
+
+def _min_merged(path) -> bool:
+    """Whether this FP8-state leaf merges by min: TE's quantizing `*_scale` (fp8_max / amax)."""
+    return getattr(path[0], "key", None) in TE_COLLECTIONS and str(getattr(path[-1], "key", "")).endswith("_scale")
+
+
+def merge_fp8(a, b):
+    """Merge two FP8 states (micro-batches, loss chunks, devices) so the safe, larger amax wins: element-wise
+    max, except TE's quantizing scales (min). Histories, counters and our dequantizing scales: max."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x, y: jnp.minimum(x, y) if _min_merged(p) else jnp.maximum(x, y), a, b)
+
+
+def merge_copies(state):
+    """`merge_fp8` over axis 0 of stacked copies (the head's state, one copy per loss chunk)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: jnp.min(x, axis=0) if _min_merged(p) else jnp.max(x, axis=0), state)
+
+
+def merge_identity(state):
+    """The state `merge_fp8` leaves unchanged: zeros (every max-merged leaf is >= 0), +inf for min-merged ones."""
+    return jax.tree_util.tree_map_with_path(
+        lambda p, x: jnp.full_like(x, jnp.inf) if _min_merged(p) else jnp.zeros_like(x), state)
 
 
 def _leaves(fp8_state: dict, field: str, operand: str | None = None) -> list:

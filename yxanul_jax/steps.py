@@ -58,18 +58,17 @@ def abstract_train_state(cfg: Config) -> TrainState:
 
 
 def _split_head(fp8_state: dict):
-    """(FP8 state of the body, FP8 state of the output head or None)."""
-    meta = fp8_state.get(fp8_lib.FP8_COLLECTION, {})
-    if HEAD_STATE not in meta:
-        return fp8_state, None
-    body = {**fp8_state, fp8_lib.FP8_COLLECTION: {k: v for k, v in meta.items() if k != HEAD_STATE}}
-    return body, meta[HEAD_STATE]
+    """(FP8 state of the body, FP8 state of the output head or None). The head is the top-level module
+    `HEAD_STATE` in every FP8 collection (ours, or Transformer Engine's): {collection: its head state}."""
+    body = {c: {k: v for k, v in tree.items() if k != HEAD_STATE} for c, tree in fp8_state.items()}
+    head = {c: tree[HEAD_STATE] for c, tree in fp8_state.items() if HEAD_STATE in tree}
+    return body, head or None
 
 
 def _join_head(body: dict, head) -> dict:
     if head is None:
         return body
-    return {**body, fp8_lib.FP8_COLLECTION: {**body.get(fp8_lib.FP8_COLLECTION, {}), HEAD_STATE: head}}
+    return {c: {**tree, **({HEAD_STATE: head[c]} if c in head else {})} for c, tree in body.items()}
 
 
 def _head_copies(head, chunks: int):
@@ -87,7 +86,7 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
     def logits_fn(h_CxD, head_state):
         variables = {"params": params}
         if head_state is not None:
-            variables[fp8_lib.FP8_COLLECTION] = {HEAD_STATE: head_state}
+            variables.update({c: {HEAD_STATE: state} for c, state in head_state.items()})
         return model.apply(variables, h_CxD, method=Yxanul.logits)
 
     d = h_BxLxD.shape[-1]
@@ -125,13 +124,14 @@ def make_accumulate(cfg: Config, stage: StageConfig):
         def micro(carry, mb):
             g_acc, fp8_acc, nll_acc, z_acc = carry
             (g_params, g_body, g_head), (nll, z) = grad_fn(params, body_fp8, head_copies, mb)
-            new_head = None if head is None else jax.tree_util.tree_map(lambda x: jnp.max(x, axis=0), g_head)
+            new_head = None if head is None else fp8_lib.merge_copies(g_head)
             new_fp8 = _join_head(g_body, new_head)  # the "gradients" of FP8 state are its new values
             g_acc = jax.tree_util.tree_map(jnp.add, g_acc, g_params)
-            return (g_acc, fp8_lib.merge_fp8_max(fp8_acc, new_fp8), nll_acc + nll, z_acc + z), None
+            return (g_acc, fp8_lib.merge_fp8(fp8_acc, new_fp8), nll_acc + nll, z_acc + z), None
 
-        zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731  (FP8 state is >= 0)
-        init = (zeros(params), zeros(fp8_state), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+        zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
+        init = (zeros(params), fp8_lib.merge_identity(fp8_state), jnp.zeros((), jnp.float32),
+                jnp.zeros((), jnp.float32))
         (grads, new_fp8, nll, z), _ = jax.lax.scan(micro, init, batch)
         return grads, new_fp8, nll, z
 
