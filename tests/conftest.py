@@ -29,6 +29,29 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
+GPU_PYTHON = Path(os.environ.get("YXANUL_GPU_CHECK_PYTHON", REPO / ".venv-gpu-check" / "bin" / "python"))
+
+
+def gpu_python() -> str:
+    """The gpu-check environment's Python (scripts/gpu_check_env.sh; CI builds it), or skip saying how to get it."""
+    if not GPU_PYTHON.exists():
+        pytest.skip(f"no gpu-check environment at {GPU_PYTHON}: build it with scripts/gpu_check_env.sh "
+                    "(CI does) to compile for sm_90 here")
+    return str(GPU_PYTHON)
+
+
+def inspect_h100(*args: str, expect_rc: int = 0) -> dict:
+    """`analyze --target h100 --json ARGS` in the gpu-check environment: its JSON report."""
+    import json
+    import subprocess
+
+    proc = subprocess.run([gpu_python(), "-m", "yxanul_jax.analyze", "--target", "h100", "--json", *args],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          timeout=600)
+    assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def micro_model(**overrides) -> ModelConfig:
     """A very small float32 model for numerics tests (fast to compile, exact comparisons). Every GEMM
     is a multiple of 16 (FP8-capable, the head too), and the 97-entry vocabulary is padded to 112."""

@@ -1,4 +1,5 @@
 """Config system: defaults, sparse YAML, dotted overrides, and one-line errors with exit code 2."""
+import dataclasses
 import subprocess
 import sys
 
@@ -59,6 +60,7 @@ def test_dotted_overrides_types_and_lists():
     ("model.vocab_pad_to=0", "model.vocab_pad_to"),
     ("eval.seq_len=99999", "eval.seq_len"),
     ("fp8.scaling=later", "fp8.scaling' must be one of"),
+    ("fp8.te_layers=true", "set fp8.backend=te or fp8.te_layers=false"),
     ("model.d_model", "key.sub=value"),
 ])
 def test_bad_overrides_name_the_key(override, needle):
@@ -66,6 +68,13 @@ def test_bad_overrides_name_the_key(override, needle):
         load_config(None, [override])
     assert needle in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_te_fused_layers_need_every_fused_projection_in_fp8():
+    cfg = load_config(None, ["fp8.backend=te", "fp8.te_layers=true"])
+    assert cfg.fp8.fused and not dataclasses.replace(cfg.fp8, enabled=False).fused
+    with pytest.raises(UserError, match="fp8.targets lacks k,up; add them or set fp8.te_layers=false"):
+        load_config(None, ["fp8.backend=te", "fp8.te_layers=true", "fp8.targets=[q,v,o,gate,down]"])
 
 
 def test_unknown_yaml_key_and_bad_files(tmp_path):

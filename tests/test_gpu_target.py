@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,24 +15,7 @@ from yxanul_jax import gpu_target
 from yxanul_jax import analyze as insp
 from yxanul_jax.errors import UserError
 
-from conftest import REPO
-
-GPU_PYTHON = Path(os.environ.get("YXANUL_GPU_CHECK_PYTHON", REPO / ".venv-gpu-check" / "bin" / "python"))
-
-
-def _gpu_python() -> str:
-    if not GPU_PYTHON.exists():
-        pytest.skip(f"no gpu-check environment at {GPU_PYTHON}: build it with scripts/gpu_check_env.sh "
-                    "(CI does) to compile for sm_90 here")
-    return str(GPU_PYTHON)
-
-
-def _inspect(*args: str, expect_rc: int = 0) -> dict:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([_gpu_python(), "-m", "yxanul_jax.analyze", "--target", "h100", "--json", *args],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
-    assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+from conftest import REPO, gpu_python, inspect_h100
 
 
 def test_target_specs_and_a_bad_target():
@@ -84,7 +66,7 @@ for name, opts in (("default", {}), ("no-triton", {"xla_gpu_enable_triton_gemm":
     out[name] = hlo.gemm_kinds(hlo.gemms(lo.compile(compiler_options=opts).as_text()))
 print(json.dumps(out))
 """
-    proc = subprocess.run([_gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
+    proc = subprocess.run([gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     kinds = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -93,7 +75,7 @@ print(json.dumps(out))
 
 
 def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
-    on = _inspect("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention")
+    on = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention")
     g = on["gpu"]
     assert on["device_kind"] == "NVIDIA H100 80GB HBM3" and on["attention"] == "cudnn"
     # 4 layers x 7 projections x (forward, input gradient, weight gradient), all FP8, none lost
@@ -101,15 +83,15 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
     assert g["cudnn_attention"] == {"forward": 4, "backward": 4}
     assert g["fp8_values_in_hlo"] and on["memory"]["peak_bytes"] > 0
     assert abs(on["planner_bytes"] / on["memory"]["peak_bytes"] - 1) < 0.10  # the `gpu` plan, fitted to sm_90
-    off = _inspect("--config", "configs/tiny.yaml", "--disable-fp8", "--require", "fp8-expected")
+    off = inspect_h100("--config", "configs/tiny.yaml", "--disable-fp8", "--require", "fp8-expected")
     assert off["gpu"]["fp8_found"] == 0 and not off["gpu"]["fp8_values_in_hlo"]
-    cublas = _inspect("--config", "configs/tiny.yaml", "--xla-option", "xla_gpu_enable_triton_gemm=false")
+    cublas = inspect_h100("--config", "configs/tiny.yaml", "--xla-option", "xla_gpu_enable_triton_gemm=false")
     assert cublas["gpu"]["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
     assert cublas["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
 
 
 def test_fp8_head_with_padded_vocabulary_and_accumulation():
-    r = _inspect("--config", "configs/tiny.yaml", "fp8.targets=[q,k,v,o,gate,up,down,head]", "model.vocab_pad_to=128",
+    r = inspect_h100("--config", "configs/tiny.yaml", "fp8.targets=[q,k,v,o,gate,up,down,head]", "model.vocab_pad_to=128",
                  "model.remat=full", "model.scan_layers=true", "curriculum.0.grad_accum_steps=2",
                  "--require", "fp8-expected")
     e = r["gpu"]["fp8_expected"]
@@ -120,7 +102,7 @@ def test_fp8_head_with_padded_vocabulary_and_accumulation():
 
 @pytest.mark.parametrize("config, stage", [("configs/yxanul_197m.yaml", "0"), ("configs/yxanul_197m.yaml", "9")])
 def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage):
-    r = _inspect("--config", config, "--stage", stage, "--require", "fp8-expected", "--require", "cudnn-attention")
+    r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", "--require", "cudnn-attention")
     g = r["gpu"]
     # 28 scanned layers x (7 forward + 6 recomputed (remat full; `down` is not) + 7 input + 7 weight gradients)
     assert g["fp8_found"] == g["fp8_expected"]["total"] == 28 * 27 and g["fp8_lost"] == []

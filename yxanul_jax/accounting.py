@@ -7,7 +7,7 @@ train state, compiled HLO).
 from __future__ import annotations
 
 from yxanul_jax.config import Config, FP8Config, ModelConfig
-from yxanul_jax.fp8 import gemm_aligned
+from yxanul_jax.fp8 import fused_aligned, gemm_aligned
 from yxanul_jax.loss import n_chunks
 
 
@@ -91,29 +91,44 @@ def flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
 
 
 def fp8_gemms(model: ModelConfig, fp8: FP8Config) -> list[tuple[str, int, int]]:
-    """(target, I, O) of every GEMM the `xla` backend runs in FP8, per layer then the head: the
-    configured targets whose kernel [I, O] is `gemm_aligned` (the model's own rule, see
-    `model.Matmul`). One entry per layer GEMM (not multiplied by n_layers); the head last."""
+    """(target, I, O) of every GEMM that runs in FP8, per layer then the head: the configured targets
+    whose kernel [I, O] is `gemm_aligned` (the model's own rule, see `model.Matmul`). One entry per
+    layer GEMM (not multiplied by n_layers); the head last. With TE's fused layers (`fp8.fused`) the
+    q, k, v GEMMs are one (`qkv`, their kernels side by side) and LayerNormMLP's two GEMMs are `mlp`
+    ([gate | up]) and `down` (in the HLO both are `mlp`: one TE call)."""
     if not fp8.active:
         return []
     D, F, K = model.d_model, model.ffn_dim, model.resolved_head_dim
     H, G = model.n_heads * K, model.n_kv_heads * K
     head_in = model.d_model if model.head == "untied" or not model.embed_rank else model.embed_rank
-    shapes = {"q": (D, H), "k": (D, G), "v": (D, G), "o": (H, D), "gate": (D, F), "up": (D, F), "down": (F, D),
-              "head": (head_in, model.padded_vocab)}
-    return [(t, *shapes[t]) for t in shapes if t in fp8.targets and gemm_aligned(*shapes[t])]
+    if fp8.fused and fused_aligned(model):
+        shapes = [("qkv", D, H + 2 * G), ("o", H, D), ("mlp", D, 2 * F), ("down", F, D)]
+        targets = {"qkv", "mlp", *fp8.targets}
+    else:
+        shapes = [("q", D, H), ("k", D, G), ("v", D, G), ("o", H, D), ("gate", D, F), ("up", D, F), ("down", F, D)]
+        targets = set(fp8.targets)
+    shapes.append(("head", head_in, model.padded_vocab))
+    return [(t, i, o) for t, i, o in shapes if t in targets and gemm_aligned(i, o)]
 
 
 def fp8_gemm_count(cfg: Config) -> int:
-    """GEMMs that run in FP8 with the xla backend (each keeps 3 operand states)."""
-    if not cfg.fp8.active or cfg.fp8.backend != "xla":
-        return 0
+    """GEMMs that run in FP8 (each keeps one state per operand: input, kernel, gradient)."""
     gemms = fp8_gemms(cfg.model, cfg.fp8)
     return cfg.model.n_layers * sum(t != "head" for t, _, _ in gemms) + sum(t == "head" for t, _, _ in gemms)
 
 
+def fp8_state_floats(fp8: FP8Config) -> int:
+    """float32 values of FP8 state per GEMM operand: ours keep the amax history, the scale, the non-finite
+    count and the underflow share; TE's delayed scaling the history and the scale; current scaling none."""
+    if not fp8.active:
+        return 0
+    if fp8.backend == "te":
+        return 0 if fp8.scaling == "current" else fp8.amax_history_len + 1
+    return fp8.amax_history_len + 3
+
+
 def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
-    """FP8 GEMMs one train step of the stage should execute with the `xla` backend, by role.
+    """FP8 GEMMs one train step of the stage should execute (either backend, fused or not), by role.
 
     Per micro-batch, each FP8 layer GEMM runs forward, input gradient and weight gradient once;
     with `remat: full` its forward runs again in the backward pass, except `down`, whose output
@@ -122,7 +137,7 @@ def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
     """
     stage = cfg.curriculum[stage_index]
     a = stage.grad_accum_steps
-    gemm_list = fp8_gemms(cfg.model, cfg.fp8) if cfg.fp8.backend == "xla" else []
+    gemm_list = fp8_gemms(cfg.model, cfg.fp8)
     layer = [t for t, _, _ in gemm_list if t != "head"]
     head = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk) if any(
         t == "head" for t, _, _ in gemm_list) else 0
@@ -143,5 +158,5 @@ def state_bytes(cfg: Config) -> dict[str, int]:
     P = allocated_param_count(cfg)
     # FP8 state per operand: amax history, scale, non-finite counter, underflow share (float32).
     return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
-            "fp8_state": fp8_gemm_count(cfg) * 3 * (cfg.fp8.amax_history_len + 3) * 4,
+            "fp8_state": fp8_gemm_count(cfg) * 3 * fp8_state_floats(cfg.fp8) * 4,
             "misc_state": 4}  # the step counter (int32)

@@ -11,12 +11,14 @@ and the peak they add up to) next to the planner's estimate, and every GEMM of t
 by precision and engine (`yxanul_jax.hlo`).
 
 `--target h100` (or `h200`, or a GpuTargetConfigProto file) compiles for that GPU on this machine,
-which needs no GPU (`yxanul_jax.gpu_target`; install the `gpu-check` extra), and adds: GEMMs by
-kind (FP8 cuBLASLt, FP8 Triton fusion, BF16 cuBLAS(Lt), BF16 Triton), the FP8 GEMMs the config
+which needs no GPU (`yxanul_jax.gpu_target`; install the `gpu-check` extra; with `fp8.backend=te`
+also Transformer Engine, `scripts/te_check_env.sh`), and adds: GEMMs by kind (FP8 cuBLASLt, FP8
+Triton fusion, FP8 TE, BF16 cuBLAS(Lt), BF16 Triton), the FP8 GEMMs the config
 should give per step (forward, remat recompute, input gradient, weight gradient) against those
 found, the projections that were meant to be FP8 and are not ("lost"), cuDNN flash-attention
 calls, and XLA's GPU memory analysis beside the planner's `gpu` estimate. `--require` exits 1 when
-a check fails: `fp8-expected` (FP8 GEMMs found == expected, none lost; with FP8 off: none at all),
+a check fails: `fp8-expected` (FP8 GEMMs found == expected, none lost, all TE's own with
+`fp8.backend=te`; with FP8 off: none at all),
 `cudnn-attention` (forward and backward cuDNN attention present).
 """
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
     """The GPU-target part of the report: GEMM kinds, FP8 expected vs found, lost, cuDNN attention."""
     from yxanul_jax.accounting import expected_fp8_gemms, fp8_gemms
 
-    fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)} if cfg.fp8.backend == "xla" else set()
+    fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
     lost = sorted({f"{g.target} ({g.phase}, {g.precision} {g.engine})" for g in items
                    if g.target in fp8_targets and g.precision != "fp8"})
     calls = custom_calls(text)
@@ -67,9 +69,12 @@ def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
     bwd = sum(n for k, n in calls.items() if k.startswith("__cudnn$fmha") and "Backward" in k)
     expected = expected_fp8_gemms(cfg, stage_index)
     found = sum(g.runs for g in items if g.precision == "fp8")
+    # With fp8.backend=te every FP8 GEMM must be TE's own (te_gemm_v2_ffi), none XLA's.
+    engines_ok = cfg.fp8.backend != "te" or all(g.engine == "te" for g in items if g.precision == "fp8")
     return {"gemm_kinds": gemm_kinds(items), "fp8_expected": expected, "fp8_found": found, "fp8_lost": lost,
             "fp8_values_in_hlo": has_fp8_values(text), "cudnn_attention": {"forward": fwd, "backward": bwd},
-            "checks": {"fp8-expected": found == expected["total"] and not lost,
+            "te_calls": {k: n for k, n in calls.items() if k.startswith("te_")},
+            "checks": {"fp8-expected": found == expected["total"] and not lost and engines_ok,
                        "cudnn-attention": fwd > 0 and bwd > 0}}
 
 
@@ -93,6 +98,10 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
         from yxanul_jax.gpu_target import INSTALL_HINT, compile_device, cudnn_available, gpu_config
 
         device = compile_device(target)
+        if cfg.fp8.active and cfg.fp8.backend == "te":
+            from yxanul_jax.te_compile import prepare
+
+            prepare()  # TE without a driver: stub library, sm_90 answered (compile checks only)
         platform = "gpu"
         cfg = gpu_config(cfg)
         if cfg.model.attention == "cudnn" and not cudnn_available():
@@ -118,6 +127,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
               "attention": attention_implementation(cfg.model, platform),
               "xla_options": dict(cfg.train.xla_options),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
+                      "te_layers": cfg.fp8.fused,
                       "scaling": cfg.fp8.scaling},
               "cost": {**cost, "flops_per_token": cost["flops"] / tokens},
               "memory": compiled_memory(compiled), "planner_bytes": estimate["bytes_total"],
@@ -133,7 +143,8 @@ def format_report(r: dict) -> str:
     lines = [f"model {r['model']} stage {r['stage']}: seq_len {r['seq_len']} x batch {r['batch_size']} x accum "
              f"{r['grad_accum_steps']} = {r['tokens_per_step']:,} tokens/step, compiled for {r['platform']}",
              f"FP8: {'on' if r['fp8']['enabled'] else 'off'} (backend {r['fp8']['backend']}, "
-             f"targets {','.join(r['fp8']['targets'])})", "",
+             f"targets {','.join(r['fp8']['targets'])}{', TE fused norm layers' if r['fp8'].get('te_layers') else ''})",
+             "",
              *(["cost analysis: not available (XLA's GPU cost analysis is empty in a deviceless compile)"]
                if r["target"] else []),
              f"{'cost analysis':<34}{'value':>16}",

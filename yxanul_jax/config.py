@@ -26,6 +26,7 @@ import yaml
 from yxanul_jax.errors import UserError, one_line
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
+FUSED_TARGETS = ("q", "k", "v", "gate", "up", "down")  # what `fp8.te_layers` runs inside TE's fused layers
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,20 @@ class FP8Config:
     underflow_stats: bool = False
     """Measure, per FP8 operand and step, the share of nonzero values the cast flushes to zero, and
     log the gradients' mean as `fp8_grad_underflow` (`xla` backend; costs a reduction per cast)."""
+    te_layers: bool = False
+    """`te` backend: run each block's two norms fused with the FP8 GEMMs after them, through Transformer
+    Engine's LayerNormDenseGeneral / LayerNormMLP kernels (RMSNorm + FP8 cast + the q,k,v GEMM as one;
+    RMSNorm + gate/up + SwiGLU + down), on the model's own parameters (same names: checkpoints, `plan`
+    and export are unchanged). Needs q, k, v, gate, up, down all in `targets`."""
 
     @property
     def active(self) -> bool:
         return self.enabled and self.backend != "none"
+
+    @property
+    def fused(self) -> bool:
+        """Whether the blocks run TE's fused norm + FP8 layers (`te_layers`, FP8 on, `te` backend)."""
+        return self.active and self.backend == "te" and self.te_layers
 
 
 @dataclass(frozen=True)
@@ -525,6 +536,13 @@ def validate(cfg: Config) -> Config:
             raise UserError(f"config key 'fp8.targets.{i}': unknown projection '{t}'{_suggest(t, FP8_TARGETS)}")
     if f.amax_history_len < 1:
         raise UserError(f"config key 'fp8.amax_history_len' must be >= 1, got {f.amax_history_len}")
+    if f.te_layers and f.backend != "te":
+        raise UserError(f"config key 'fp8.te_layers' is Transformer Engine's fused layers, but fp8.backend is "
+                        f"'{f.backend}'; set fp8.backend=te or fp8.te_layers=false")
+    missing = [t for t in FUSED_TARGETS if t not in f.targets]
+    if f.te_layers and missing:
+        raise UserError(f"config key 'fp8.te_layers' fuses q, k, v and gate, up, down, but fp8.targets lacks "
+                        f"{','.join(missing)}; add them or set fp8.te_layers=false")
     if f.margin < 0:
         raise UserError(f"config key 'fp8.margin' must be >= 0, got {f.margin}")
     if not cfg.curriculum:

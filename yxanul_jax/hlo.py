@@ -6,7 +6,8 @@ every GEMM (a `dot`, or a cuBLAS GEMM custom call) with
   * precision: `fp8` when an operand is, or traces back to, an 8-bit float value (through converts,
     scale multiplies, broadcasts, bitcasts, copies, reshapes, transposes, slices and fusion
     boundaries), else the operands' element type (bf16, f32, ...);
-  * engine: `cublaslt` / `cublas` (GEMM custom calls), `triton` (a dot inside a Triton GEMM
+  * engine: `cublaslt` / `cublas` (GEMM custom calls), `te` (Transformer Engine's GEMM custom
+    call, whose precision is read from its operand types), `triton` (a dot inside a Triton GEMM
     fusion), `cudnn` (inside a cuDNN fusion), `xla` (any other dot: CPU, or a loop fusion);
   * runs: how many times it executes per call, from the known trip counts of enclosing loops;
   * target: the model projection it belongs to (q, k, v, o, gate, up, down, head), read from
@@ -26,7 +27,9 @@ PASS_THROUGH = {"convert", "multiply", "divide", "broadcast", "bitcast", "bitcas
                 "transpose", "slice", "dynamic-slice", "get-tuple-element", "parameter", "fusion", "clamp",
                 "copy-start", "copy-done", "optimization-barrier", "all-gather", "collective-permute"}
 DOT_OPS = {"dot", "convolution"}
-GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
+CUBLAS_GEMMS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
+TE_GEMMS = ("te_gemm_v2_ffi", "te_gemm_ffi")  # Transformer Engine's GEMM (operands: lhs, lhs scale, rhs, ...)
+GEMM_TARGETS = CUBLAS_GEMMS + TE_GEMMS
 MAX_HOPS = 24  # dequantize chains are a handful of ops; a cap keeps unrelated graphs out
 
 
@@ -137,7 +140,7 @@ def _gemm_target(attrs: str) -> str | None:
     return m.group(1) if m and m.group(1) in GEMM_TARGETS else None
 
 
-TARGET_RE = re.compile(r"/(q|k|v|o|gate|up|down)/gemm/|/(head)_gemm/|Yxanul\.logits/(head)_gemm")
+TARGET_RE = re.compile(r"/(q|k|v|o|gate|up|down)/gemm/|/attn/(qkv)/|/(mlp)/fused/|/(head)_gemm/|Yxanul\.logits/(head)_gemm")
 FUSION_KIND_RE = re.compile(r'"fusion_backend_config":\{"kind":"([^"]+)"')
 
 
@@ -147,7 +150,7 @@ class Gemm:
 
     name: str
     precision: str  # fp8, bf16, f32, ...
-    engine: str  # cublaslt, cublas, triton, cudnn, xla
+    engine: str  # cublaslt, cublas, te, triton, cudnn, xla
     runs: int  # executions per call of the module (loop trip counts)
     target: str  # q, k, v, o, gate, up, down, head, or "" (not a model projection)
     phase: str  # forward or backward
@@ -243,12 +246,17 @@ class HloGraph:
                 if ins.op not in DOT_OPS and target is None:
                     continue
                 operands = ins.operands[:2]
-                if target == "__cublas$lt$matmul$f8" or any(self.reaches_fp8(cname, o) for o in operands):
+                if target in TE_GEMMS:  # operand types are in its layout constraints: lhs [0], rhs [2]
+                    types = re.findall(r"([a-z][a-z0-9]*)\[", ins.attrs.split("operand_layout_constraints={", 1)[-1])
+                    precision = "fp8" if any(t in FP8_TYPES for t in types[:3:2]) else (types[0] if types else ins.dtype)
+                elif target == "__cublas$lt$matmul$f8" or any(self.reaches_fp8(cname, o) for o in operands):
                     precision = "fp8"
                 else:
                     types = [self.comps[cname][o].dtype for o in operands if o in self.comps[cname]]
                     precision = types[0] if types else ins.dtype
-                if target is not None:
+                if target in TE_GEMMS:
+                    engine = "te"
+                elif target is not None:
                     engine = "cublaslt" if "$lt$" in target else "cublas"
                 else:
                     engine = self._engine_of_computation(cname)
@@ -270,7 +278,7 @@ def count_dots(hlo: "str | list[Gemm]") -> dict:
     """Matrix multiplies of an HLO module (its text, or its `gemms` already read) by precision.
 
     Returns {"fp8": n, "bf16": n, "f32": n, ... (other element types), "total": n,
-    "fp8_custom_calls": n (cuBLASLt FP8 GEMMs, included in "fp8"), "executed": {same keys, weighted
+    "fp8_custom_calls": n (cuBLASLt or TE FP8 GEMMs, included in "fp8"), "executed": {same keys, weighted
     by loop trip counts}}.
     """
     counts: dict[str, int] = defaultdict(int)
@@ -279,7 +287,7 @@ def count_dots(hlo: "str | list[Gemm]") -> dict:
     for g in (gemms(hlo) if isinstance(hlo, str) else hlo):
         counts[g.precision] += 1
         executed[g.precision] += g.runs
-        fp8_calls += g.engine == "cublaslt" and g.precision == "fp8"
+        fp8_calls += g.engine in ("cublaslt", "te") and g.precision == "fp8"
     out = {"fp8": counts.pop("fp8", 0), **dict(sorted(counts.items()))}
     out["total"] = sum(v for k, v in out.items())
     out["fp8_custom_calls"] = fp8_calls

@@ -187,7 +187,9 @@ def _dtype_bytes(name: str) -> int:
 
 
 def _fp8_targets(cfg: Config) -> set[str]:
-    return {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
+    """Projections whose GEMM runs in FP8 (TE's fused `qkv` and `mlp` GEMMs stand for their projections)."""
+    names = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
+    return names | ({"q", "k", "v"} if "qkv" in names else set()) | ({"gate", "up"} if "mlp" in names else set())
 
 
 def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes: int | None = None,

@@ -37,6 +37,38 @@ def _logical_param(module: nn.Module, name: str, init, shape, axes):
     return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
 
 
+def _norm_scale(module: nn.Module, features: int, gain: float = 1.0):
+    """A norm's float32 `scale` [D] (RMSNorm's, or the same parameter given to a fused TE layer)."""
+    return _logical_param(module, "scale", nn.initializers.constant(gain), (features,), ("embed",))
+
+
+class NormScale(nn.Module):
+    """Only the `scale` of an RMSNorm, for a layer that fuses the norm (`fp8.te_layers`): same name, init, axes."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self):
+        return _norm_scale(self, self.features)
+
+
+class Kernel(nn.Module):
+    """Only the `kernel` [I, O] of a `Dense`, for a layer that fuses the projection: same name, init, axes."""
+
+    in_features: int
+    features: int
+    axes: tuple[str, str]
+    std: float
+
+    @nn.compact
+    def __call__(self):
+        return _kernel(self, self.in_features, self.features, self.axes, self.std)
+
+
+def _kernel(module: nn.Module, in_features: int, features: int, axes, std: float):
+    return _logical_param(module, "kernel", _normal(std), (in_features, features), axes)
+
+
 class RMSNorm(nn.Module):
     """y = x / rms(x) * scale, computed in float32; `scale` starts at `gain`."""
 
@@ -46,7 +78,7 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxLxD):
-        scale_D = _logical_param(self, "scale", nn.initializers.constant(self.gain), (x_BxLxD.shape[-1],), ("embed",))
+        scale_D = _norm_scale(self, x_BxLxD.shape[-1], self.gain)
         x32 = x_BxLxD.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (y * scale_D.reshape((1,) * (y.ndim - 1) + (-1,))).astype(self.dtype)
@@ -151,7 +183,7 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        kernel_IxO = _logical_param(self, "kernel", _normal(self.std), (x.shape[-1], self.features), self.axes)
+        kernel_IxO = _kernel(self, x.shape[-1], self.features, self.axes, self.std)
         return Matmul(self.use_fp8, self.fp8, self.dtype, self.name, name="gemm")(x, kernel_IxO)
 
 
@@ -182,14 +214,25 @@ class Attention(nn.Module):
     fp8: FP8Config
 
     @nn.compact
-    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None):
+    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None, norm_scale_D=None):
+        """`norm_scale_D` given (`fp8.te_layers`): x is the block's un-normalized input, and TE's fused
+        RMSNorm + FP8 GEMM computes q, k, v in one (their kernels side by side, names unchanged)."""
         c = self.cfg
         B, L, D = x_BxLxD.shape
         H, G, K = c.n_heads, c.n_kv_heads, c.resolved_head_dim
         out_std = c.init_std / math.sqrt(2 * c.n_layers)
-        q_BxLxHxK = _dense(c, self.fp8, "q", H * K, ("embed", "heads"), c.init_std)(x_BxLxD).reshape(B, L, H, K)
-        k_BxLxGxK = _dense(c, self.fp8, "k", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
-        v_BxLxGxK = _dense(c, self.fp8, "v", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
+        if norm_scale_D is not None:
+            from yxanul_jax import te_layers
+
+            kernels = [Kernel(D, n * K, ("embed", axis), c.init_std, name=t)()
+                       for t, n, axis in (("q", H, "heads"), ("k", G, "kv_heads"), ("v", G, "kv_heads"))]
+            qkv_BxLxO = te_layers.NormDense(self.fp8, c.norm_eps, name="qkv")(x_BxLxD, norm_scale_D, kernels)
+            q, k, v = jnp.split(qkv_BxLxO, [H * K, (H + G) * K], axis=-1)
+            q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = q.reshape(B, L, H, K), k.reshape(B, L, G, K), v.reshape(B, L, G, K)
+        else:
+            q_BxLxHxK = _dense(c, self.fp8, "q", H * K, ("embed", "heads"), c.init_std)(x_BxLxD).reshape(B, L, H, K)
+            k_BxLxGxK = _dense(c, self.fp8, "k", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
+            v_BxLxGxK = _dense(c, self.fp8, "v", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
         q_BxLxHxK = apply_rope(q_BxLxHxK, sin_LxK2, cos_LxK2)
         k_BxLxGxK = apply_rope(k_BxLxGxK, sin_LxK2, cos_LxK2)
         if cache is None:
@@ -217,9 +260,20 @@ class SwiGLU(nn.Module):
     fp8: FP8Config
 
     @nn.compact
-    def __call__(self, x_BxLxD):
+    def __call__(self, x_BxLxD, norm_scale_D=None):
+        """`norm_scale_D` given (`fp8.te_layers`): x is un-normalized, and TE's LayerNormMLP runs RMSNorm,
+        gate/up (one FP8 GEMM), SwiGLU and down (FP8) on these same kernels."""
         c = self.cfg
         out_std = c.init_std / math.sqrt(2 * c.n_layers)
+        if norm_scale_D is not None:
+            from yxanul_jax import te_layers
+
+            D, F = x_BxLxD.shape[-1], c.ffn_dim
+            gate_DxF = Kernel(D, F, ("embed", "mlp"), c.init_std, name="gate")()
+            up_DxF = Kernel(D, F, ("embed", "mlp"), c.init_std, name="up")()
+            down_FxD = Kernel(F, D, ("mlp", "embed"), out_std, name="down")()
+            return te_layers.NormSwiGLU(self.fp8, c.norm_eps, name="fused")(x_BxLxD, norm_scale_D, gate_DxF, up_DxF,
+                                                                            down_FxD)
         gate_BxLxF = _dense(c, self.fp8, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
         up_BxLxF = _dense(c, self.fp8, "up", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
         h_BxLxF = nn.silu(gate_BxLxF) * up_BxLxF
@@ -236,6 +290,12 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None):
         c, dt = self.cfg, DTYPES[self.cfg.dtype]
+        if self.fp8.fused and fp8_lib.fused_aligned(c):  # TE fuses each norm into the layer after it: same parameters
+            D = x_BxLxD.shape[-1]
+            attn_BxLxD, cache = Attention(c, self.fp8, name="attn")(x_BxLxD, sin_LxK2, cos_LxK2, cache, positions_BxL,
+                                                                     NormScale(D, name="attn_norm")())
+            x_BxLxD = x_BxLxD + attn_BxLxD
+            return x_BxLxD + SwiGLU(c, self.fp8, name="mlp")(x_BxLxD, NormScale(D, name="mlp_norm")()), cache
         attn_BxLxD, cache = Attention(c, self.fp8, name="attn")(RMSNorm(c.norm_eps, dt, name="attn_norm")(x_BxLxD),
                                                                  sin_LxK2, cos_LxK2, cache, positions_BxL)
         x_BxLxD = x_BxLxD + attn_BxLxD
