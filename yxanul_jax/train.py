@@ -141,6 +141,7 @@ class Trainer:
         self.peak = peak_flops_per_device(jax.devices()[0])
         self.tokens = 0
         self.times = {"compile_wait": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds outside training
+        self.stage_waits: dict[int, float] = {}  # stage -> seconds its first step waited for its compile
 
     def meta(self, stage: int) -> dict:
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
@@ -209,6 +210,7 @@ class Trainer:
                 waited = time.perf_counter() - t0
                 paused += waited
                 self.times["compile_wait"] += waited
+                self.stage_waits.setdefault(si, waited)
                 batch = _batch_for(self.stream, stage, self.batch_sharding)
                 if cfg.profile.start_step == step:
                     jax.profiler.start_trace(os.path.join(self.run_dir, PROFILE_DIR))
@@ -324,7 +326,9 @@ def check_run(cfg: Config, ds: PreparedDataset, mesh) -> dict:
 def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
           mesh=None) -> dict:
     """Train `cfg` in `run_dir` (default `runs/<model.name>`), resuming from its checkpoints (or from
-    `checkpoint`), and return {"step", "interrupted", "validation" (the final row, or None)}.
+    `checkpoint`), and return {"step", "interrupted", "validation" (the final row, or None), "times"
+    (seconds outside training: compile waits, validation, checkpoints; `stage_waits`: per stage, what
+    its first step waited for its compile)}.
 
     The library form of `python -m yxanul_jax.train` (a notebook or another program calls this).
     Raises UserError for a user mistake (found before anything is written to the run directory)
@@ -382,7 +386,7 @@ def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) 
                 last_stage = stage_index(cfg, start - 1)
                 row = trainer.validate(state, start, cfg.curriculum[last_stage].seq_len, writer)
                 _report_eval(row, start)
-            return {"step": start, "interrupted": False, "validation": row}
+            return {"step": start, "interrupted": False, "validation": row, "times": {}}
         state, step, interrupted = trainer.run(state, start, writer, progress)
         if not interrupted:
             progress.close()
@@ -407,7 +411,8 @@ def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) 
         ckpt.close()
         writer.close()
         trainer.stream.close()
-    return {"step": step, "interrupted": interrupted, "validation": row}
+    return {"step": step, "interrupted": interrupted, "validation": row,
+            "times": {**trainer.times, "stage_waits": dict(trainer.stage_waits)}}
 
 
 def default_run_dir(cfg: Config, config_path: str | None) -> str:
