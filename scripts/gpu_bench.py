@@ -55,8 +55,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     from yxanul_jax.errors import UserError
     from yxanul_jax.memory import estimate_stage
     from yxanul_jax.monitor import peak_flops_per_device
-    from yxanul_jax.stages import compile_stage, synthetic_batch, compiled_memory
-    from yxanul_jax.steps import init_train_state
+    from yxanul_jax.stages import compile_stage, compiled_memory, synthetic_inputs
 
     cfg = precision_config(load_config(config), precision)
     stage = cfg.curriculum[stage_index]
@@ -73,8 +72,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     cost = step.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     executed_flops = float((cost or {}).get("flops", 0.0)) or None
-    state = jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0))
-    batch = synthetic_batch(cfg, stage)
+    state, batch = synthetic_inputs(cfg, stage)
     # Delayed FP8 scaling: the first warm-up step quantizes with a fresh state's unit scales (a real
     # run bootstraps it with current scaling, steps.fp8_bootstrap_config); only timing is read here.
     for _ in range(max(warmup, 1)):

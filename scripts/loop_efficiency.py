@@ -41,12 +41,10 @@ def bare_tokens_per_sec(cfg, stage, steps: int) -> float:
     """The compiled step alone: `steps` back to back on one device-resident batch, timed as a whole."""
     import jax
 
-    from yxanul_jax.stages import compile_stage, synthetic_batch
-    from yxanul_jax.steps import init_train_state
+    from yxanul_jax.stages import compile_stage, synthetic_inputs
 
     step = compile_stage(cfg, stage)
-    state = jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0))
-    batch = synthetic_batch(cfg, stage)
+    state, batch = synthetic_inputs(cfg, stage)
     for _ in range(2):  # warm-up
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)

@@ -99,14 +99,12 @@ def trace_stage(config: str | None, stage_index: int, steps: int, out: str) -> s
     import jax
 
     from yxanul_jax.config import load_config
-    from yxanul_jax.stages import compile_stage, synthetic_batch
-    from yxanul_jax.steps import init_train_state
+    from yxanul_jax.stages import compile_stage, synthetic_inputs
 
     cfg = load_config(config)
     stage = cfg.curriculum[stage_index]
     step = compile_stage(cfg, stage)
-    state = jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0))
-    batch = synthetic_batch(cfg, stage)
+    state, batch = synthetic_inputs(cfg, stage)
     for _ in range(2):
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)

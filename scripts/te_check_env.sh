@@ -19,9 +19,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv-gpu-check}
 TE=2.20.2
-WHEELS=${YXANUL_CACHE:-$HOME/.cache/yxanul_jax}/wheels
 [ -x "$VENV/bin/python" ] || bash scripts/gpu_check_env.sh "$VENV"
 PY="$VENV/bin/python"
+WHEELS=$("$PY" -c "from yxanul_jax.rundir import cache_root; print(cache_root() / 'wheels')")  # the project's cache
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 
 # 1. TE's core library and the build/runtime headers (CUDA 12.9, matching jaxlib 0.10's CUDA 12 plugin).

@@ -4,6 +4,7 @@ GEMM, cuDNN attention, TE's fused norm layers on our parameters, TE's recipes, a
 These run in the gpu-check environment with TE added (`scripts/te_check_env.sh`; CI builds it) and skip without
 it. Nothing of TE runs on a CPU (it has no CPU lowering): numerics and speed of this backend need a GPU.
 """
+import functools
 import json
 import os
 import subprocess
@@ -15,12 +16,18 @@ from conftest import REPO, gpu_python, inspect_h100
 
 def _te_python() -> str:
     python = gpu_python()
-    found = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('transformer_engine_jax'))"],
-                           capture_output=True, text=True, cwd=REPO)
-    if found.returncode != 0:
+    if not _has_te(python):
         pytest.skip("no Transformer Engine in the gpu-check environment: build it with scripts/te_check_env.sh "
                     "(CI does) to compile fp8.backend=te for sm_90 here")
     return python
+
+
+@functools.lru_cache(maxsize=None)
+def _has_te(python: str) -> bool:
+    """Asked once per session: whether that Python has TE's JAX extension."""
+    found = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('transformer_engine_jax'))"],
+                           capture_output=True, text=True, cwd=REPO)
+    return found.returncode == 0
 
 
 def _run(code: str, *args: str) -> dict:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from yxanul_jax.config import Config, StageConfig
 from yxanul_jax.rundir import HLO_DIR, cache_root
-from yxanul_jax.steps import abstract_train_state, fp8_bootstrap_config, make_train_step
+from yxanul_jax.steps import abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step
 
 
 def stage_index(cfg: Config, step: int) -> int:
@@ -38,6 +38,12 @@ def synthetic_batch(cfg: Config, stage: StageConfig, seed: int = 1) -> dict:
     shape = (stage.grad_accum_steps, stage.batch_size, stage.seq_len + 1)
     tokens = jax.random.randint(jax.random.key(seed), shape, 0, cfg.model.vocab_size)
     return {"inputs": tokens[..., :-1], "targets": tokens[..., 1:], "mask": jnp.ones(shape[:-1] + (stage.seq_len,), jnp.float32)}
+
+
+def synthetic_inputs(cfg: Config, stage: StageConfig) -> tuple:
+    """(a fresh train state on the default device, the stage's `synthetic_batch`): what benchmarks and
+    profiles feed a compiled stage."""
+    return jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0)), synthetic_batch(cfg, stage)
 
 
 def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):

@@ -83,24 +83,22 @@ def prepare() -> None:
         if name.startswith("transformer_engine") and getattr(module, "get_device_compute_capability", None) is original:
             module.get_device_compute_capability = answer
     for name in NORM_WORKSPACE_QUERIES:
-        setattr(tej, name, _without_device(getattr(tej, name)))
+        setattr(tej, name, _without_device(getattr(tej, name), empty=(((0,), tej.DType.kByte),)))
     _PREPARED = True
 
 
 NORM_WORKSPACE_QUERIES = ("get_norm_fwd_workspace_sizes", "get_norm_bwd_workspace_sizes")
 
 
-def _without_device(query):
-    """The workspace query, answering an empty byte workspace where it needs a device and has none."""
+def _without_device(query, empty):
+    """The workspace query, answering `empty` (no bytes) where it needs a device and has none."""
     def answer(*args, **kwargs):
         try:
             return query(*args, **kwargs)
         except RuntimeError as e:
             if "CUDA" not in str(e):
                 raise
-            import transformer_engine_jax as tej
-
-            return (((0,), tej.DType.kByte),)
+            return empty
 
     return answer
 

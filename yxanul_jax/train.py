@@ -198,7 +198,8 @@ class Trainer:
             for step in range(start_step, total):
                 si = stage_index(cfg, step)
                 stage = cfg.curriculum[si]
-                if si != stage_i or step == start_step:
+                entering = si != stage_i or step == start_step
+                if entering:
                     stage_i = si
                     console.info(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} "
                                  f"x accum {stage.grad_accum_steps}"
@@ -210,7 +211,8 @@ class Trainer:
                 waited = time.perf_counter() - t0
                 paused += waited
                 self.times["compile_wait"] += waited
-                self.stage_waits.setdefault(si, waited)
+                if entering:
+                    self.stage_waits[si] = waited
                 batch = _batch_for(self.stream, stage, self.batch_sharding)
                 if cfg.profile.start_step == step:
                     jax.profiler.start_trace(os.path.join(self.run_dir, PROFILE_DIR))
