@@ -173,6 +173,12 @@ def test_dataset_errors_are_one_line_user_errors(prepared, tmp_path):
     next((broken / "train").glob("*.tokens.npy")).unlink()
     with pytest.raises(UserError, match="incomplete"):
         TrainStream(open_dataset(broken), seed=0)
+    cut = tmp_path / "cut"  # a shard cut short (a full disk, an interrupted copy): found at open, in one line
+    shutil.copytree(prepared, cut)
+    shard = next((cut / "train").glob("*.tokens.npy"))
+    shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+    with pytest.raises(UserError, match="tokens.npy' or its offsets cannot be read .*damaged"):
+        TrainStream(open_dataset(cut), seed=0)
 
 
 def test_vocab_mismatch_names_both_numbers_and_the_fix(prepared):

@@ -1,10 +1,12 @@
 """Fault injection: damaged checkpoints are caught, moved aside and skipped; a run never logs a step
 twice; a finished run says so; the last checkpoint carries its perplexity."""
+import contextlib
 import json
 import os
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from yxanul_jax.checkpoint import Checkpointer
 from yxanul_jax.config import CheckpointConfig, load_config
@@ -117,3 +119,84 @@ def test_mistakes_found_before_anything_is_written(trained_run, tmp_path):
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
         assert not run.exists()  # no run directory left behind by a refused start
+
+
+
+# Runs a module with files capped at LIMIT bytes (EFBIG, as on a full disk) in this process only;
+# set in the child itself, since a preexec_fn would run Python between fork and exec in a threaded parent.
+_CAPPED = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+           "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); sys.argv = sys.argv[2:]; "
+           "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_path):
+    """A checkpoint write that fails in the background (files capped at 32 kB, as on a full disk: the
+    state is ~1 MB) ends the run in one line, exit 2, no partial step left, the last complete
+    checkpoint intact; the same command with room to write resumes from it."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from yxanul_jax.rundir import cache_root
+    from yxanul_jax.train import train
+
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    shutil.copytree(trained_run, run)  # checkpoint at step 6
+    # the demo corpus without the compilation cache: the capped run would leave truncated entries in it
+    shutil.copytree(cache_root(), cache, ignore=lambda d, names: ["xla"] if d == str(cache_root()) else [])
+    more = TRAINED_RUN + ["train.steps=10", "checkpoint.interval=2", "checkpoint.async_save=true",
+                          "train.sample_tokens=0"]
+    proc = subprocess.run([sys.executable, "-c", _CAPPED, str(32 << 10), "yxanul_jax.train", "--run-dir", str(run),
+                           *more], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "YXANUL_CACHE": str(cache)})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert lines[-1].startswith("error: writing checkpoint step 8 into") and "File too large" in lines[-1], lines[-1]
+    assert "resume from step 6" in lines[-1] and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert sorted(os.listdir(run / "checkpoints")) == ["6"]  # no half-written step left behind
+    out = train(load_config(None, more), str(run))  # room to write again: resumes from step 6
+    assert out["step"] == 10 and "10" in os.listdir(run / "checkpoints")
+
+
+@contextlib.contextmanager
+def _read_only_copy(src, tmp_path):
+    """A copy of `src` that cannot be written: a read-only tmpfs as root (root ignores permission bits),
+    permission bits otherwise. Skips where root may not mount (an unprivileged container)."""
+    import shutil
+    import subprocess
+
+    where = tmp_path / "ro"
+    where.mkdir()
+    if os.geteuid() != 0:
+        shutil.copytree(src, where / "run")
+        for d, _, names in os.walk(where):
+            for p in [d, *(os.path.join(d, n) for n in names)]:
+                os.chmod(p, 0o555 if os.path.isdir(p) else 0o444)
+        try:
+            yield where / "run"
+        finally:
+            for d, _, _ in os.walk(where):
+                os.chmod(d, 0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("root here may not mount a tmpfs, and permission bits do not bind root")
+    try:
+        shutil.copytree(src, where / "run")
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True, capture_output=True)
+        yield where / "run"
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_a_read_only_run_directory_is_one_line_and_changes_nothing(trained_run, tmp_path):
+    from data_fixtures import run_cli
+    from yxanul_jax.train import main
+
+    with _read_only_copy(trained_run, tmp_path) as run:
+        before = sorted(os.listdir(run / "checkpoints"))
+        rc, _, err = run_cli(main, ["--run-dir", run, *TRAINED_RUN, "train.steps=8"])
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+        assert "Read-only file system" in lines[0] or "Permission denied" in lines[0], lines[0]
+        assert sorted(os.listdir(run / "checkpoints")) == before

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -189,3 +190,29 @@ def test_tokenizer_file_that_does_not_parse(tmp_path, docs):
     (vm / "vocab.json").write_text('{"a": 0, "b": 1, "ab": 2}')
     (vm / "merges.txt").write_text("#version: 0.2\na b c d\n")
     assert "do not parse" in bad(tmp_path, vm, [src])
+
+
+def test_a_damaged_parquet_page_is_one_line_after_the_progress_bar(tmp_path, docs, tiny_tok_path):
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": docs * 4}), src, row_group_size=len(docs))  # snappy pages
+    data = bytearray(src.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 2000] = b"\xff" * 2000  # inside the pages, far from the footer
+    src.write_bytes(bytes(data))
+    assert "in.parquet' is damaged after row" in bad(tmp_path, tiny_tok_path, [src])
+    out = tmp_path / "out"  # with the progress bar on, the error still starts its own line
+    rc, _, err = run_cli(prepare.main, ["--input", src, "--tokenizer", tiny_tok_path, "--output", out])
+    assert rc == 2 and "tokenizing" in err
+    assert [line for line in err.splitlines() if "error:" in line][0].startswith("error: input"), err
+
+
+def test_temp_dirs_of_dead_runs_are_removed_and_live_ones_kept(tmp_path, docs, tiny_tok_path):
+    src = write_parquet(tmp_path / "in.parquet", {"text": docs[:20]})
+    dead = tmp_path / ".out.tmp-4194305-0badcafe"  # above Linux's largest pid: that process is gone
+    live = tmp_path / f".out.tmp-{os.getppid()}-0badcafe"  # pytest's parent: alive (a racing writer)
+    for d in (dead, live):
+        (d / "train").mkdir(parents=True)
+    rc, _, err = run_cli(prepare.main, ["--input", src, "--tokenizer", tiny_tok_path, "--output", tmp_path / "out",
+                                        "--no-progress"])
+    assert rc == 0, err
+    assert not dead.exists() and live.exists() and (tmp_path / "out" / "manifest.json").is_file()

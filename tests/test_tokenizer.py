@@ -130,3 +130,12 @@ def test_added_tokens_must_continue_the_vocabulary(tmp_path):
     (folder / "added_tokens.json").write_text(json.dumps({"<|pad|>": 60000}))
     with pytest.raises(UserError, match="without gaps"):
         tk.load_tokenizer(folder)
+
+
+def test_side_files_that_are_not_json_objects_are_one_line_errors(tmp_path):
+    for name in ("added_tokens.json", "special_tokens_map.json", "tokenizer_config.json"):
+        folder = tmp_path / name
+        shutil.copytree(need_shared(GPT2), folder)
+        (folder / name).write_text(json.dumps(["<|endoftext|>"]))
+        with pytest.raises(UserError, match=f"{name}' holds a JSON list, not an object; fix or delete {name}"):
+            tk.load_tokenizer(folder)

@@ -27,8 +27,12 @@ import json
 import logging
 import math
 import os
+import re
+import shutil
 import signal
+import sys
 import threading
+import warnings
 from typing import Any
 
 import jax
@@ -70,21 +74,53 @@ class _Manager(ocp.CheckpointManager):
             return None
 
 
-class _DropMissingMetricWarning(logging.Filter):
-    """Orbax warns on every save without metrics once best-tracking is on; here that is normal."""
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def write_failure(e: BaseException) -> str | None:
+    """The operating system's reason ("No space left on device", "Read-only file system", ...) when
+    `e` is a failed write, else None. TensorStore reports these as ValueError carrying the errno."""
+    if isinstance(e, OSError):
+        return e.strerror or one_line(e)
+    m = _OS_ERROR_CODE.search(str(e))
+    return os.strerror(int(m.group(1))) if m else None
+
+
+class _OrbaxLogFilter(logging.Filter):
+    """Drops two kinds of Orbax log records: the warning on every save without metrics once
+    best-tracking is on (normal here), and the tracebacks its background threads and tasks log for a
+    failed write (the Checkpointer reports that failure itself, in one line)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "did not provide metrics" not in record.getMessage()
+        if "did not provide metrics" in record.getMessage():
+            return False
+        return not (record.exc_info and record.exc_info[1] is not None and write_failure(record.exc_info[1]))
 
 
-@contextlib.contextmanager
-def _quiet_missing_metrics():
-    absl_logger, flt = logging.getLogger("absl"), _DropMissingMetricWarning()
-    absl_logger.addFilter(flt)
-    try:
-        yield
-    finally:
-        absl_logger.removeFilter(flt)
+_LOG_FILTER = _OrbaxLogFilter()
+
+
+def _install_quiet_hooks() -> None:
+    """Silence what a failed async write leaves behind: Orbax's logged tracebacks (one filter object;
+    adding it again does nothing) and TensorStore's callbacks that find Orbax's event loop already closed (reported by
+    Python as hundreds of "unraisable" RuntimeErrors). Everything else passes to the previous hook."""
+    for name in ("absl", "asyncio"):  # Orbax's threads log to absl; its unawaited write tasks to asyncio
+        logging.getLogger(name).addFilter(_LOG_FILTER)
+    previous = sys.unraisablehook
+    if getattr(previous, "_yxanul", False):
+        return
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook._yxanul = True
+    sys.unraisablehook = hook
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint could not be written (disk full, read-only or unwritable folder)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,6 +258,9 @@ class Checkpointer:
         registry.add("meta", ocp.args.JsonSave, meta_handler)
         registry.add("meta", ocp.args.JsonRestore, meta_handler)
         self._mngr = _Manager(self.directory, options=options, handler_registry=registry)
+        _install_quiet_hooks()
+        self._pending: int | None = None  # the step whose async save may still be running
+        self._failed: CheckpointWriteError | None = None
 
     # ---- queries
 
@@ -282,9 +321,43 @@ class Checkpointer:
                              "can never be the best checkpoint")
         meta = {**meta, CHECKSUMS: tree_checksums(state)}
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
-        with _quiet_missing_metrics():
+        self.wait()  # the previous async save, finished first (a failure names its own step)
+        with self._writing(step):
             self._mngr.save(step, args=args, metrics=metrics, force=True)
+        self._pending = step if self.cfg.async_save else None
         return True
+
+    @contextlib.contextmanager
+    def _writing(self, step: int | None):
+        """Turn a failed write (here or in an async save finishing now) into one CheckpointWriteError:
+        the partial step directory is removed, the complete checkpoints stay, and later waits and the
+        close do not raise it again."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - only write failures are translated; the rest re-raised
+            reason = write_failure(e)
+            if reason is None:
+                raise
+            self._remove_partial()
+            # the writes Orbax had queued are abandoned: Python would name each at exit
+            warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+            done = checkpoint_steps(self.directory)
+            resume = (f"run the same command again to resume from step {done[-1]}, the last complete checkpoint"
+                      if done else "run the same command again (no checkpoint was completed)")
+            self._failed = CheckpointWriteError(
+                f"writing {f'checkpoint step {step}' if step is not None else 'a checkpoint'} into '{self.directory}' failed: {reason}; free space or "
+                f"make the folder writable, then {resume}")
+            raise self._failed from None
+
+    def _remove_partial(self) -> None:
+        """Delete the half-written `<step>.orbax-checkpoint-tmp*` directories (process 0), freeing their space."""
+        if jax.process_index() != 0 or not os.path.isdir(self.directory):
+            return
+        for name in os.listdir(self.directory):
+            if ".orbax-checkpoint-tmp" in name:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     # ---- restoring
 
@@ -391,13 +464,29 @@ class Checkpointer:
 
     # ---- lifecycle
 
+    def check(self) -> None:
+        """Raise CheckpointWriteError now if the last async save has finished and failed (cheap: call it
+        every step, so a full disk stops the run at once, not at the next save). Single-process only:
+        across processes the failure surfaces at the next save, which they all reach together."""
+        if self._pending is not None and jax.process_count() == 1 and not self._mngr.is_saving_in_progress():
+            self.wait()
+
     def wait(self) -> None:
-        """Block until every started save is committed (and old steps are deleted)."""
-        self._mngr.wait_until_finished()
+        """Block until every started save is committed (and old steps are deleted); raises
+        CheckpointWriteError once if a save could not be written."""
+        if self._failed is None:
+            with self._writing(self._pending):
+                self._mngr.wait_until_finished()
+            self._pending = None
 
     def close(self) -> None:
-        """Wait for pending saves and release Orbax's threads."""
-        self._mngr.close()
+        """Wait for pending saves and release Orbax's threads (after a failed write: only release)."""
+        if self._failed is None:
+            with self._writing(self._pending):
+                self._mngr.close()
+        else:
+            with contextlib.suppress(Exception):
+                self._mngr.close()
 
     def __enter__(self) -> "Checkpointer":
         return self

@@ -43,7 +43,7 @@ from typing import Iterator
 import grain
 import numpy as np
 
-from yxanul_jax.errors import UserError
+from yxanul_jax.errors import UserError, one_line
 
 FORMAT = "yxanul-tokens"
 SUPPORTED_VERSIONS = (1,)
@@ -63,9 +63,16 @@ class SplitIndex:
             if not path.is_file() or not (root / s["tokens"]).is_file():
                 raise UserError(f"prepared dataset '{root}' is missing '{s['offsets']}' or '{s['tokens']}'; "
                                 "it is incomplete: prepare it again into a new directory")
-            offsets = np.load(path)
-            if offsets.ndim != 1 or len(offsets) != s["documents"] + 1 or offsets[-1] != s["num_tokens"]:
-                raise UserError(f"'{path}' does not match manifest.json; prepare the dataset again")
+            try:
+                offsets = np.load(path)
+                tokens = np.load(root / s["tokens"], mmap_mode="r")  # maps only: the header and the size
+            except (ValueError, OSError, EOFError) as e:  # e.g. a shard cut short by a full disk or a copy
+                raise UserError(f"prepared dataset '{root}': shard '{s['tokens']}' or its offsets cannot be read "
+                                f"({one_line(e)}); it is damaged: prepare the dataset again")
+            if offsets.ndim != 1 or len(offsets) != s["documents"] + 1 or offsets[-1] != s["num_tokens"] \
+                    or tokens.shape != (s["num_tokens"],):
+                raise UserError(f"'{path}' or its token shard does not match manifest.json; prepare the dataset again")
+            del tokens
             doc_lengths.append(np.diff(offsets))
             shard_of.append(np.full(len(offsets) - 1, k, dtype=np.int32))
             start_in.append(offsets[:-1])

@@ -22,11 +22,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 
 from yxanul_jax import console
 from yxanul_jax.errors import UserError, cli_entry
 from yxanul_jax.hf import hf_config, to_hf
+from yxanul_jax.rundir import staged_dir
 from yxanul_jax.trained import add_source_args, load_trained
 
 DTYPES = ("bfloat16", "float32")
@@ -40,12 +40,10 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     output = check_output(output)
-    parent = os.path.dirname(output)
     tok = trained.tokenizer()
     m = trained.cfg.model
     tied, tensors = to_hf(m, trained.params)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output)}.tmp-")
-    try:
+    with staged_dir(output) as tmp:  # an empty folder the user made at `output` is replaced
         jdt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
         save_file({k: jnp.asarray(v, jdt) for k, v in tensors.items()}, os.path.join(tmp, "model.safetensors"),
                   metadata={"format": "pt"})
@@ -56,12 +54,6 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
         _write_json(tmp, "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
                                                     "eos_token": tok.eos_token, "bos_token": tok.eos_token,
                                                     "model_max_length": m.max_position, "add_bos_token": False})
-        if os.path.isdir(output):
-            os.rmdir(output)  # an empty folder the user made
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     n = sum(int(v.size) for v in tensors.values())
     return {"output": output, "step": trained.step, "tensors": len(tensors), "values": n, "dtype": dtype,
             "tie_word_embeddings": tied, "vocab_size": m.vocab_size}

@@ -37,9 +37,10 @@ from tqdm import tqdm
 from yxanul_jax import console
 from yxanul_jax.data import FORMAT
 from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.rundir import staged_dir
 from yxanul_jax.sources import DocumentSource
 from yxanul_jax.tokenizer import (SUPERBPE_CHOICES, LoadedTokenizer, add_source_args, load_tokenizer,
-                                  source_from_args, staged_dir, superbpe_flag, warn_replaced)
+                                  source_from_args, superbpe_flag, warn_replaced)
 
 VERSION = 1
 SHARD_TOKENS = 1 << 25  # 32 Mi tokens (128 MiB as uint32) per shard file
@@ -137,6 +138,7 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
             tokenizer.save(tmp / "tokenizer.json")
             writers = {s: _ShardWriter(tmp, s, dtype, shard_tokens) for s in SPLITS}
             bar = tqdm(total=documents_hint, unit="doc", disable=not progress, desc="tokenizing", file=sys.stderr)
+            console.set_live(bar)  # an error ends the bar's line first, never lands at its tail
             tokens = 0
             # Two batches encode at once so that the Rust thread pool never idles at the tail of one
             # batch (a few long documents); the main thread reads the next batch and writes meanwhile.
@@ -152,6 +154,7 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
                             tokens += len(ids)
                         bar.update(len(done))
                         bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+            console.set_live(None)
             bar.close()
             if sum(w.documents for w in writers.values()) == 0:
                 raise UserError("the input holds no documents (every text is empty); "

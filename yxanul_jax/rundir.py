@@ -21,9 +21,10 @@ import contextlib
 import datetime
 import json
 import os
-import tempfile
+import shutil
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -53,6 +54,26 @@ RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR,
 # Run directory
 
 
+def _temp_sibling(final: Path) -> Path:
+    """`.<name>.tmp-<pid>-<random>` next to `final`: hidden, and naming the process that writes it."""
+    return final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
+    """Delete the temp siblings of `final` left by processes that died (killed mid-write); returns them.
+    A temp path of a live process (a racing writer) is left alone."""
+    final = Path(final).expanduser().absolute()
+    prefix = f".{final.name}.tmp-"
+    removed = []
+    with contextlib.suppress(OSError):
+        for p in final.parent.iterdir():
+            pid = p.name[len(prefix):].split("-", 1)[0] if p.name.startswith(prefix) else ""
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(pid):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
+
+
 def atomic_write(path: str, text: str) -> None:
     """Write `text` to `path` via a temporary file in the same directory and a rename."""
     atomic_write_bytes(path, text.encode("utf-8"))
@@ -60,17 +81,42 @@ def atomic_write(path: str, text: str) -> None:
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path) + ".tmp-")
+    final = Path(path).absolute()
+    remove_stale_temps(final)
+    tmp = _temp_sibling(final)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open(tmp, "xb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, final)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh hidden sibling temp dir; on success rename it to `final`, on any failure delete it.
+
+    Readers never see a half-written `final`; temp dirs of dead processes (a killed earlier run) are
+    removed first. If `final` appeared meanwhile (a racing process), raises FileExistsError and
+    leaves `final` untouched.
+    """
+    final = Path(final).expanduser().absolute()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final)
+    tmp = _temp_sibling(final)
+    tmp.mkdir()
+    try:
+        yield tmp
+        try:
+            os.rename(tmp, final)  # atomic; fails if final is a non-empty directory
+        except OSError as e:
+            raise FileExistsError(f"'{final}' appeared while writing it") from e
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"

@@ -231,10 +231,9 @@ class DocumentSource:
         return self.text_template.format_map(values)
 
     def _parquet(self, path: Path) -> Iterator[str]:
-        pf = pq.ParquetFile(path)
         columns = self._needed()
         row0 = 0
-        for rb in pf.iter_batches(batch_size=1024, columns=columns):
+        for rb in self._parquet_batches(path, columns):
             cols = {name: self._column_values(path, name, rb.column(name), row0) for name in columns}
             n = rb.num_rows
             row0 += n
@@ -244,6 +243,18 @@ class DocumentSource:
                 for i in range(n):
                     yield self.text_template.format_map(
                         {k: ("" if cols[k][i] is None else cols[k][i]) for k in self.fields})
+
+    @staticmethod
+    def _parquet_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
+        """The file's record batches; a damaged page (or a file cut short) is a UserError naming the file."""
+        row0 = 0
+        try:
+            for rb in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=columns):
+                yield rb
+                row0 += rb.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise UserError(f"input '{path}' is damaged after row {row0} ({one_line(e)}); re-create or "
+                            "re-download it, or leave it out of --input")
 
     def _column_values(self, path: Path, name: str, arr: pa.Array, row0: int) -> list:
         tp = arr.type

@@ -13,17 +13,14 @@ holds such superwords (GPT-2 holds 3 of 50,257), or when forced with `superbpe=T
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import re
-import shutil
 import sys
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
@@ -32,6 +29,7 @@ from tokenizers.trainers import BpeTrainer
 
 from yxanul_jax import console
 from yxanul_jax.errors import UserError, cli_entry, one_line
+from yxanul_jax.rundir import staged_dir
 from yxanul_jax.sources import DocumentSource, unescape_template
 
 # The stage-2 pre-tokenizer regex of SuperBPE (scripts/extend_tokenizer.sh in PythonNut/superbpe).
@@ -90,11 +88,15 @@ class LoadedTokenizer:
         self.tokenizer.save(str(path))
 
 
-def _read_json(path: Path, what: str):
+def _read_json(path: Path, what: str) -> dict:
+    """A tokenizer side file's JSON object; UserError naming `what` to do when it is not one."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"tokenizer file '{path}' does not parse as JSON ({e}); {what}")
+    if not isinstance(data, dict):
+        raise UserError(f"tokenizer file '{path}' holds a JSON {type(data).__name__}, not an object; {what}")
+    return data
 
 
 def _special_names(folder: Path) -> tuple[set[str], str | None]:
@@ -132,8 +134,6 @@ def _find_eos(tok: Tokenizer, hint: str | None, where: str) -> tuple[int, str]:
 def _load_vocab_merges(folder: Path, superbpe: bool | None) -> LoadedTokenizer:
     vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"
     vocab = _read_json(vocab_path, "pass a GPT-2 style vocab.json (token -> id)")
-    if not isinstance(vocab, dict):
-        raise UserError(f"tokenizer file '{vocab_path}' is not a token -> id mapping; pass a GPT-2 style vocab.json")
     try:
         tok = Tokenizer(BPE.from_file(str(vocab_path), str(merges_path)))
     except Exception as e:  # the Rust library raises plain Exception for malformed files
@@ -145,6 +145,9 @@ def _load_vocab_merges(folder: Path, superbpe: bool | None) -> LoadedTokenizer:
     specials, eos_hint = _special_names(folder)
     added_path = folder / "added_tokens.json"
     added = _read_json(added_path, "fix or delete added_tokens.json") if added_path.is_file() else {}
+    if not all(isinstance(i, int) for i in added.values()):
+        raise UserError(f"tokenizer file '{added_path}' maps a token to a non-integer id; fix or delete "
+                        "added_tokens.json")
     for content, want in sorted(added.items(), key=lambda kv: kv[1]):
         if tok.token_to_id(content) is not None:
             continue
@@ -261,28 +264,6 @@ def measure(tok: LoadedTokenizer, source: DocumentSource) -> dict:
             "chars_per_token": chars / max(tokens, 1), "bytes_per_token": nbytes / max(tokens, 1),
             "vocab_size": tok.vocab_size, "skipped_empty": source.skipped_empty,
             "replaced_utf8": source.replaced_utf8}
-
-
-@contextlib.contextmanager
-def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
-    """Yield a fresh sibling temp dir; on success rename it to `final`, on any failure delete it.
-
-    Readers never see a half-written `final`; if `final` appeared meanwhile (a racing process),
-    raises FileExistsError and leaves `final` untouched.
-    """
-    final = Path(final).expanduser().absolute()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        try:
-            os.rename(tmp, final)  # atomic; fails if final is a non-empty directory
-        except OSError as e:
-            raise FileExistsError(f"'{final}' appeared while writing it") from e
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _refuse_existing(path: str, what: str) -> None:

@@ -218,6 +218,7 @@ class Trainer:
                     jax.profiler.start_trace(os.path.join(self.run_dir, PROFILE_DIR))
                 state, metrics = compiled(state, batch)
                 flush()
+                self.ckpt.check()  # a full disk stops the run here, not one interval later
                 pending = (step + 1, si, metrics)
                 if cfg.profile.start_step >= 0 and step + 1 == cfg.profile.start_step + cfg.profile.num_steps:
                     jax.block_until_ready(state)
