@@ -88,6 +88,8 @@ def test_unknown_yaml_key_and_bad_files(tmp_path):
         load_config(str(broken))
     with pytest.raises(UserError, match="does not exist"):
         load_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(UserError, match="is a directory; pass a YAML file in it"):
+        load_config(str(tmp_path))
 
 
 @pytest.mark.parametrize("args, needle", [

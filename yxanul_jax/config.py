@@ -607,6 +607,8 @@ def validate(cfg: Config) -> Config:
 def read_yaml(path: str) -> dict:
     if not os.path.exists(path):
         raise UserError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
+    if os.path.isdir(path):
+        raise UserError(f"config file '{path}' is a directory; pass a YAML file in it (see configs/)")
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
