@@ -16,6 +16,21 @@ from yxanul_jax.config import Config, FP8Config, ModelConfig  # noqa: E402
 # is an error in every test, so shape mistakes cannot hide behind numpy's broadcasting rules.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_compilation_cache(tmp_path_factory):
+    """One persistent XLA compilation cache for the whole session: both xdist workers and every
+    subprocess they start (via the environment) reuse each other's compiled tiny-model steps, which
+    are most of the suite's time on 2 cores. `train()` keeps a directory configured this way."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "xla-cache"
+    shared.mkdir(exist_ok=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared)
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    jax.config.update("jax_compilation_cache_dir", str(shared))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield shared
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 

@@ -1,10 +1,7 @@
 """Export to Hugging Face: the real `transformers` loads what we write, its logits equal our float32
 forward, its greedy generation equals ours, and importing the export gives the same model back."""
 import dataclasses
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -15,11 +12,13 @@ import pytest
 from yxanul_jax import hf
 from yxanul_jax.config import FP8Config
 from yxanul_jax.export import export
+from yxanul_jax.export import main as export_main
 from yxanul_jax.generate import generate
 from yxanul_jax.model import Yxanul, init_variables
 from yxanul_jax.trained import Trained, load_trained
 
-from conftest import REPO, micro_model
+from conftest import micro_model
+from data_fixtures import run_cli
 
 torch = pytest.importorskip("torch", reason="the parity tests need torch (CPU build) and transformers: the dev extra")
 transformers = pytest.importorskip("transformers")
@@ -115,18 +114,15 @@ def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_
     for args, needle in ((["--run-dir", str(trained_run), "--output", str(taken)], "already exists"),
                          (["--run-dir", str(tmp_path), "--output", str(tmp_path / "new")], "not a run directory"),
                          (["--output", str(tmp_path / "new")], "exactly one of")):
-        proc = subprocess.run([sys.executable, "-m", "yxanul_jax.export", *args], capture_output=True, text=True,
-                              cwd=REPO, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr
+        rc, _, err = run_cli(export_main, args)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc == 2 and len(lines) == 1 and needle in lines[0], err
     assert (taken / "x").read_text() == "keep me" and not (tmp_path / "new").exists()
 
 
 def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
     # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights
     from yxanul_jax.config import load_config
-    from yxanul_jax.steps import abstract_train_state
-    from yxanul_jax.checkpoint import Checkpointer
     from yxanul_jax.train import train
 
     from conftest import TRAINED_RUN

@@ -106,20 +106,16 @@ def test_no_step_is_logged_twice_and_a_finished_run_says_so(tmp_path, monkeypatc
 
 
 def test_mistakes_found_before_anything_is_written(trained_run, tmp_path):
-    import subprocess
-    import sys
+    from data_fixtures import run_cli
+    from yxanul_jax.train import main
 
-    from conftest import REPO
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the trained_run fixture's cache holds the demo corpus
     for bad, needle in (("eval.domains.code=/nonexistent/code.parquet", "eval domain 'code'"),
                         ("eval.batch_size=0", "eval.batch_size")):
         run = tmp_path / bad.split("=")[0]
-        proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", "--run-dir", str(run), *TRAINED_RUN, bad],
-                              capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stderr[-2000:]
+        rc, _, err = run_cli(main, ["--run-dir", run, *TRAINED_RUN, bad])  # the fixture's cache has the corpus
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc == 2 and len(lines) == 1 and needle in lines[0], err[-2000:]
         assert not run.exists()  # no run directory left behind by a refused start
-
 
 
 # Runs a module with files capped at LIMIT bytes (EFBIG, as on a full disk) in this process only;
@@ -143,13 +139,14 @@ def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_
 
     run, cache = tmp_path / "run", tmp_path / "cache"
     shutil.copytree(trained_run, run)  # checkpoint at step 6
-    # the demo corpus without the compilation cache: the capped run would leave truncated entries in it
+    # the demo corpus, and a compilation cache of its own: the capped run leaves truncated entries in it
     shutil.copytree(cache_root(), cache, ignore=lambda d, names: ["xla"] if d == str(cache_root()) else [])
     more = TRAINED_RUN + ["train.steps=10", "checkpoint.interval=2", "checkpoint.async_save=true",
                           "train.sample_tokens=0"]
     proc = subprocess.run([sys.executable, "-c", _CAPPED, str(32 << 10), "yxanul_jax.train", "--run-dir", str(run),
                            *more], capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu", "YXANUL_CACHE": str(cache)})
+                          env={**os.environ, "JAX_PLATFORMS": "cpu", "YXANUL_CACHE": str(cache),
+                               "JAX_COMPILATION_CACHE_DIR": str(cache / "xla")})
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert lines[-1].startswith("error: writing checkpoint step 8 into") and "File too large" in lines[-1], lines[-1]

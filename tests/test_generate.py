@@ -18,11 +18,14 @@ OFF = FP8Config(enabled=False)
 
 
 def _greedy_by_recomputing(m, variables, prompt, n):
-    model, tokens = Yxanul(m, OFF), list(prompt)
-    for _ in range(n):
-        logits = model.apply(variables, jnp.asarray([tokens], jnp.int32))
-        tokens.append(int(jnp.argmax(logits[0, -1])))
-    return tokens[len(prompt):]
+    """Greedy tokens by running the whole sequence again for every new token (no cache). The buffer has
+    one fixed length (one compile); the tail beyond the tokens so far cannot reach them (causality)."""
+    forward = jax.jit(Yxanul(m, OFF).apply)
+    buf = np.zeros((1, len(prompt) + n), np.int32)
+    buf[0, :len(prompt)] = prompt
+    for t in range(len(prompt), len(prompt) + n):
+        buf[0, t] = int(jnp.argmax(forward(variables, jnp.asarray(buf))[0, t - 1]))
+    return buf[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
@@ -78,27 +81,25 @@ def test_user_errors():
 
 
 def _cli(*args):
-    import os
-    import subprocess
-    import sys
+    """`generate`'s CLI in this process: (exit code, stdout, stderr)."""
+    from data_fixtures import run_cli
+    from yxanul_jax.generate import main
 
-    from conftest import REPO
-    return subprocess.run([sys.executable, "-m", "yxanul_jax.generate", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    return run_cli(main, list(args))
 
 
 def test_cli_samples_a_trained_run_and_refuses_bad_prompts(trained_run):
     import json
 
-    ok = _cli("--run-dir", str(trained_run), "--prompt", "def ", "--prompt", "import os\nclass ", "--max-new-tokens",
-              "8", "--num-samples", "2", "--seed", "1", "--json")
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    out = json.loads(ok.stdout.strip().splitlines()[-1])
+    rc, stdout, stderr = _cli("--run-dir", str(trained_run), "--prompt", "def ", "--prompt", "import os\nclass ",
+                              "--max-new-tokens", "8", "--num-samples", "2", "--seed", "1", "--json")
+    assert rc == 0, stderr[-2000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
     assert len(out["samples"]) == 4 and out["step"] == 6 and out["tokens_per_sec"] > 0
-    assert all(1 <= s["tokens"] <= 8 for s in out["samples"]) and "--- sample 4" in ok.stdout
+    assert all(1 <= s["tokens"] <= 8 for s in out["samples"]) and "--- sample 4" in stdout
     for args, needle in ((["--prompt", ""], "prompt is empty"),
                          (["--prompt", "x", "--max-new-tokens", "5000"], "exceeds the model's max_position"),
                          ([], "give a prompt")):
-        bad = _cli("--run-dir", str(trained_run), *args)
-        lines = [line for line in bad.stderr.splitlines() if line.strip()]
-        assert bad.returncode == 2 and len(lines) == 1 and needle in lines[0], bad.stderr
+        rc, _, stderr = _cli("--run-dir", str(trained_run), *args)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert rc == 2 and len(lines) == 1 and needle in lines[0], stderr

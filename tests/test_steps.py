@@ -92,17 +92,21 @@ def test_bootstrap_only_for_delayed_xla_fp8():
         assert fp8_bootstrap_config(_cfg(f)) is None
 
 
-@pytest.mark.parametrize("head,rank,d_model", [("tied", 32, 128), ("tied", 0, 128), ("factorized", 32, 128),
-                                               ("untied", 0, 128), ("tied", 64, 512)])
-def test_first_step_loss_is_ln_vocab(head, rank, d_model):
+@pytest.mark.parametrize("head,rank,d_model,fp8", [("tied", 32, 128, True), ("tied", 0, 128, False),
+                                                   ("factorized", 32, 128, False), ("untied", 0, 128, False),
+                                                   ("tied", 64, 512, False)])
+def test_first_step_loss_is_ln_vocab(head, rank, d_model, fp8):
     # An untrained model should guess uniformly: loss ln V. The final norm's initial gain
     # (model.head_gain) holds the logits' std at 0.1, so the excess is about 0.005 nats; without it
     # the tied factorized head starts 0.10 (d 128) to 0.20 (d 768) above ln V. Tolerance: 0.02.
+    # The start is a property of the initialization: FP8 (slow to compile on CPU) in the first case only.
     model = micro_model(vocab_size=4096, vocab_pad_to=1, d_model=d_model, n_heads=4, ffn_dim=3 * d_model,
                         embed_rank=rank, head=head)
-    cfg = dataclasses.replace(_cfg(FP8Config(enabled=True, backend="xla", underflow_stats=True)), model=model)
+    f8 = FP8Config(enabled=True, backend="xla", underflow_stats=True) if fp8 else FP8Config(enabled=False)
+    cfg = dataclasses.replace(_cfg(f8), model=model)
     stage = StageConfig(seq_len=64, batch_size=8)
     _, metrics = jax.jit(make_train_step(cfg, stage))(init_train_state(cfg, jax.random.key(0)),
                                                       _batch(1, 8, 64, 4096, key=3))
     assert abs(float(metrics["loss"]) - np.log(4096)) < 0.02, float(metrics["loss"]) - np.log(4096)
-    assert 0 <= float(metrics["fp8_grad_underflow"]) < 1  # measured, a share
+    if fp8:
+        assert 0 <= float(metrics["fp8_grad_underflow"]) < 1  # measured, a share

@@ -69,7 +69,9 @@ def test_te_head_state_with_accumulation_and_loss_chunks():
     assert r["gpu"]["fp8_found"] == e["total"] and e["forward"] == 2 * (4 * 7 + 4)  # 4 head chunks per micro-batch
 
 
-@pytest.mark.parametrize("stage, fused", [("0", False), ("9", False), ("0", True), ("9", True)])
+# Stage 0 (short rows, big batch) with TE's plain layers, stage 9 (2,048-token rows) with its fused ones:
+# both layer kinds and both ends of the curriculum; each count is the same at the other stage.
+@pytest.mark.parametrize("stage, fused", [("0", False), ("9", True)])
 def test_yxanul_197m_te_stages_compile_for_h100(stage, fused):
     r = _inspect_te("--config", "configs/yxanul_197m.yaml", "--stage", stage, f"fp8.te_layers={str(fused).lower()}")
     g = r["gpu"]

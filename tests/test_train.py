@@ -16,6 +16,7 @@ from yxanul_jax.config import load_config
 from yxanul_jax.data import open_dataset
 
 from conftest import REPO, shared_path
+from data_fixtures import run_cli
 
 # A model small enough that each CLI run takes seconds; vocab 512 matches the 512-entry demo corpus.
 FAST = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
@@ -31,7 +32,14 @@ def env(tmp_path_factory):
     return {**os.environ, "YXANUL_CACHE": str(cache), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 
 
+@pytest.fixture
+def cache(env, monkeypatch):
+    """In-process runs use the module's cache (the demo corpus is built once)."""
+    monkeypatch.setenv("YXANUL_CACHE", env["YXANUL_CACHE"])
+
+
 def train(env, *args, timeout=600, check=True):
+    """The CLI in a subprocess: only where a process boundary is the point (signals, a kill)."""
     proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -39,21 +47,50 @@ def train(env, *args, timeout=600, check=True):
     return proc
 
 
+def cli(*args) -> tuple[int, str, str]:
+    """The CLI in this process: `main(argv)`'s exit code, stdout and stderr."""
+    from yxanul_jax.train import main
+
+    return run_cli(main, list(args))
+
+
 def rows(run_dir, kind="loss"):
     with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
         return [r for r in map(json.loads, fh) if kind in r]
 
 
-def test_default_command_loss_falls(env, tmp_path):
+@pytest.fixture(scope="module")
+def fast_run(env, tmp_path_factory):
+    """FAST trained by the library call, in process (FP8 on, through the stage change at step 6,
+    validation at 6 and 12, checkpoints at 4, 8, 12): (run dir, train()'s result, its stdout)."""
+    import contextlib
+    import io
+
+    from yxanul_jax.train import train as train_fn
+
+    run = tmp_path_factory.mktemp("fast") / "run"
+    before = os.environ.get("YXANUL_CACHE")
+    os.environ["YXANUL_CACHE"] = env["YXANUL_CACHE"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            result = train_fn(load_config(None, FAST), str(run))
+    finally:
+        os.environ.pop("YXANUL_CACHE") if before is None else os.environ.__setitem__("YXANUL_CACHE", before)
+    return str(run), result, out.getvalue()
+
+
+def test_default_command_loss_falls(cache, tmp_path):
     run = str(tmp_path / "run")
-    proc = train(env, "--run-dir", run, "train.steps=30", "curriculum.1.start_step=15", "train.log_every=1",
-                 "eval.max_batches=2")
+    rc, out, err = cli("--run-dir", run, "train.steps=16", "curriculum.1.start_step=8", "optim.warmup_steps=4",
+                       "train.log_every=1", "eval.max_batches=2")
+    assert rc == 0, err
     # the run ends in text: a sample from the model it trained, under the validation table
-    tail = proc.stdout[proc.stdout.index("validation at step 30"):]
+    tail = out[out.index("validation at step 16"):]
     assert "sample (train.sample_prompt, " in tail and "\ndef " in tail
     losses = [r["loss"] for r in rows(run)]
-    assert len(losses) == 30
-    assert np.mean(losses[-5:]) < losses[0] - 1.0, losses
+    assert len(losses) == 16
+    assert np.mean(losses[-5:]) < losses[0] - 1.0, losses  # 8.31 -> 7.12 here
     row = rows(run)[-1]
     for key in ("step", "stage", "seq_len", "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "mfu"):
         assert key in row
@@ -63,11 +100,10 @@ def test_default_command_loss_falls(env, tmp_path):
     assert os.path.exists(os.path.join(run, "config.yaml")) and os.listdir(os.path.join(run, "tb"))
 
 
-def test_kill_then_resume_gives_the_uninterrupted_losses(env, tmp_path):
-    straight = str(tmp_path / "straight")
-    train(env, "--run-dir", straight, *FAST)
-    want = {r["step"]: r["loss"] for r in rows(straight)}
+def test_kill_then_resume_gives_the_uninterrupted_losses(env, cache, fast_run, tmp_path):
+    from yxanul_jax.train import train as train_fn
 
+    want = {r["step"]: r["loss"] for r in rows(fast_run[0])}  # the same config, never interrupted
     run = str(tmp_path / "killed")
     cmd = [sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *FAST, "checkpoint.interval=100"]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -84,32 +120,27 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(env, tmp_path):
     stopped_at = Checkpointer(os.path.join(run, "checkpoints"), load_config(None, FAST).checkpoint).latest_step()
     assert stopped_at is not None and 3 <= stopped_at < 12
 
-    resumed = train(env, "--run-dir", run, *FAST, "checkpoint.interval=100")
-    assert f"resumed from step {stopped_at}" in resumed.stdout
+    result = train_fn(load_config(None, FAST + ["checkpoint.interval=100"]), run)  # resumed, in this process
+    assert result["step"] == 12
     got = {r["step"]: r["loss"] for r in rows(run)}
     assert sorted(got) == sorted(want)  # no step lost or logged twice
     assert got == want  # bit-exact on CPU
 
 
-def test_train_as_a_library_call_has_a_pulse(env, tmp_path, monkeypatch, capsys):
+def test_train_as_a_library_call_has_a_pulse(fast_run):
     # levanter's "has a pulse": the library entry point, in process, FP8 on, through a stage change
-    monkeypatch.setenv("YXANUL_CACHE", env["YXANUL_CACHE"])
-    from yxanul_jax.train import train as train_fn
-
-    cfg = load_config(None, FAST + ["train.steps=8", "eval.interval=0", "checkpoint.interval=0"])
-    assert cfg.fp8.active and cfg.fp8.scaling == "delayed"
-    out = train_fn(cfg, str(tmp_path / "run"))
-    assert out["step"] == 8 and not out["interrupted"]
+    run, out, text = fast_run
+    assert load_config(None, FAST).fp8.active and load_config(None, FAST).fp8.scaling == "delayed"
+    assert out["step"] == 12 and not out["interrupted"]
     assert 0 < out["validation"]["val/mean/loss"] < np.log(512) + 1
-    text = capsys.readouterr().out
     assert "stage 0 from step 0: seq_len 32" in text and "stage 1 from step 6: seq_len 64" in text
     assert "config:" not in text  # the resolved config is in the run directory, not on the console
-    assert (tmp_path / "run" / "config.yaml").exists()
+    assert os.path.exists(os.path.join(run, "config.yaml"))
     assert "s training; outside it compile waits" in text
+    assert [r["step"] for r in rows(run, "val/mean/loss")] == [6, 12]
 
 
-def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(env, tmp_path, monkeypatch):
-    monkeypatch.setenv("YXANUL_CACHE", env["YXANUL_CACHE"])
+def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(cache, tmp_path):
     from yxanul_jax.corpus import ensure_demo_dataset
     from yxanul_jax.monitor import MetricsWriter, Progress
     from yxanul_jax.steps import init_train_state
@@ -130,13 +161,13 @@ def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(e
     assert trainer.stream.tokens_consumed == expected == trainer.tokens
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(env, tmp_path):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cache, tmp_path):
     run = str(tmp_path / "nan")
     # Stage 1 multiplies the learning rate by 1e30: the parameters overflow and the loss turns NaN.
-    proc = train(env, "--run-dir", run, *FAST, "curriculum.1.start_step=4", "curriculum.1.lr_scale=1e30",
-                 "eval.interval=0", check=False)
-    assert proc.returncode == 1, proc.stderr
-    assert "loss became nan" in proc.stderr.lower() and "intact" in proc.stderr
+    rc, _, err = cli("--run-dir", run, *FAST, "curriculum.1.start_step=4", "curriculum.1.lr_scale=1e30",
+                     "eval.interval=0")
+    assert rc == 1, err
+    assert "loss became nan" in err.lower() and "intact" in err
     cfg = load_config(None, FAST)
     ckpt = Checkpointer(os.path.join(run, "checkpoints"), cfg.checkpoint)
     assert ckpt.all_steps() == [4]
@@ -165,41 +196,41 @@ def _domain_files(tmp_path):
     return {"prose": str(prose), "qa": f"{qa}::{{question}}\\n{{answer}}", "code": str(code)}
 
 
-def _eval_only(env, run, domains):
+def _eval_only(run, domains):
     args = [f"eval.domains.{k}={v}" for k, v in domains.items()]
-    proc = train(env, "--run-dir", run, "--eval-only", *FAST, *args)
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    rc, out, err = cli("--run-dir", run, "--eval-only", *FAST, *args)
+    assert rc == 0, err
+    data = json.loads(out.strip().splitlines()[-1])
     for name in domains:
         assert data[f"val/{name}/loss"] > 0 and data[f"val/{name}/ppl"] > 1
     assert "val/mean/ppl" in data and data["step"] == 12
     return data
 
 
-def test_eval_only_reports_every_domain(env, tmp_path):
-    run = str(tmp_path / "run")
-    train(env, "--run-dir", run, *FAST)
-    _eval_only(env, run, _domain_files(tmp_path))
+def test_eval_only_reports_every_domain(cache, fast_run, tmp_path):
+    _eval_only(fast_run[0], _domain_files(tmp_path))
     # Real validation sets of the SPEC (C4, GSM8K, HumanEval) when ../shared is present.
     val = shared_path("data", "validation")
-    _eval_only(env, run, {"english": str(val / "c4_validation_2k.parquet"),
-                          "math": f"{val / 'gsm8k_validation.parquet'}::{{question}}\\n{{answer}}",
-                          "code": f"{val / 'humaneval_validation.parquet'}::{{prompt}}{{canonical_solution}}"})
+    _eval_only(fast_run[0], {"english": str(val / "c4_validation_2k.parquet"),
+                             "math": f"{val / 'gsm8k_validation.parquet'}::{{question}}\\n{{answer}}",
+                             "code": f"{val / 'humaneval_validation.parquet'}::{{prompt}}{{canonical_solution}}"})
 
 
-def test_run_dir_with_another_config_is_refused(env, tmp_path):
-    run = str(tmp_path / "run")
-    train(env, "--run-dir", run, *FAST, "train.steps=2", "eval.interval=0")
-    proc = train(env, "--run-dir", run, *FAST, "train.steps=2", "model.d_model=32", check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "model.d_model" in proc.stderr
-    eval_missing = train(env, "--run-dir", str(tmp_path / "nothing"), "--eval-only", *FAST, check=False)
-    assert eval_missing.returncode == 2 and "error: " in eval_missing.stderr
+def test_run_dir_with_another_config_is_refused(cache, fast_run, tmp_path):
+    run = fast_run[0]
+    before = sorted(os.listdir(run))
+    rc, _, err = cli("--run-dir", run, *FAST, "model.d_model=32")
+    assert rc == 2 and err.strip().splitlines()[-1].startswith("error: ") and "model.d_model" in err
+    assert sorted(os.listdir(run)) == before  # refused before anything is written
+    rc, _, err = cli("--run-dir", str(tmp_path / "nothing"), "--eval-only", *FAST)
+    assert rc == 2 and "error: " in err
 
 
-def test_profile_trace_and_hlo_dump_for_requested_steps(env, tmp_path):
+def test_profile_trace_and_hlo_dump_for_requested_steps(cache, tmp_path):
     run = tmp_path / "prof"
-    train(env, "--run-dir", str(run), *FAST, "train.steps=5", "eval.interval=0", "profile.start_step=2",
-          "profile.num_steps=2", "profile.dump_hlo=true")
+    rc, _, err = cli("--run-dir", str(run), *FAST, "train.steps=5", "eval.interval=0", "profile.start_step=2",
+                     "profile.num_steps=2", "profile.dump_hlo=true")
+    assert rc == 0, err
     traces = list((run / "profile").rglob("*.xplane.pb"))
     assert traces and traces[0].stat().st_size > 0
     hlo = (run / "hlo" / "stage_0.txt").read_text()

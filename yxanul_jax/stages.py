@@ -126,8 +126,9 @@ class StageCompiler:
 
 
 def enable_compilation_cache(path: str | None = None) -> str:
-    """Turn on JAX's persistent compilation cache (default `rundir.cache_root() / "xla"`)."""
-    path = path or str(cache_root() / "xla")
+    """Turn on JAX's persistent compilation cache: `path`, else the folder already configured for JAX
+    (`JAX_COMPILATION_CACHE_DIR`), else `rundir.cache_root() / "xla"`."""
+    path = path or jax.config.jax_compilation_cache_dir or str(cache_root() / "xla")
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
