@@ -17,19 +17,29 @@ from yxanul_jax.config import Config, FP8Config, ModelConfig  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def shared_compilation_cache(tmp_path_factory):
-    """One persistent XLA compilation cache for the whole session: both xdist workers and every
-    subprocess they start (via the environment) reuse each other's compiled tiny-model steps, which
-    are most of the suite's time on 2 cores. `train()` keeps a directory configured this way."""
+def _session_dir(tmp_path_factory) -> Path:
+    """A folder every xdist worker of this pytest session shares (the workers' common temp parent)."""
     base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "xla-cache"
-    shared.mkdir(exist_ok=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared)
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_caches(tmp_path_factory):
+    """One cache root (the demo corpora, built once under a lock) and one persistent XLA compilation
+    cache for the whole session: both xdist workers and every subprocess they start (through the
+    environment) reuse each other's corpora and compiled tiny-model steps, most of the suite's time on
+    2 cores. `train()` keeps a compilation cache directory configured this way. Tests that need a cache
+    of their own (corpus building, a faulty disk) set `YXANUL_CACHE` themselves."""
+    shared = _session_dir(tmp_path_factory)
+    (shared / "cache").mkdir(exist_ok=True)
+    (shared / "xla-cache").mkdir(exist_ok=True)
+    os.environ["YXANUL_CACHE"] = str(shared / "cache")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(shared / "xla-cache")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    jax.config.update("jax_compilation_cache_dir", str(shared))
+    jax.config.update("jax_compilation_cache_dir", str(shared / "xla-cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     yield shared
+
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -87,18 +97,25 @@ def micro_config(**model_overrides) -> Config:
 TRAINED_RUN = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
                "model.ffn_dim=128", "model.embed_rank=16", "curriculum=[{start_step: 0, seq_len: 32, batch_size: 8}]",
                "train.steps=6", "eval.interval=0", "eval.max_batches=1", "eval.batch_size=4",
-               "checkpoint.interval=0", "checkpoint.async_save=false", "optim.warmup_steps=2"]
+               "checkpoint.interval=0", "checkpoint.async_save=false", "optim.warmup_steps=2",
+               "train.sample_tokens=0"]  # the end-of-run sample compiles a decoder: tested once, in test_train
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory):
-    """A run directory with a tiny model trained for 6 steps (FP8 on, demo corpus) by `train()`."""
+def trained_run(tmp_path_factory, shared_caches):
+    """A run directory with a tiny model trained for 6 steps (FP8 on, demo corpus) by `train()`, built
+    once per session (the first worker to need it trains, under a lock). Tests copy it before writing."""
+    import fcntl
+
     from yxanul_jax.config import load_config
     from yxanul_jax.train import train
 
-    os.environ["YXANUL_CACHE"] = str(tmp_path_factory.mktemp("cache"))  # this worker's demo corpus
-    run_dir = tmp_path_factory.mktemp("trained-run")
-    train(load_config(None, TRAINED_RUN), str(run_dir))
+    run_dir = shared_caches / "trained-run"
+    with open(shared_caches / "trained-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared_caches / "trained-run.done").exists():
+            train(load_config(None, TRAINED_RUN), str(run_dir))
+            (shared_caches / "trained-run.done").touch()
     return run_dir
 
 

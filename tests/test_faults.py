@@ -80,18 +80,18 @@ def test_two_damaged_checkpoints_then_saving_goes_on(tmp_path):
     assert len(os.listdir(tmp_path / CORRUPT_DIR)) == 2
 
 
-def test_no_step_is_logged_twice_and_a_finished_run_says_so(tmp_path, monkeypatch, capsys):
+def test_no_step_is_logged_twice_and_a_finished_run_says_so(trained_run, tmp_path, capsys):
+    import shutil
+
     from yxanul_jax.train import train
 
-    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    cfg = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.sample_tokens=0"])
-    train(cfg, str(run))
+    shutil.copytree(trained_run, run)  # 6 steps done, the last checkpoint at 6
     metrics = run / "metrics.jsonl"
     with open(metrics, "a") as fh:  # rows a killed run logged after its last checkpoint
         for s in (7, 8, 9):
             fh.write(json.dumps({"step": s, "loss": 99.0}) + "\n")
-    more = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.sample_tokens=0", "train.steps=8"])
+    more = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.steps=8"])
     train(more, str(run))  # train.steps may grow on resume
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss" in json.loads(x)]
     assert steps == sorted(set(steps)) and steps[-1] == 8 and 99.0 not in [
@@ -141,8 +141,7 @@ def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_
     shutil.copytree(trained_run, run)  # checkpoint at step 6
     # the demo corpus, and a compilation cache of its own: the capped run leaves truncated entries in it
     shutil.copytree(cache_root(), cache, ignore=lambda d, names: ["xla"] if d == str(cache_root()) else [])
-    more = TRAINED_RUN + ["train.steps=10", "checkpoint.interval=2", "checkpoint.async_save=true",
-                          "train.sample_tokens=0"]
+    more = TRAINED_RUN + ["train.steps=10", "checkpoint.interval=2", "checkpoint.async_save=true"]
     proc = subprocess.run([sys.executable, "-c", _CAPPED, str(32 << 10), "yxanul_jax.train", "--run-dir", str(run),
                            *more], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", "YXANUL_CACHE": str(cache),

@@ -20,7 +20,7 @@ RUN = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_
        "curriculum.0.seq_len=32", "curriculum.0.batch_size=8", "curriculum.1.start_step=10",
        "curriculum.1.seq_len=64", "curriculum.1.batch_size=8", "train.steps=20", "train.log_every=1",
        "eval.interval=0", "eval.max_batches=2", "eval.batch_size=8", "checkpoint.interval=0",
-       "checkpoint.async_save=false"]
+       "checkpoint.async_save=false", "train.sample_tokens=0"]
 
 
 def test_mesh_shape_resolution_and_errors():
@@ -32,8 +32,8 @@ def test_mesh_shape_resolution_and_errors():
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
+def cache():
+    return os.environ["YXANUL_CACHE"]  # the session's (conftest): the demo corpus is built once
 
 
 def _env(cache, devices=1):
@@ -54,10 +54,14 @@ def _train(env, *args):
     return proc
 
 
-def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path):
-    one = _train(_env(cache, 1), "--run-dir", str(tmp_path / "one"), *RUN)
+def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, capsys):
+    from yxanul_jax.config import load_config
+    from yxanul_jax.train import train
+
+    train(load_config(None, RUN), str(tmp_path / "one"))  # this process: one CPU device
+    assert "data=1 x fsdp=1" in capsys.readouterr().out
     eight = _train(_env(cache, 8), "--run-dir", str(tmp_path / "eight"), *RUN, "mesh.data=2", "mesh.fsdp=4")
-    assert "data=1 x fsdp=1" in one.stdout and "data=2 x fsdp=4" in eight.stdout
+    assert "data=2 x fsdp=4" in eight.stdout
     a, b = _losses(tmp_path / "one"), _losses(tmp_path / "eight")
     assert len(a) == len(b) == 20
     for x, y in zip(a, b):
@@ -117,7 +121,7 @@ def test_a_sigterm_on_one_process_stops_both_at_the_same_step(cache, tmp_path):
     port = _free_port()
     run = str(tmp_path / "multi-stop")
     args = [*RUN, "train.steps=400", "curriculum.1.start_step=300", "eval.interval=0", "checkpoint.interval=0",
-            "train.sample_tokens=0", f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2"]
+            f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2"]
     procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
                                f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]

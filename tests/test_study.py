@@ -52,11 +52,10 @@ def test_tokens_to_target_interpolates_and_summary_compares_arms():
     assert b["mean_delta"] == pytest.approx(0.8)
 
 
-def test_study_runs_arms_and_seeds_and_writes_table_and_plot(tmp_path, monkeypatch):
-    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+def test_study_runs_arms_and_seeds_and_writes_table_and_plot(tmp_path):
     overrides = [o for o in TRAINED_RUN if not o.startswith(("train.steps", "eval.interval"))]
     argv = ["--out", str(tmp_path / "st"), "--seeds", "0", "1", "--eval-seq-len", "32",
-            "--set", *overrides, "train.steps=4", "eval.interval=2",
+            "--set", *overrides, "model.n_layers=1", "train.steps=4", "eval.interval=2",
             "--arm", "plain", "--arm", "hot", "optim.lr=0.01"]
     rc, stdout, _ = run_cli(_study().main, argv)
     assert rc == 0, stdout

@@ -23,19 +23,13 @@ FAST = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n
         "model.ffn_dim=128", "model.embed_rank=16", "curriculum.0.seq_len=32", "curriculum.0.batch_size=8",
         "curriculum.1.start_step=6", "curriculum.1.seq_len=64", "curriculum.1.batch_size=4", "train.steps=12",
         "train.log_every=1", "eval.interval=6", "eval.max_batches=2", "eval.batch_size=4",
-        "checkpoint.interval=4", "checkpoint.async_save=false", "optim.warmup_steps=2"]
+        "checkpoint.interval=4", "checkpoint.async_save=false", "optim.warmup_steps=2", "train.sample_tokens=0"]
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    return {**os.environ, "YXANUL_CACHE": str(cache), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-
-
-@pytest.fixture
-def cache(env, monkeypatch):
-    """In-process runs use the module's cache (the demo corpus is built once)."""
-    monkeypatch.setenv("YXANUL_CACHE", env["YXANUL_CACHE"])
+def env():
+    """The environment of CLI subprocesses: the session's caches (conftest), CPU."""
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 
 
 def train(env, *args, timeout=600, check=True):
@@ -60,7 +54,7 @@ def rows(run_dir, kind="loss"):
 
 
 @pytest.fixture(scope="module")
-def fast_run(env, tmp_path_factory):
+def fast_run(tmp_path_factory):
     """FAST trained by the library call, in process (FP8 on, through the stage change at step 6,
     validation at 6 and 12, checkpoints at 4, 8, 12): (run dir, train()'s result, its stdout)."""
     import contextlib
@@ -69,18 +63,13 @@ def fast_run(env, tmp_path_factory):
     from yxanul_jax.train import train as train_fn
 
     run = tmp_path_factory.mktemp("fast") / "run"
-    before = os.environ.get("YXANUL_CACHE")
-    os.environ["YXANUL_CACHE"] = env["YXANUL_CACHE"]
     out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            result = train_fn(load_config(None, FAST), str(run))
-    finally:
-        os.environ.pop("YXANUL_CACHE") if before is None else os.environ.__setitem__("YXANUL_CACHE", before)
+    with contextlib.redirect_stdout(out):
+        result = train_fn(load_config(None, FAST), str(run))
     return str(run), result, out.getvalue()
 
 
-def test_default_command_loss_falls(cache, tmp_path):
+def test_default_command_loss_falls(tmp_path):
     run = str(tmp_path / "run")
     rc, out, err = cli("--run-dir", run, "train.steps=16", "curriculum.1.start_step=8", "optim.warmup_steps=4",
                        "train.log_every=1", "eval.max_batches=2")
@@ -100,7 +89,7 @@ def test_default_command_loss_falls(cache, tmp_path):
     assert os.path.exists(os.path.join(run, "config.yaml")) and os.listdir(os.path.join(run, "tb"))
 
 
-def test_kill_then_resume_gives_the_uninterrupted_losses(env, cache, fast_run, tmp_path):
+def test_kill_then_resume_gives_the_uninterrupted_losses(env, fast_run, tmp_path):
     from yxanul_jax.train import train as train_fn
 
     want = {r["step"]: r["loss"] for r in rows(fast_run[0])}  # the same config, never interrupted
@@ -140,7 +129,7 @@ def test_train_as_a_library_call_has_a_pulse(fast_run):
     assert [r["step"] for r in rows(run, "val/mean/loss")] == [6, 12]
 
 
-def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(cache, tmp_path):
+def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(tmp_path):
     from yxanul_jax.corpus import ensure_demo_dataset
     from yxanul_jax.monitor import MetricsWriter, Progress
     from yxanul_jax.steps import init_train_state
@@ -161,7 +150,7 @@ def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(c
     assert trainer.stream.tokens_consumed == expected == trainer.tokens
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cache, tmp_path):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     run = str(tmp_path / "nan")
     # Stage 1 multiplies the learning rate by 1e30: the parameters overflow and the loss turns NaN.
     rc, _, err = cli("--run-dir", run, *FAST, "curriculum.1.start_step=4", "curriculum.1.lr_scale=1e30",
@@ -207,7 +196,7 @@ def _eval_only(run, domains):
     return data
 
 
-def test_eval_only_reports_every_domain(cache, fast_run, tmp_path):
+def test_eval_only_reports_every_domain(fast_run, tmp_path):
     _eval_only(fast_run[0], _domain_files(tmp_path))
     # Real validation sets of the SPEC (C4, GSM8K, HumanEval) when ../shared is present.
     val = shared_path("data", "validation")
@@ -216,7 +205,7 @@ def test_eval_only_reports_every_domain(cache, fast_run, tmp_path):
                              "code": f"{val / 'humaneval_validation.parquet'}::{{prompt}}{{canonical_solution}}"})
 
 
-def test_run_dir_with_another_config_is_refused(cache, fast_run, tmp_path):
+def test_run_dir_with_another_config_is_refused(fast_run, tmp_path):
     run = fast_run[0]
     before = sorted(os.listdir(run))
     rc, _, err = cli("--run-dir", run, *FAST, "model.d_model=32")
@@ -226,7 +215,7 @@ def test_run_dir_with_another_config_is_refused(cache, fast_run, tmp_path):
     assert rc == 2 and "error: " in err
 
 
-def test_profile_trace_and_hlo_dump_for_requested_steps(cache, tmp_path):
+def test_profile_trace_and_hlo_dump_for_requested_steps(tmp_path):
     run = tmp_path / "prof"
     rc, _, err = cli("--run-dir", str(run), *FAST, "train.steps=5", "eval.interval=0", "profile.start_step=2",
                      "profile.num_steps=2", "profile.dump_hlo=true")
