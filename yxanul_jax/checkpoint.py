@@ -15,6 +15,9 @@ or whose metadata or arrays cannot be read, is moved aside into `<dir>/corrupt/<
 
 Orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames when complete, so a run killed mid-save
 leaves the previous checkpoints untouched and the half-written one is ignored (and cleaned up).
+A save that cannot be written (disk full, read-only or unwritable folder), found at once or when its
+async write finishes, raises one `CheckpointWriteError` naming the step and the step to resume from;
+the half-written directory is removed and the complete checkpoints stay.
 
 Retention combines Orbax's `LatestN(max_to_keep)` with `BestN(n=1)` over the metric `val_ppl`
 (lower is better): exactly the `max_to_keep` most recent steps survive, plus the best one when it is
@@ -77,7 +80,7 @@ class _Manager(ocp.CheckpointManager):
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 
 
-def write_failure(e: BaseException) -> str | None:
+def _write_failure(e: BaseException) -> str | None:
     """The operating system's reason ("No space left on device", "Read-only file system", ...) when
     `e` is a failed write, else None. TensorStore reports these as ValueError carrying the errno."""
     if isinstance(e, OSError):
@@ -94,7 +97,7 @@ class _OrbaxLogFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if "did not provide metrics" in record.getMessage():
             return False
-        return not (record.exc_info and record.exc_info[1] is not None and write_failure(record.exc_info[1]))
+        return not (record.exc_info and record.exc_info[1] is not None and _write_failure(record.exc_info[1]))
 
 
 _LOG_FILTER = _OrbaxLogFilter()
@@ -102,8 +105,8 @@ _LOG_FILTER = _OrbaxLogFilter()
 
 def _install_quiet_hooks() -> None:
     """Silence what a failed async write leaves behind: Orbax's logged tracebacks (one filter object;
-    adding it again does nothing) and TensorStore's callbacks that find Orbax's event loop already closed (reported by
-    Python as hundreds of "unraisable" RuntimeErrors). Everything else passes to the previous hook."""
+    adding it again does nothing) and TensorStore's callbacks that find Orbax's event loop already
+    closed (hundreds of "unraisable" RuntimeErrors). Everything else passes to the previous hook."""
     for name in ("absl", "asyncio"):  # Orbax's threads log to absl; its unawaited write tasks to asyncio
         logging.getLogger(name).addFilter(_LOG_FILTER)
     previous = sys.unraisablehook
@@ -287,10 +290,11 @@ class Checkpointer:
 
         Saves when `force` or `should_save(step)`; returns whether a save was started. The latest
         step is not saved again (returns False), so call this after validating that step if
-        `val_ppl` should be attached; a step older than the latest raises UserError. With `async_save` the arrays are copied to host before
-        this returns (their device buffers may then be donated); the files are written in the
-        background (`wait()`/`close()` block until done). Old checkpoints beyond `max_to_keep` (and
-        not the best) are deleted once this one is committed.
+        `val_ppl` should be attached; a step older than the latest raises UserError. With
+        `async_save` the arrays are copied to host before this returns (their device buffers may
+        then be donated); the files are written in the background (`wait()`/`close()` block until
+        done, `check()` asks without blocking). Old checkpoints beyond `max_to_keep` (and not the
+        best) are deleted once this one is committed. A write that fails raises CheckpointWriteError.
 
         `val_ppl`: validation perplexity at this step, or None. A NaN/inf value is recorded as no
         metric, so a diverged model can never become the best. This does not check `state`
@@ -337,7 +341,7 @@ class Checkpointer:
         try:
             yield
         except Exception as e:  # noqa: BLE001 - only write failures are translated; the rest re-raised
-            reason = write_failure(e)
+            reason = _write_failure(e)
             if reason is None:
                 raise
             self._remove_partial()
@@ -346,13 +350,13 @@ class Checkpointer:
             done = checkpoint_steps(self.directory)
             resume = (f"run the same command again to resume from step {done[-1]}, the last complete checkpoint"
                       if done else "run the same command again (no checkpoint was completed)")
-            self._failed = CheckpointWriteError(
-                f"writing {f'checkpoint step {step}' if step is not None else 'a checkpoint'} into '{self.directory}' failed: {reason}; free space or "
-                f"make the folder writable, then {resume}")
+            what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+            self._failed = CheckpointWriteError(f"writing {what} into '{self.directory}' failed: {reason}; free "
+                                                f"space or make the folder writable, then {resume}")
             raise self._failed from None
 
     def _remove_partial(self) -> None:
-        """Delete the half-written `<step>.orbax-checkpoint-tmp*` directories (process 0), freeing their space."""
+        """Delete the half-written `<step>.orbax-checkpoint-tmp*` directories (process 0), freeing space."""
         if jax.process_index() != 0 or not os.path.isdir(self.directory):
             return
         for name in os.listdir(self.directory):

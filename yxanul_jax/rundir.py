@@ -1,5 +1,7 @@
-"""Where yxanul-jax writes: the run directory's layout (the names below are the only place they are
-spelled), its config guard, and the cache root.
+"""Where and how yxanul-jax writes: the run directory's layout (the names below are the only place
+they are spelled), its config guard, the cache root, and atomic writes (`atomic_write`, `staged_dir`:
+a hidden `.<name>.tmp-<pid>-*` sibling renamed into place; the next writer removes those of dead
+processes).
 
 Run directory::
 
@@ -51,7 +53,7 @@ RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR,
 
 
 # --------------------------------------------------------------------------------------------
-# Run directory
+# Writing without half-written results: a hidden temp sibling, renamed into place when complete
 
 
 def _temp_sibling(final: Path) -> Path:
@@ -69,7 +71,10 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
         for p in final.parent.iterdir():
             pid = p.name[len(prefix):].split("-", 1)[0] if p.name.startswith(prefix) else ""
             if pid.isdigit() and int(pid) != os.getpid() and not _alive(pid):
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
                 removed.append(p)
     return removed
 
@@ -117,6 +122,10 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Run directory
 
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"
