@@ -109,12 +109,18 @@ def test_mistakes_found_before_anything_is_written(trained_run, tmp_path):
     from data_fixtures import run_cli
     from yxanul_jax.train import main
 
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    body = tmp_path / "body.parquet"  # its text is in 'body': the fix names train's own syntax, not a flag
+    pq.write_table(pa.table({"body": ["x = 1\n" * 20] * 4}), body)
     for bad, needle in (("eval.domains.code=/nonexistent/code.parquet", "eval domain 'code'"),
-                        ("eval.batch_size=0", "eval.batch_size")):
+                        ("eval.batch_size=0", "eval.batch_size"),
+                        (f"eval.domains.code={body}", f"eval.domains.code={body}::{{column}}")):
         run = tmp_path / bad.split("=")[0]
         rc, _, err = run_cli(main, ["--run-dir", run, *TRAINED_RUN, bad])  # the fixture's cache has the corpus
         lines = [line for line in err.splitlines() if line.strip()]
-        assert rc == 2 and len(lines) == 1 and needle in lines[0], err[-2000:]
+        assert rc == 2 and len(lines) == 1 and needle in lines[0] and "--text" not in lines[0], err[-2000:]
         assert not run.exists()  # no run directory left behind by a refused start
 
 

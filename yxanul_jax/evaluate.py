@@ -41,7 +41,9 @@ def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedD
                       train_ds.manifest.get("tokenizer", {}).get("sha256"), train_ds.vocab_size])
     out = cache_root() / "eval" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if not (out / "manifest.json").exists():
-        source = DocumentSource([path], text_template=template) if template else DocumentSource([path])
+        fix = (f"name its text with a template in the config: eval.domains.{name}={path}::{{column}} "
+               "(several columns: ::{question}\\n{answer})")
+        source = DocumentSource([path], text_template=template, fix=fix)
         prepare_dataset(source, train_ds.tokenizer_path, out, val_fraction=1.0, progress=False)
     return open_dataset(out)
 

@@ -111,6 +111,8 @@ class DocumentSource:
     text_template: str | None = None
     bad_utf8: str = "fail"
     txt_docs: str = "paragraph"
+    fix: str | None = None
+    """How the caller names the text, for column errors (None: the CLI's --text-column / --text-template)."""
 
     def __post_init__(self):
         if self.bad_utf8 not in ("fail", "replace"):
@@ -165,7 +167,8 @@ class DocumentSource:
                     if not (pa.types.is_string(tp) or pa.types.is_large_string(tp)
                             or pa.types.is_binary(tp) or pa.types.is_large_binary(tp)):
                         raise UserError(f"column '{self.text_column}' of '{p}' has type {tp}, not text; "
-                                        "pass --text-column naming a text column or use --text-template")
+                                        + (self.fix or "pass --text-column naming a text column or use "
+                                                       "--text-template"))
             elif kind == "jsonl":
                 for lineno, record in self._json_records(p, limit=1):
                     self._check_columns(p, list(record), lineno)
@@ -174,9 +177,10 @@ class DocumentSource:
         missing = [c for c in self._needed() if c not in names]
         if missing:
             where = f"'{path}'" + (f" line {lineno}" if lineno else "")
-            fix = ("fix --text-template" if self.fields is not None else "pass --text-column C or --text-template T")
-            raise UserError(f"{where} has no column '{missing[0]}' named by {self._what()} "
-                            f"(columns: {', '.join(names) or 'none'}); {fix}")
+            fix = self.fix or ("fix --text-template" if self.fields is not None
+                               else "pass --text-column C or --text-template T")
+            what = f" named by {self._what()}" if self.fix is None else ""
+            raise UserError(f"{where} has no column '{missing[0]}'{what} (columns: {', '.join(names) or 'none'}); {fix}")
 
     # ---- reading
 
@@ -225,7 +229,7 @@ class DocumentSource:
             if value is not None and not isinstance(value, str):
                 where = f"'{path}'" + (f" line {lineno}" if lineno else "")
                 raise UserError(f"{where}: column '{self.text_column}' holds {type(value).__name__}, not text; "
-                                "pass --text-column naming a text column or use --text-template")
+                                + (self.fix or "pass --text-column naming a text column or use --text-template"))
             return value or ""
         values = {k: ("" if record.get(k) is None else record[k]) for k in self.fields}
         return self.text_template.format_map(values)
