@@ -149,6 +149,9 @@ class DocumentSource:
     def _needed(self) -> list[str]:
         return self.fields if self.fields is not None else [self.text_column]
 
+    def _not_text_fix(self) -> str:
+        return self.fix or "pass --text-column naming a text column or use --text-template"
+
     def _what(self) -> str:
         return "--text-template" if self.fields is not None else "--text-column"
 
@@ -167,8 +170,7 @@ class DocumentSource:
                     if not (pa.types.is_string(tp) or pa.types.is_large_string(tp)
                             or pa.types.is_binary(tp) or pa.types.is_large_binary(tp)):
                         raise UserError(f"column '{self.text_column}' of '{p}' has type {tp}, not text; "
-                                        + (self.fix or "pass --text-column naming a text column or use "
-                                                       "--text-template"))
+                                        + self._not_text_fix())
             elif kind == "jsonl":
                 for lineno, record in self._json_records(p, limit=1):
                     self._check_columns(p, list(record), lineno)
@@ -229,7 +231,7 @@ class DocumentSource:
             if value is not None and not isinstance(value, str):
                 where = f"'{path}'" + (f" line {lineno}" if lineno else "")
                 raise UserError(f"{where}: column '{self.text_column}' holds {type(value).__name__}, not text; "
-                                + (self.fix or "pass --text-column naming a text column or use --text-template"))
+                                + self._not_text_fix())
             return value or ""
         values = {k: ("" if record.get(k) is None else record[k]) for k in self.fields}
         return self.text_template.format_map(values)
