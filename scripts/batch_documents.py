@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from shared_datasets import gutenberg_superbpe  # noqa: E402
-from yxanul_jax.config import load_config, stream_lanes  # noqa: E402
-from yxanul_jax.data import TrainStream, open_dataset  # noqa: E402
+from yxanul_jax.core.config import load_config, stream_lanes  # noqa: E402
+from yxanul_jax.data.loader import TrainStream, open_dataset  # noqa: E402
 
 
 def diversity(ds, seed: int, lanes: int, seq_len: int, rows: int, batches: int) -> tuple[float, float]:

@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from yxanul_jax.prepare import prepare_dataset  # noqa: E402
-from yxanul_jax.sources import DocumentSource  # noqa: E402
-from yxanul_jax.tokenizer import load_tokenizer  # noqa: E402
+from yxanul_jax.data.prepare import prepare_dataset  # noqa: E402
+from yxanul_jax.data.sources import DocumentSource  # noqa: E402
+from yxanul_jax.data.tokenizer import load_tokenizer  # noqa: E402
 
 SHARED = ROOT.parent / "shared"
 

@@ -15,8 +15,8 @@ import time
 
 import jax
 
-from yxanul_jax.config import load_config
-from yxanul_jax.stages import compile_stage, compiled_memory
+from yxanul_jax.core.config import load_config
+from yxanul_jax.training.stages import compile_stage, compiled_memory
 
 GB = 1e9
 

@@ -21,10 +21,10 @@ import time
 
 import jax
 
-from yxanul_jax.config import load_config
-from yxanul_jax.gpu_target import gpu_config
-from yxanul_jax.memory import estimate_stage
-from yxanul_jax.stages import compile_stage, compiled_memory
+from yxanul_jax.analysis.gpu_target import gpu_config
+from yxanul_jax.analysis.memory import estimate_stage
+from yxanul_jax.core.config import load_config
+from yxanul_jax.training.stages import compile_stage, compiled_memory
 
 DEFAULT = ["configs/tiny.yaml", "configs/pythia_70m_capped.yaml", "configs/yxanul_197m.yaml:0,4,9",
            "configs/yxanul_270m.yaml:0,5"]
@@ -46,7 +46,7 @@ def main() -> None:
     args = p.parse_args()
     device = None
     if args.target:  # before anything starts JAX's backends
-        from yxanul_jax.gpu_target import compile_device
+        from yxanul_jax.analysis.gpu_target import compile_device
         device = compile_device(args.target)
     plat = jax.devices()[0].platform
     flavor = "cpu" if plat == "cpu" else "gpu"

@@ -42,13 +42,13 @@ VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, a
 def collect(args) -> None:
     import jax
 
-    from yxanul_jax.config import load_config, to_dict
-    from yxanul_jax.gpu_target import gpu_config
-    from yxanul_jax.stages import compile_stage, compiled_memory
+    from yxanul_jax.analysis.gpu_target import gpu_config
+    from yxanul_jax.core.config import load_config, to_dict
+    from yxanul_jax.training.stages import compile_stage, compiled_memory
 
     device = None
     if args.target:
-        from yxanul_jax.gpu_target import compile_device
+        from yxanul_jax.analysis.gpu_target import compile_device
         device = compile_device(args.target)
     platform = "gpu" if device is not None else jax.devices()[0].platform
     with open(args.out, "w", encoding="utf-8") as fh:
@@ -70,7 +70,7 @@ def collect(args) -> None:
 
 
 def _load(path: str):
-    from yxanul_jax.config import Config, from_dict
+    from yxanul_jax.core.config import Config, from_dict
 
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     return [(r, from_dict(Config, r["cfg"])) for r in rows]
@@ -83,7 +83,7 @@ def fit(args) -> None:
     except ImportError:
         raise SystemExit("the fit needs scipy: pip install scipy")
 
-    from yxanul_jax import memory
+    from yxanul_jax.analysis import memory
 
     rows = _load(args.rows)
     base = memory.GPU_CALIBRATION if args.platform == "gpu" else memory.CALIBRATION

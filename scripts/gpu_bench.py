@@ -49,13 +49,13 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     """One cell, in this process: compile, warm up, time; the PyTorch reference at the same shape."""
     import jax
 
-    from yxanul_jax import fp8 as fp8_lib
-    from yxanul_jax.accounting import flops_per_token
-    from yxanul_jax.config import load_config
-    from yxanul_jax.errors import UserError
-    from yxanul_jax.memory import estimate_stage
-    from yxanul_jax.monitor import peak_flops_per_device
-    from yxanul_jax.stages import compile_stage, compiled_memory, synthetic_inputs
+    from yxanul_jax.analysis.accounting import flops_per_token
+    from yxanul_jax.analysis.memory import estimate_stage
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.core.errors import UserError
+    from yxanul_jax.model import fp8 as fp8_lib
+    from yxanul_jax.training.monitor import peak_flops_per_device
+    from yxanul_jax.training.stages import compile_stage, compiled_memory, synthetic_inputs
 
     cfg = precision_config(load_config(config), precision)
     stage = cfg.curriculum[stage_index]
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.steps} timed steps after {args.warmup} warm-up, median.\n\n" + table(rows))
     record = {"rows": rows, "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
               "device": _device_name(), "steps": args.steps, "warmup": args.warmup}
-    from yxanul_jax.rundir import atomic_write
+    from yxanul_jax.core.rundir import atomic_write
 
     atomic_write(os.path.join(args.out, "bench.json"), json.dumps(record, indent=2) + "\n")
     atomic_write(os.path.join(args.out, "bench.md"), md)

@@ -41,7 +41,7 @@ def bare_tokens_per_sec(cfg, stage, steps: int) -> float:
     """The compiled step alone: `steps` back to back on one device-resident batch, timed as a whole."""
     import jax
 
-    from yxanul_jax.stages import compile_stage, synthetic_inputs
+    from yxanul_jax.training.stages import compile_stage, synthetic_inputs
 
     step = compile_stage(cfg, stage)
     state, batch = synthetic_inputs(cfg, stage)
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import jax
 
-    from yxanul_jax.config import load_config
-    from yxanul_jax.errors import UserError
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.core.errors import UserError
 
     try:
         cfg = load_config(args.config, args.overrides)

@@ -98,8 +98,8 @@ def summarize(ops: list[tuple[str, float]], top: int) -> dict:
 def trace_stage(config: str | None, stage_index: int, steps: int, out: str) -> str:
     import jax
 
-    from yxanul_jax.config import load_config
-    from yxanul_jax.stages import compile_stage, synthetic_inputs
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.training.stages import compile_stage, synthetic_inputs
 
     cfg = load_config(config)
     stage = cfg.curriculum[stage_index]

@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from yxanul_jax.data import PreparedDataset, TokenStream, open_dataset  # noqa: E402
+from yxanul_jax.data.loader import PreparedDataset, TokenStream, open_dataset  # noqa: E402
 
 LAMBDAS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 
@@ -76,8 +76,8 @@ def main() -> int:
     parser.add_argument("--max-targets", type=int, default=0, help="score the first N val targets only (0: all)")
     args = parser.parse_args()
     if args.data is None:
-        from yxanul_jax.corpus import ensure_demo_dataset
-        from yxanul_jax.config import ModelConfig
+        from yxanul_jax.core.config import ModelConfig
+        from yxanul_jax.data.corpus import ensure_demo_dataset
 
         args.data = str(ensure_demo_dataset(vocab_size=ModelConfig().vocab_size))
     ref = reference_losses(open_dataset(args.data), args.max_targets)

@@ -9,11 +9,11 @@ SHARED = ROOT.parent / "shared"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from yxanul_jax.data import open_dataset  # noqa: E402
-from yxanul_jax.errors import UserError  # noqa: E402
-from yxanul_jax.prepare import prepare_dataset  # noqa: E402
-from yxanul_jax.rundir import cache_root  # noqa: E402
-from yxanul_jax.sources import DocumentSource  # noqa: E402
+from yxanul_jax.core.errors import UserError  # noqa: E402
+from yxanul_jax.core.rundir import cache_root  # noqa: E402
+from yxanul_jax.data.loader import open_dataset  # noqa: E402
+from yxanul_jax.data.prepare import prepare_dataset  # noqa: E402
+from yxanul_jax.data.sources import DocumentSource  # noqa: E402
 
 
 def gutenberg_superbpe() -> str:
@@ -33,7 +33,7 @@ def gutenberg_code_8k() -> str:
     an 8,192-entry byte-level BPE trained on the same text, prepared once into `$YXANUL_CACHE`
     (5 % of documents held out as the val split). Small enough that a ~1 M-parameter model is sized
     for it: its embedding is 8k rows, not SuperBPE's 200k."""
-    from yxanul_jax.tokenizer import train_bpe
+    from yxanul_jax.data.tokenizer import train_bpe
 
     out = cache_root() / "study-gutenberg-code-8k"
     if not (out / "manifest.json").is_file():

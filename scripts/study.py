@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from yxanul_jax.config import load_config  # noqa: E402
-from yxanul_jax.errors import UserError, cli_entry  # noqa: E402
+from yxanul_jax.core.config import load_config  # noqa: E402
+from yxanul_jax.core.errors import UserError, cli_entry  # noqa: E402
+from yxanul_jax.core.rundir import atomic_write  # noqa: E402
 from yxanul_jax.plot import plot_runs, read_metrics, series  # noqa: E402
-from yxanul_jax.rundir import atomic_write  # noqa: E402
 from yxanul_jax.train import train  # noqa: E402
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")

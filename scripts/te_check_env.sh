@@ -10,7 +10,7 @@
 # jaxlib of this Python (0.10.x). CUDA 12.9 headers come from NVIDIA's wheels (NVTE_BUILD_USE_NVIDIA_WHEELS).
 #
 # Without a driver TE needs three things to import and lower, all confined to compile checks
-# (`yxanul_jax.te_compile`, used by `analyze --target` and the tests; nothing of it runs on a GPU):
+# (`yxanul_jax.analysis.te_compile`, used by `analyze --target` and the tests; nothing of it runs on a GPU):
 #   1. `nvidia/cudart` -> the runtime wheel's `cuda_runtime` folder (TE looks there for libcudart),
 #   2. a stub `libcuda.so.1` whose functions return CUDA_ERROR_NO_DEVICE (cuDNN's runtime-compiled engines
 #      link against the driver library), built here into VENV/te-stub,
@@ -21,7 +21,7 @@ VENV=${1:-.venv-gpu-check}
 TE=2.20.2
 [ -x "$VENV/bin/python" ] || bash scripts/gpu_check_env.sh "$VENV"
 PY="$VENV/bin/python"
-WHEELS=$("$PY" -c "from yxanul_jax.rundir import cache_root; print(cache_root() / 'wheels')")  # the project's cache
+WHEELS=$("$PY" -c "from yxanul_jax.core.rundir import cache_root; print(cache_root() / 'wheels')")  # the project's cache
 PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 
 # 1. TE's core library and the build/runtime headers (CUDA 12.9, matching jaxlib 0.10's CUDA 12 plugin).
@@ -55,4 +55,4 @@ STUB(cuGetProcAddress_v2) STUB(cuGetErrorName)
 EOF
 gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o "$VENV/te-stub/libcuda.so.1" "$VENV/te-stub/cuda_stub.c"
 
-"$PY" -m yxanul_jax.te_compile
+"$PY" -m yxanul_jax.analysis.te_compile

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from yxanul_jax.config import ModelConfig, load_config  # noqa: E402
-from yxanul_jax.hf import NORMS, PROJECTIONS, to_hf  # noqa: E402  (one layout of the per-layer tensors)
+from yxanul_jax.core.config import ModelConfig, load_config  # noqa: E402
+from yxanul_jax.model.hf import NORMS, PROJECTIONS, to_hf  # noqa: E402  (one layout of the per-layer tensors)
 
 
 class RMSNorm(nn.Module):

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 
 import jax  # noqa: E402
 
-from yxanul_jax.config import Config, FP8Config, ModelConfig  # noqa: E402
+from yxanul_jax.core.config import Config, FP8Config, ModelConfig  # noqa: E402
 
 # nanodo's habit: implicit rank promotion (broadcasting a [D] against a [B, L, D] without saying so)
 # is an error in every test, so shape mistakes cannot hide behind numpy's broadcasting rules.
@@ -107,7 +107,7 @@ def trained_run(tmp_path_factory, shared_caches):
     once per session (the first worker to need it trains, under a lock). Tests copy it before writing."""
     import fcntl
 
-    from yxanul_jax.config import load_config
+    from yxanul_jax.core.config import load_config
     from yxanul_jax.train import train
 
     run_dir = shared_caches / "trained-run"

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from yxanul_jax.corpus import stdlib_files
-from yxanul_jax.prepare import prepare_documents
-from yxanul_jax.tokenizer import train_bpe
+from yxanul_jax.data.corpus import stdlib_files
+from yxanul_jax.data.prepare import prepare_documents
+from yxanul_jax.data.tokenizer import train_bpe
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 C4 = SHARED / "data" / "validation" / "c4_validation_2k.parquet"

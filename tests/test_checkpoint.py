@@ -1,4 +1,4 @@
-"""Tests for yxanul_jax.checkpoint: real Orbax checkpoints on disk, real signals."""
+"""Tests for yxanul_jax.training.checkpoint: real Orbax checkpoints on disk, real signals."""
 from __future__ import annotations
 
 import os
@@ -11,9 +11,9 @@ import numpy as np
 import optax
 import pytest
 
-from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
-from yxanul_jax.config import CheckpointConfig
-from yxanul_jax.errors import UserError
+from yxanul_jax.core.config import CheckpointConfig
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.training.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
 
 
 def _cfg(**kw) -> CheckpointConfig:

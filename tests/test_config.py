@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from yxanul_jax import plan
-from yxanul_jax.config import Config, apply_overrides, from_dict, load_config, to_dict, to_yaml, validate
-from yxanul_jax.errors import UserError
+from yxanul_jax.core.config import Config, apply_overrides, from_dict, load_config, to_dict, to_yaml, validate
+from yxanul_jax.core.errors import UserError
 
 from conftest import REPO
 
@@ -120,7 +120,7 @@ def test_cli_habits_overrides_anywhere_and_a_config_path_without_flag(tmp_path):
 
 
 def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
-    from yxanul_jax.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, cli_entry
+    from yxanul_jax.core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, cli_entry
 
     @cli_entry
     def full(argv=None):

@@ -1,4 +1,4 @@
-"""Tests of yxanul_jax/corpus.py: the stdlib demo corpus and its cached, race-safe preparation."""
+"""Tests of yxanul_jax/data/corpus.py: the stdlib demo corpus and its cached, race-safe preparation."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from yxanul_jax import corpus
-from yxanul_jax.data import TrainStream, eval_batches, open_dataset
-from yxanul_jax.errors import UserError
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.data import corpus
+from yxanul_jax.data.loader import TrainStream, eval_batches, open_dataset
 
 
 def test_stdlib_files_are_deterministic_sorted_capped_and_skip_tests():
@@ -64,7 +64,7 @@ def test_a_foreign_dataset_in_the_cache_slot_is_refused(tmp_path):
 def test_demo_vocab_equals_a_cap_larger_than_the_corpus_supports(tmp_path):
     ds = open_dataset(corpus.ensure_demo_dataset(str(tmp_path / "demo"), 20_000, max_bytes=200_000))
     assert ds.vocab_size == 20_000  # matches model.vocab_size although merges ran out earlier
-    from yxanul_jax.tokenizer import load_tokenizer
+    from yxanul_jax.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(ds.tokenizer_path)
     assert tok.vocab_size == 20_000 and tok.tokenizer.token_to_id("<|reserved_19999|>") == 19_999

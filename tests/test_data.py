@@ -1,4 +1,4 @@
-"""Tests of yxanul_jax/data.py: packing, determinism, exact resume, stage changes, sharding, eval."""
+"""Tests of yxanul_jax/data/loader.py: packing, determinism, exact resume, stage changes, sharding, eval."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from data_fixtures import docs, prepared, tiny_tok  # noqa: F401  (fixtures)
-from yxanul_jax.data import TrainStream, eval_batches, open_dataset
-from yxanul_jax.errors import UserError
-from yxanul_jax.corpus import stdlib_files
-from yxanul_jax.prepare import prepare_documents
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.data.corpus import stdlib_files
+from yxanul_jax.data.loader import TrainStream, eval_batches, open_dataset
+from yxanul_jax.data.prepare import prepare_documents
 
 
 def split_docs(ds, split):

@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax import hf
-from yxanul_jax.config import FP8Config
+from yxanul_jax.core.config import FP8Config
 from yxanul_jax.export import export
 from yxanul_jax.export import main as export_main
-from yxanul_jax.generate import generate
-from yxanul_jax.model import Yxanul, init_variables
-from yxanul_jax.trained import Trained, load_trained
+from yxanul_jax.inference.sampling import generate
+from yxanul_jax.inference.trained import Trained, load_trained
+from yxanul_jax.model import hf
+from yxanul_jax.model.transformer import Yxanul, init_variables
 
 from conftest import micro_model
 from data_fixtures import run_cli
@@ -122,7 +122,7 @@ def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_
 
 def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
     # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights
-    from yxanul_jax.config import load_config
+    from yxanul_jax.core.config import load_config
     from yxanul_jax.train import train
 
     from conftest import TRAINED_RUN

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.checkpoint import Checkpointer
-from yxanul_jax.config import CheckpointConfig, load_config
-from yxanul_jax.rundir import CORRUPT_DIR
+from yxanul_jax.core.config import CheckpointConfig, load_config
+from yxanul_jax.core.rundir import CORRUPT_DIR
+from yxanul_jax.training.checkpoint import Checkpointer
 
 from conftest import TRAINED_RUN
 
@@ -140,7 +140,7 @@ def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_
     import sys
 
     from conftest import REPO
-    from yxanul_jax.rundir import cache_root
+    from yxanul_jax.core.rundir import cache_root
     from yxanul_jax.train import train
 
     run, cache = tmp_path / "run", tmp_path / "cache"

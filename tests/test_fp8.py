@@ -6,11 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax import accounting
-from yxanul_jax import fp8 as F
-from yxanul_jax.config import Config, FP8Config
-from yxanul_jax.errors import UserError
-from yxanul_jax.model import Yxanul, init_variables
+from yxanul_jax.analysis import accounting
+from yxanul_jax.core.config import Config, FP8Config
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.model import fp8 as F
+from yxanul_jax.model.transformer import Yxanul, init_variables
 
 from conftest import micro_model
 
@@ -162,7 +162,7 @@ def test_te_state_merges_toward_the_larger_amax():
 
 
 def test_head_state_is_split_out_of_every_fp8_collection():
-    from yxanul_jax.steps import HEAD_STATE, _join_head, _split_head
+    from yxanul_jax.training.steps import HEAD_STATE, _join_head, _split_head
 
     ours = {"fp8_meta": {"layers": {"x": jnp.ones(2)}, HEAD_STATE: {"input": jnp.zeros(2)}}}
     state = {**ours, **_te_shaped_state([1.0, 2.0], 3.0)}

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.config import FP8Config
-from yxanul_jax.errors import UserError
-from yxanul_jax.generate import filter_logits, generate, sample
-from yxanul_jax.model import Yxanul, init_variables
+from yxanul_jax.core.config import FP8Config
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.inference.sampling import filter_logits, generate, sample
+from yxanul_jax.model.transformer import Yxanul, init_variables
 
 from conftest import micro_model
 

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from yxanul_jax import gpu_target
 from yxanul_jax import analyze as insp
-from yxanul_jax.errors import UserError
+from yxanul_jax.analysis import gpu_target
+from yxanul_jax.core.errors import UserError
 
 from conftest import REPO, gpu_python, inspect_h100
 
@@ -51,8 +51,9 @@ def test_micro_fp8_dot_is_three_fp8_gemms_for_sm90_with_and_without_triton():
     # GEMM) under XLA's default flags (Triton GEMM fusions) and with Triton GEMMs off (cuBLASLt).
     code = r"""
 import json, jax, jax.numpy as jnp
-from yxanul_jax import fp8 as F, hlo
-from yxanul_jax.gpu_target import compile_device
+from yxanul_jax.analysis import hlo
+from yxanul_jax.model import fp8 as F
+from yxanul_jax.analysis.gpu_target import compile_device
 s = jax.sharding.SingleDeviceSharding(compile_device("h100"))
 A = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=s)
 meta = {"amax_history": A((16,), jnp.float32), "scale": A((), jnp.float32), "nonfinite": A((), jnp.float32),

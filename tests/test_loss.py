@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.loss import chunked_cross_entropy, cross_entropy_sums
+from yxanul_jax.model.loss import chunked_cross_entropy, cross_entropy_sums
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 16, 64, 1000])

@@ -1,7 +1,7 @@
 """Compiled (AOT, CPU) memory of the real yxanul-197m train step: the chunked loss keeps it far below
 the 26 GB that the full 65,536 x 200,005 BF16 logits of stage 0 would need on their own."""
-from yxanul_jax.config import load_config
-from yxanul_jax.stages import compile_stage
+from yxanul_jax.core.config import load_config
+from yxanul_jax.training.stages import compile_stage
 
 from conftest import REPO
 

@@ -1,4 +1,4 @@
-"""The memory planner (yxanul_jax/memory.py, yxanul_jax/plan.py): exact state and residual accounting,
+"""The memory planner (yxanul_jax/analysis/memory.py, yxanul_jax/plan.py): exact state and residual accounting,
 agreement with XLA's compiled memory analysis, largest batches, and scaled-down configs that fit."""
 import contextlib
 import dataclasses
@@ -12,12 +12,13 @@ import jax.numpy as jnp
 import pytest
 from jax.ad_checkpoint import print_saved_residuals
 
-from yxanul_jax import accounting
-from yxanul_jax import memory, plan
-from yxanul_jax.config import StageConfig, load_config
-from yxanul_jax.errors import UserError
-from yxanul_jax.stages import compile_stage
-from yxanul_jax.steps import _split_head, abstract_train_state, loss_sums
+from yxanul_jax import plan
+from yxanul_jax.analysis import accounting
+from yxanul_jax.analysis import memory
+from yxanul_jax.core.config import StageConfig, load_config
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.training.stages import compile_stage
+from yxanul_jax.training.steps import _split_head, abstract_train_state, loss_sums
 
 from conftest import REPO
 

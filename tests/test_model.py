@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax import fp8 as fp8_lib
-from yxanul_jax.config import FP8Config, load_config
-from yxanul_jax.model import Attention, Yxanul, apply_rope, init_variables, param_breakdown, rope_tables
+from yxanul_jax.core.config import FP8Config, load_config
+from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.model.transformer import Attention, Yxanul, apply_rope, init_variables, param_breakdown, rope_tables
 from yxanul_jax.plan import build_plan
 
 from conftest import REPO, micro_model, no_fp8

@@ -1,4 +1,4 @@
-"""Tests for yxanul_jax.monitor: run directory, metrics.jsonl + real TensorBoard files, header, progress, FLOPs."""
+"""Tests for yxanul_jax.training.monitor: run directory, metrics.jsonl + real TensorBoard files, header, progress, FLOPs."""
 from __future__ import annotations
 
 import io
@@ -14,11 +14,11 @@ import pytest
 import yaml
 from tensorboardX.proto import event_pb2
 
-from yxanul_jax.config import Config, ModelConfig, from_dict, load_config
-from yxanul_jax.errors import UserError
-from yxanul_jax.accounting import flops_per_token
-from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
-from yxanul_jax.rundir import prepare_run_dir
+from yxanul_jax.analysis.accounting import flops_per_token
+from yxanul_jax.core.config import Config, ModelConfig, from_dict, load_config
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.rundir import prepare_run_dir
+from yxanul_jax.training.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
 
 
 def _cfg(*overrides: str) -> Config:
@@ -93,7 +93,7 @@ def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
     import subprocess
     import sys
 
-    from yxanul_jax.rundir import LOCK_FILE, RunLock
+    from yxanul_jax.core.rundir import LOCK_FILE, RunLock
 
     with RunLock(str(tmp_path)):
         with pytest.raises(UserError, match=r"in use by another train process \(PID \d+\)"):

@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.config import load_config
-from yxanul_jax.optim import clip_by_global_norm, decay_mask, lr_schedule
+from yxanul_jax.core.config import load_config
+from yxanul_jax.training.optim import clip_by_global_norm, decay_mask, lr_schedule
 
 # 100 steps, peak 1e-3, floor 1e-4, 10 warmup steps; stage 1 from step 40 at half the rate with a
 # 10-step ramp, stage 2 from step 70 at full rate and no ramp.

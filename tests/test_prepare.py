@@ -1,4 +1,4 @@
-"""Tests of yxanul_jax/prepare.py and yxanul_jax/sources.py: shards, manifest, split, reruns, bad input."""
+"""Tests of yxanul_jax/data/prepare.py, the `prepare` command and yxanul_jax/data/sources.py: shards, manifest, split, reruns, bad input."""
 from __future__ import annotations
 
 import gzip
@@ -13,8 +13,9 @@ import pytest
 from data_fixtures import (GPT2, GSM8K, docs, need_shared, run_cli, tiny_tok, tiny_tok_path,  # noqa: F401
                            write_jsonl, write_parquet)
 from yxanul_jax import prepare
-from yxanul_jax.data import open_dataset
-from yxanul_jax.sources import DocumentSource
+from yxanul_jax.data.loader import open_dataset
+from yxanul_jax.data.prepare import prepare_documents, split_of
+from yxanul_jax.data.sources import DocumentSource
 
 
 def read_split(out, split):
@@ -45,7 +46,7 @@ def test_prepare_writes_shards_and_manifest_matching_the_tokenizer(tmp_path, doc
     # shard contents are exactly the tokenizer's output, documents in input order per split
     expected = {"train": [], "val": []}
     for text, ids in zip(docs, tiny_tok.encode_batch(docs)):
-        expected[prepare.split_of(text, 0.2)].append(tuple(int(t) for t in ids))
+        expected[split_of(text, 0.2)].append(tuple(int(t) for t in ids))
     assert read_split(out, "train") == expected["train"] and read_split(out, "val") == expected["val"]
     assert sum(len(d) for d in expected["train"]) == train["tokens"]
     assert open_dataset(out).tokenizer_path == str(out / "tokenizer.json")
@@ -53,9 +54,9 @@ def test_prepare_writes_shards_and_manifest_matching_the_tokenizer(tmp_path, doc
 
 def test_split_is_disjoint_and_stable_across_order_and_batching(tmp_path, docs, tiny_tok):
     a, b = tmp_path / "a", tmp_path / "b"
-    prepare.prepare_documents([docs], tiny_tok, a, request={"r": 1}, val_fraction=0.25, progress=False)
+    prepare_documents([docs], tiny_tok, a, request={"r": 1}, val_fraction=0.25, progress=False)
     shuffled = list(reversed(docs))
-    prepare.prepare_documents([shuffled[i:i + 7] for i in range(0, len(docs), 7)], tiny_tok, b,
+    prepare_documents([shuffled[i:i + 7] for i in range(0, len(docs), 7)], tiny_tok, b,
                               request={"r": 2}, val_fraction=0.25, progress=False, shard_tokens=2000)
     assert len(json.loads((b / "manifest.json").read_text())["splits"]["train"]["shards"]) > 1
     val_a, val_b = set(read_split(a, "val")), set(read_split(b, "val"))
@@ -114,7 +115,7 @@ def test_gsm8k_has_no_text_column_but_a_template_works(tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert rc == 0 and m["splits"]["val"]["documents"] == 1319 and m["eos_id"] == 50256
     first = open_dataset(out).split("val")
-    from yxanul_jax.tokenizer import load_tokenizer
+    from yxanul_jax.data.tokenizer import load_tokenizer
     text = load_tokenizer(GPT2).tokenizer.decode(np.asarray(first.doc_slice(0, 0, int(first.lengths[0]))).tolist())
     assert "\n" in text and "####" in text  # question, a real newline, then the answer
 

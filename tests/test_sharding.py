@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from yxanul_jax.config import MeshConfig
-from yxanul_jax.errors import UserError
-from yxanul_jax.sharding import mesh_shape
+from yxanul_jax.core.config import MeshConfig
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.training.sharding import mesh_shape
 
 from conftest import REPO
 
@@ -55,7 +55,7 @@ def _train(env, *args):
 
 
 def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, capsys):
-    from yxanul_jax.config import load_config
+    from yxanul_jax.core.config import load_config
     from yxanul_jax.train import train
 
     train(load_config(None, RUN), str(tmp_path / "one"))  # this process: one CPU device
@@ -71,9 +71,9 @@ def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, caps
 def test_parameters_are_sharded_over_fsdp(cache):
     code = """
 import jax
-from yxanul_jax.config import load_config
-from yxanul_jax.sharding import make_mesh, state_shardings
-from yxanul_jax.steps import abstract_train_state
+from yxanul_jax.core.config import load_config
+from yxanul_jax.training.sharding import make_mesh, state_shardings
+from yxanul_jax.training.steps import abstract_train_state
 cfg = load_config('configs/yxanul_197m.yaml', ['mesh.data=2', 'mesh.fsdp=4'])
 mesh = make_mesh(cfg.mesh)
 s = state_shardings(cfg, mesh, abstract_train_state(cfg))

@@ -5,9 +5,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from yxanul_jax.config import FP8Config, load_config
-from yxanul_jax.stages import StageCompiler, abstract_batch, compile_stage, stage_index
-from yxanul_jax.steps import init_train_state
+from yxanul_jax.core.config import FP8Config, load_config
+from yxanul_jax.training.stages import StageCompiler, abstract_batch, compile_stage, stage_index
+from yxanul_jax.training.steps import init_train_state
 
 from conftest import micro_model
 

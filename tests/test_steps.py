@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.config import Config, FP8Config, StageConfig, TrainConfig
-from yxanul_jax.steps import fp8_bootstrap_config, init_train_state, make_accumulate, make_eval_step, make_train_step
+from yxanul_jax.core.config import Config, FP8Config, StageConfig, TrainConfig
+from yxanul_jax.training.steps import fp8_bootstrap_config, init_train_state, make_accumulate, make_eval_step, make_train_step
 
 from conftest import micro_model
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import TRAINED_RUN, load_script
 from data_fixtures import run_cli
 from yxanul_jax import plot
-from yxanul_jax.monitor import MetricsWriter
+from yxanul_jax.training.monitor import MetricsWriter
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

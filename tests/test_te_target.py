@@ -84,11 +84,11 @@ def test_te_state_round_trips_through_an_orbax_checkpoint(tmp_path):
     # TE's collections (one starts with an underscore) in the real train state, saved and restored bit-exactly.
     out = _run(r"""
 import dataclasses, json, sys, jax, jax.numpy as jnp, numpy as np
-from yxanul_jax import te_compile
+from yxanul_jax.analysis import te_compile
 te_compile.prepare()
-from yxanul_jax.checkpoint import Checkpointer
-from yxanul_jax.config import CheckpointConfig, load_config
-from yxanul_jax.steps import abstract_train_state
+from yxanul_jax.core.config import CheckpointConfig, load_config
+from yxanul_jax.training.checkpoint import Checkpointer
+from yxanul_jax.training.steps import abstract_train_state
 base = load_config("configs/tiny.yaml")
 cfg = dataclasses.replace(base, fp8=dataclasses.replace(base.fp8, backend="te", te_layers=True, amax_history_len=8))
 abstract = abstract_train_state(cfg)
@@ -109,13 +109,14 @@ def test_te_recipes_and_state_follow_our_rules():
     # The recipe fields, TE's state layout, and which way TE's scale runs (from TE's own code, on CPU).
     out = _run(r"""
 import dataclasses, json, jax, jax.numpy as jnp
-from yxanul_jax import te_compile, fp8 as F
+from yxanul_jax.analysis import te_compile
+from yxanul_jax.model import fp8 as F
 te_compile.prepare()
 from transformer_engine.common import recipe as R
 from transformer_engine.jax.quantize.quantizer import compute_scale_from_amax
-from yxanul_jax.config import FP8Config, load_config
-from yxanul_jax.steps import _split_head, abstract_train_state
-from yxanul_jax.accounting import state_bytes
+from yxanul_jax.analysis.accounting import state_bytes
+from yxanul_jax.core.config import FP8Config, load_config
+from yxanul_jax.training.steps import _split_head, abstract_train_state
 d = F.te_recipe(FP8Config(backend="te", margin=1, amax_history_len=16, amax_compute_algo="most_recent"))
 c = F.te_recipe(FP8Config(backend="te", scaling="current"))
 out = {"delayed": [type(d).__name__, d.margin, d.amax_history_len, d.amax_compute_algo, d.fp8_format.name],
@@ -159,8 +160,8 @@ print(json.dumps(out))
 def test_te_compile_without_transformer_engine_names_the_script():
     import importlib.metadata
 
-    from yxanul_jax import te_compile
-    from yxanul_jax.errors import UserError
+    from yxanul_jax.analysis import te_compile
+    from yxanul_jax.core.errors import UserError
 
     try:
         importlib.metadata.version("transformer_engine_jax")

@@ -1,4 +1,4 @@
-"""Tests of yxanul_jax/tokenizer.py: SuperBPE / GPT-2 loading and stats, capped BPE training, CLI."""
+"""Tests of yxanul_jax/data/tokenizer.py and the `tokenizer` command: SuperBPE / GPT-2 loading and stats, capped BPE training, CLI."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,9 @@ import pytest
 
 from data_fixtures import (C4, GPT2, SUPERBPE, docs, need_shared, run_cli, tiny_tok,  # noqa: F401
                            tiny_tok_path, write_jsonl, write_parquet)
-from yxanul_jax import tokenizer as tk
-from yxanul_jax.errors import UserError
+from yxanul_jax import tokenizer as tokenizer_cmd
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.data import tokenizer as tk
 
 SAMPLE = ("The rest of the world was watching as the committee, in a vote of 7 to 2, approved 1,250,000 "
           "dollars for the new park... Residents said: \"It's about time!\"\n\nMore at http://example.com/a/b.")
@@ -51,7 +52,7 @@ def test_saved_tokenizer_json_round_trips_superbpe(superbpe, tmp_path):
 
 
 def _stats(tokenizer_path, *inputs):
-    rc, out, err = run_cli(tk.main, ["stats", "--tokenizer", tokenizer_path, "--input", *inputs, "--json"])
+    rc, out, err = run_cli(tokenizer_cmd.main, ["stats", "--tokenizer", tokenizer_path, "--input", *inputs, "--json"])
     assert rc == 0, err
     return json.loads(out.strip().splitlines()[-1])
 
@@ -79,14 +80,14 @@ def test_train_caps_the_vocabulary_and_covers_every_byte(docs):
 def test_train_cli_writes_tokenizer_json_and_refuses_an_existing_output(tmp_path, docs):
     src = write_jsonl(tmp_path / "docs.jsonl", [{"body": d} for d in docs[:200]])
     out = tmp_path / "tok"
-    rc, stdout, err = run_cli(tk.main, ["train", "--input", src, "--text-column", "body",
+    rc, stdout, err = run_cli(tokenizer_cmd.main, ["train", "--input", src, "--text-column", "body",
                                         "--vocab-size", "320", "--output", out])
     assert rc == 0, err
     assert "(cap 320)" in stdout
     loaded = tk.load_tokenizer(out)
     assert loaded.vocab_size <= 320 and loaded.eos_token == "<|endoftext|>"
     before = (out / "tokenizer.json").read_bytes()
-    rc, _, err = run_cli(tk.main, ["train", "--input", src, "--text-column", "body", "--vocab-size", "400",
+    rc, _, err = run_cli(tokenizer_cmd.main, ["train", "--input", src, "--text-column", "body", "--vocab-size", "400",
                                    "--output", out])
     assert rc == 2 and "already exists" in err and (out / "tokenizer.json").read_bytes() == before
 
@@ -103,16 +104,16 @@ def test_stats_cli_counts_documents_of_mixed_inputs(tmp_path, tiny_tok_path):
 def test_bad_tokenizers_and_inputs_are_one_line_errors(tmp_path, tiny_tok_path):
     src = write_parquet(tmp_path / "a.parquet", {"body": ["x"]})
     for path, needle in [(tmp_path / "missing.json", "does not exist"), (tmp_path, "neither tokenizer.json")]:
-        rc, _, err = run_cli(tk.main, ["stats", "--tokenizer", path, "--input", src, "--text-column", "body"])
+        rc, _, err = run_cli(tokenizer_cmd.main, ["stats", "--tokenizer", path, "--input", src, "--text-column", "body"])
         assert rc == 2 and needle in err and err.count("\n") == 1
     garbage = tmp_path / "garbage.json"
     garbage.write_text("this is not json")
-    rc, _, err = run_cli(tk.main, ["stats", "--tokenizer", garbage, "--input", src, "--text-column", "body"])
+    rc, _, err = run_cli(tokenizer_cmd.main, ["stats", "--tokenizer", garbage, "--input", src, "--text-column", "body"])
     assert rc == 2 and "garbage.json' does not parse" in err
-    rc, _, err = run_cli(tk.main, ["stats", "--tokenizer", tiny_tok_path, "--input", src])
+    rc, _, err = run_cli(tokenizer_cmd.main, ["stats", "--tokenizer", tiny_tok_path, "--input", src])
     assert rc == 2 and "a.parquet' has no column 'text'" in err
     out = tmp_path / "newtok"
-    rc, _, err = run_cli(tk.main, ["train", "--input", tmp_path / "nope.txt", "--vocab-size", "300", "--output", out])
+    rc, _, err = run_cli(tokenizer_cmd.main, ["train", "--input", tmp_path / "nope.txt", "--vocab-size", "300", "--output", out])
     assert rc == 2 and "does not exist" in err and not out.exists()
     text = tmp_path / "t.txt"
     text.write_text("some text\n\nmore text\n")
@@ -120,7 +121,7 @@ def test_bad_tokenizers_and_inputs_are_one_line_errors(tmp_path, tiny_tok_path):
                           (["--vocab-size", "100"], "too small"),
                           (["--output", tmp_path / "no" / "such" / "dir"], "does not exist or is not writable")):
         argv = ["train", "--input", text, "--vocab-size", "300", "--output", out, *extra]
-        rc, _, err = run_cli(tk.main, argv)
+        rc, _, err = run_cli(tokenizer_cmd.main, argv)
         assert rc == 2 and needle in err and err.count("\n") == 1 and not out.exists(), err
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import load_script, micro_model, no_fp8
-from yxanul_jax.loss import chunked_cross_entropy
-from yxanul_jax.model import Yxanul, init_variables
+from yxanul_jax.model.loss import chunked_cross_entropy
+from yxanul_jax.model.transformer import Yxanul, init_variables
 
 torch = pytest.importorskip("torch", reason="the PyTorch reference needs torch (the dev extra installs it)")
 

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from yxanul_jax.checkpoint import Checkpointer
-from yxanul_jax.config import load_config
-from yxanul_jax.data import open_dataset
+from yxanul_jax.core.config import load_config
+from yxanul_jax.data.loader import open_dataset
+from yxanul_jax.training.checkpoint import Checkpointer
 
 from conftest import REPO, shared_path
 from data_fixtures import run_cli
@@ -130,10 +130,10 @@ def test_train_as_a_library_call_has_a_pulse(fast_run):
 
 
 def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(tmp_path):
-    from yxanul_jax.corpus import ensure_demo_dataset
-    from yxanul_jax.monitor import MetricsWriter, Progress
-    from yxanul_jax.steps import init_train_state
+    from yxanul_jax.data.corpus import ensure_demo_dataset
     from yxanul_jax.train import Trainer
+    from yxanul_jax.training.monitor import MetricsWriter, Progress
+    from yxanul_jax.training.steps import init_train_state
 
     cfg = load_config(None, FAST + ["eval.interval=0", "checkpoint.interval=0"])
     ds = open_dataset(ensure_demo_dataset(vocab_size=512))
@@ -160,8 +160,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = load_config(None, FAST)
     ckpt = Checkpointer(os.path.join(run, "checkpoints"), cfg.checkpoint)
     assert ckpt.all_steps() == [4]
-    from yxanul_jax.checkpoint import tree_is_finite
-    from yxanul_jax.steps import abstract_train_state
+    from yxanul_jax.training.checkpoint import tree_is_finite
+    from yxanul_jax.training.steps import abstract_train_state
     step, state, _ = ckpt.restore(abstract_train_state(dataclasses.replace(cfg)))
     assert step == 4 and tree_is_finite(state.params)
     ckpt.close()

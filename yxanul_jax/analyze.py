@@ -8,10 +8,10 @@ The stage's train step is compiled ahead of time exactly as training compiles it
 donated state, the config's `train.xla_options`, nothing allocated), then reported: XLA's cost
 analysis (FLOPs, bytes accessed), its memory analysis (arguments, outputs, aliased, temporaries,
 and the peak they add up to) next to the planner's estimate, and every GEMM of the optimized HLO
-by precision and engine (`yxanul_jax.hlo`).
+by precision and engine (`yxanul_jax.analysis.hlo`).
 
 `--target h100` (or `h200`, or a GpuTargetConfigProto file) compiles for that GPU on this machine,
-which needs no GPU (`yxanul_jax.gpu_target`; install the `gpu-check` extra; with `fp8.backend=te`
+which needs no GPU (`yxanul_jax.analysis.gpu_target`; install the `gpu-check` extra; with `fp8.backend=te`
 also Transformer Engine, `scripts/te_check_env.sh`), and adds: GEMMs by kind (FP8 cuBLASLt, FP8
 Triton fusion, FP8 TE, BF16 cuBLAS(Lt), BF16 Triton), the FP8 GEMMs the config
 should give per step (forward, remat recompute, input gradient, weight gradient) against those
@@ -29,9 +29,9 @@ import json
 import os
 import sys
 
-from yxanul_jax.config import Config, add_config_args, apply_overrides, config_from_args
-from yxanul_jax.errors import UserError, cli_entry
-from yxanul_jax.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
+from yxanul_jax.analysis.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
+from yxanul_jax.core.config import Config, add_config_args, apply_overrides, config_from_args
+from yxanul_jax.core.errors import UserError, cli_entry
 
 REQUIREMENTS = ("fp8-expected", "cudnn-attention")
 
@@ -59,7 +59,7 @@ def _check_hlo_out(hlo_out: str | None) -> None:
 
 def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
     """The GPU-target part of the report: GEMM kinds, FP8 expected vs found, lost, cuDNN attention."""
-    from yxanul_jax.accounting import expected_fp8_gemms, fp8_gemms
+    from yxanul_jax.analysis.accounting import expected_fp8_gemms, fp8_gemms
 
     fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
     lost = sorted({f"{g.target} ({g.phase}, {g.precision} {g.engine})" for g in items
@@ -83,9 +83,9 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     with `target` (h100, h200, a spec file) compile for that GPU without one."""
     import jax
 
-    from yxanul_jax.memory import estimate_stage
-    from yxanul_jax.model import attention_implementation
-    from yxanul_jax.stages import compile_stage, compiled_memory
+    from yxanul_jax.analysis.memory import estimate_stage
+    from yxanul_jax.model.transformer import attention_implementation
+    from yxanul_jax.training.stages import compile_stage, compiled_memory
 
     n = len(cfg.curriculum)
     if not -n <= stage_index < n:
@@ -95,11 +95,11 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     _check_hlo_out(hlo_out)
     device = None
     if target:
-        from yxanul_jax.gpu_target import INSTALL_HINT, compile_device, cudnn_available, gpu_config
+        from yxanul_jax.analysis.gpu_target import INSTALL_HINT, compile_device, cudnn_available, gpu_config
 
         device = compile_device(target)
         if cfg.fp8.active and cfg.fp8.backend == "te":
-            from yxanul_jax.te_compile import prepare
+            from yxanul_jax.analysis.te_compile import prepare
 
             prepare()  # TE without a driver: stub library, sm_90 answered (compile checks only)
         platform = "gpu"

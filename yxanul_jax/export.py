@@ -4,7 +4,7 @@
     python -m yxanul_jax.export --checkpoint runs/tiny/checkpoints/300 --output hf/tiny
 
 Writes `config.json` (LlamaForCausalLM), `model.safetensors` (the `safetensors` library; the
-factorized embedding materialized as E·P, see `yxanul_jax.hf`), `tokenizer.json` +
+factorized embedding materialized as E·P, see `yxanul_jax.model.hf`), `tokenizer.json` +
 `tokenizer_config.json` (the run's tokenizer) and `generation_config.json` (EOS). Everything is
 written into a temporary folder beside the output and renamed into place at the end; an existing
 output is refused. Then:
@@ -23,11 +23,11 @@ import os
 import shutil
 import sys
 
-from yxanul_jax import console
-from yxanul_jax.errors import UserError, cli_entry
-from yxanul_jax.hf import hf_config, to_hf
-from yxanul_jax.rundir import staged_dir
-from yxanul_jax.trained import add_source_args, load_trained
+from yxanul_jax.core import console
+from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.core.rundir import staged_dir
+from yxanul_jax.inference.trained import add_source_args, load_trained
+from yxanul_jax.model.hf import hf_config, to_hf
 
 DTYPES = ("bfloat16", "float32")
 

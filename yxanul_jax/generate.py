@@ -4,110 +4,20 @@
         [--prompt-file F] [--max-new-tokens 64] [--temperature 0.8] [--top-k 50] [--top-p 0.95]
         [--seed 0] [--num-samples 1] [--disable-fp8] [--json]
 
-Decoding uses the training model's own code (`model.Yxanul.decode`): one prefill of every prompt,
-then one jitted step per generated token; the cache holds keys and values of the kv heads only.
-Prompts of different lengths are decoded together (each row at its own positions). A row stops at
-the tokenizer's EOS. `--temperature 0` is greedy; otherwise top-k, then top-p (nucleus) filtering,
-then sampling. Prints each sample and the decoding speed; `--json` adds one JSON line.
+Prompts of different lengths are decoded together as one batch; a row stops at the tokenizer's EOS.
+`--temperature 0` is greedy; otherwise top-k, then top-p (nucleus) filtering, then sampling (how:
+`yxanul_jax/inference/sampling.py`). Prints each sample and the decoding speed; `--json` adds one JSON line.
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
-import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from yxanul_jax import console
-from yxanul_jax.config import FP8Config, ModelConfig
-from yxanul_jax.errors import UserError, cli_entry
-from yxanul_jax.model import DTYPES, Yxanul, init_cache
-
-
-def filter_logits(logits_BxV, temperature: float, top_k: int, top_p: float):
-    """Logits scaled by 1/temperature with everything outside the top-k and the top-p mass at -inf."""
-    logits_BxV = logits_BxV.astype(jnp.float32) / temperature
-    V = logits_BxV.shape[-1]
-    if 0 < top_k < V:
-        kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
-        logits_BxV = jnp.where(logits_BxV < kth_Bx1, -jnp.inf, logits_BxV)
-    if top_p < 1.0:
-        sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
-        cum_BxV = jnp.cumsum(jax.nn.softmax(sorted_BxV, axis=-1), axis=-1)
-        # keep the smallest prefix whose mass reaches top_p (always at least the most likely token)
-        cutoff_idx_B = jnp.minimum(jnp.sum(cum_BxV < top_p, axis=-1), V - 1)
-        cutoff_Bx1 = jnp.take_along_axis(sorted_BxV, cutoff_idx_B[:, None], axis=-1)
-        logits_BxV = jnp.where(logits_BxV < cutoff_Bx1, -jnp.inf, logits_BxV)
-    return logits_BxV
-
-
-@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
-def sample(logits_BxV, key, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
-    """Next token per row: argmax when temperature is 0, else a draw from the filtered distribution."""
-    if temperature <= 0:
-        return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, filter_logits(logits_BxV, temperature, top_k, top_p)).astype(jnp.int32)
-
-
-def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: list[list[int]],
-             max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int = 0, eos_id: int | None = None) -> dict:
-    """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
-
-    Returns {"tokens": one list of new token ids per prompt (up to and including EOS),
-    "prefill_s", "decode_s", "new_tokens"}. Raises UserError for an empty prompt, or when prompt
-    plus new tokens exceed model.max_position.
-    """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("a prompt is empty; give at least one token of text")
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    longest = max(len(p) for p in prompts)
-    total = longest + max_new_tokens
-    if total > model_cfg.max_position:
-        raise UserError(f"prompt ({longest} tokens) + --max-new-tokens ({max_new_tokens}) = {total} exceeds the "
-                        f"model's max_position ({model_cfg.max_position}); shorten the prompt or generate fewer tokens")
-    if not 0 < top_p <= 1 or top_k < 0 or temperature < 0:
-        raise UserError("need --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
-    model = Yxanul(model_cfg, fp8)
-    B = len(prompts)
-    lengths_B = np.array([len(p) for p in prompts], np.int32)
-    tokens_BxP = np.zeros((B, longest), np.int32)
-    for i, p in enumerate(prompts):
-        tokens_BxP[i, :len(p)] = p
-    decode = jax.jit(lambda v, t, pos, c: model.apply(v, t, pos, c, method=Yxanul.decode))
-    cache = init_cache(model_cfg, B, total, DTYPES[model_cfg.dtype])
-    key = jax.random.key(seed)
-
-    start = time.perf_counter()
-    positions_BxP = np.broadcast_to(np.arange(longest, dtype=np.int32), (B, longest))
-    logits_BxPxV, cache = decode(variables, jnp.asarray(tokens_BxP), jnp.asarray(positions_BxP), cache)
-    logits_BxV = logits_BxPxV[jnp.arange(B), jnp.asarray(lengths_B - 1)]
-    logits_BxV.block_until_ready()
-    prefill_s = time.perf_counter() - start
-
-    start = time.perf_counter()
-    out = [[] for _ in range(B)]
-    done = np.zeros(B, bool)
-    for i in range(max_new_tokens):
-        key, sub = jax.random.split(key)
-        next_B = np.asarray(sample(logits_BxV, sub, temperature=float(temperature), top_k=int(top_k),
-                                   top_p=float(top_p)))
-        for b in range(B):
-            if not done[b]:
-                out[b].append(int(next_B[b]))
-                done[b] = eos_id is not None and int(next_B[b]) == eos_id
-        if done.all() or i + 1 == max_new_tokens:
-            break
-        logits_Bx1xV, cache = decode(variables, jnp.asarray(next_B[:, None]), jnp.asarray((lengths_B + i)[:, None]),
-                                     cache)
-        logits_BxV = logits_Bx1xV[:, 0]
-    decode_s = time.perf_counter() - start
-    return {"tokens": out, "prefill_s": prefill_s, "decode_s": decode_s, "new_tokens": sum(len(o) for o in out)}
+from yxanul_jax.core import console
+from yxanul_jax.core.config import FP8Config
+from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.inference.sampling import generate
 
 
 def _prompts(args) -> list[str]:
@@ -125,7 +35,7 @@ def _prompts(args) -> list[str]:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    from yxanul_jax.trained import add_source_args, load_trained  # deferred: generate() needs no checkpoint code
+    from yxanul_jax.inference.trained import add_source_args, load_trained  # deferred: generate() needs no checkpoint code
 
     p = argparse.ArgumentParser(prog="python -m yxanul_jax.generate", description=__doc__.splitlines()[0])
     add_source_args(p)

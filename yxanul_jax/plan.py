@@ -21,10 +21,10 @@ import sys
 
 import yaml
 
-from yxanul_jax import accounting, memory
-from yxanul_jax.config import Config, StageConfig, add_config_args, config_from_args, to_dict
-from yxanul_jax.errors import cli_entry
-from yxanul_jax.model import COMPONENTS, abstract_variables, param_breakdown
+from yxanul_jax.analysis import accounting, memory
+from yxanul_jax.core.config import Config, StageConfig, add_config_args, config_from_args, to_dict
+from yxanul_jax.core.errors import cli_entry
+from yxanul_jax.model.transformer import COMPONENTS, abstract_variables, param_breakdown
 
 DEFAULT_GPU = "rtx4090"
 GB = 1e9

@@ -10,9 +10,9 @@ import json
 import os
 import sys
 
-from yxanul_jax import console
-from yxanul_jax.errors import UserError, cli_entry
-from yxanul_jax.rundir import METRICS_FILE, atomic_write_bytes
+from yxanul_jax.core import console
+from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.core.rundir import METRICS_FILE, atomic_write_bytes
 
 PANELS = (("loss", "training loss"), ("val/mean/loss", "validation loss"), ("tokens_per_sec", "tokens/s"),
           ("lr", "learning rate"))

@@ -18,18 +18,19 @@ import time
 import jax
 import numpy as np
 
-from yxanul_jax import accounting, console
-from yxanul_jax import fp8 as fp8_lib
-from yxanul_jax.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
-from yxanul_jax.config import Config, add_config_args, stream_lanes, config_from_args, load_config, to_dict
-from yxanul_jax.data import Lanes, PreparedDataset, TokenStream, TrainStream, open_dataset
-from yxanul_jax.errors import UserError, cli_entry
-from yxanul_jax.evaluate import evaluate, format_eval, resolve_domains
-from yxanul_jax.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
-from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, prepare_run_dir
-from yxanul_jax import sharding as sh
-from yxanul_jax.stages import StageCompiler, enable_compilation_cache, stage_index
-from yxanul_jax.steps import init_train_state, make_eval_step
+from yxanul_jax.analysis import accounting
+from yxanul_jax.core import console
+from yxanul_jax.core.config import Config, add_config_args, stream_lanes, config_from_args, load_config, to_dict
+from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, prepare_run_dir
+from yxanul_jax.data.loader import Lanes, PreparedDataset, TokenStream, TrainStream, open_dataset
+from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.training import sharding as sh
+from yxanul_jax.training.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
+from yxanul_jax.training.evaluate import evaluate, format_eval, resolve_domains
+from yxanul_jax.training.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
+from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
+from yxanul_jax.training.steps import init_train_state, make_eval_step
 
 
 class TrainingDiverged(RuntimeError):
@@ -66,7 +67,7 @@ def open_training_data(cfg: Config) -> PreparedDataset:
     if cfg.data.train:
         ds = open_dataset(cfg.data.train)
     else:
-        from yxanul_jax.corpus import ensure_demo_dataset
+        from yxanul_jax.data.corpus import ensure_demo_dataset
 
         console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
                      "built on first use)")
@@ -90,8 +91,8 @@ def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, layou
         step, state, meta = ckpt.restore(abstract)
         return state, meta, step
     if cfg.init.from_hf:  # a fresh run from a Hugging Face Llama: its weights, fresh moments
-        from yxanul_jax import hf
-        from yxanul_jax.optim import make_optimizer
+        from yxanul_jax.model import hf
+        from yxanul_jax.training.optim import make_optimizer
 
         _, tensors = hf.read_hf(cfg.init.from_hf)
         imported = hf.from_hf(cfg.model, tensors, abstract.params)
@@ -269,9 +270,9 @@ def stop_requested(guard: SignalGuard, step: int) -> bool:
 
 def print_sample(cfg: Config, state) -> None:
     """A short continuation of `train.sample_prompt` by the model just trained: the run ends in text."""
-    from yxanul_jax.generate import generate
-    from yxanul_jax.tokenizer import load_tokenizer
-    from yxanul_jax.trained import tokenizer_path_of
+    from yxanul_jax.data.tokenizer import load_tokenizer
+    from yxanul_jax.inference.sampling import generate
+    from yxanul_jax.inference.trained import tokenizer_path_of
 
     tok = load_tokenizer(tokenizer_path_of(cfg))
     prompt = list(map(int, tok.tokenizer.encode(cfg.train.sample_prompt).ids))
@@ -340,7 +341,7 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
     """
     fp8_lib.check_backend(cfg.fp8)
     if cfg.init.from_hf:
-        from yxanul_jax.hf import resolve_init
+        from yxanul_jax.model.hf import resolve_init
         cfg = resolve_init(cfg)  # the model's sizes are the checkpoint's
     sh.maybe_initialize_distributed(cfg.mesh)
     mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)

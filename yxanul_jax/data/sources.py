@@ -18,6 +18,7 @@ kept in `replaced_utf8` and reported as a warning (and recorded in a prepared da
 """
 from __future__ import annotations
 
+import argparse
 import glob
 import gzip
 import json
@@ -31,7 +32,8 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from yxanul_jax.errors import UserError, one_line
+from yxanul_jax.core import console
+from yxanul_jax.core.errors import UserError, one_line
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".txt", ".txt.gz")
 _REPLACEMENT_UTF8 = "\ufffd".encode()
@@ -315,3 +317,32 @@ class DocumentSource:
             raise UserError(f"input '{path}' cannot be read ({one_line(e)}); check the file")
         if lines:
             yield "".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# The command-line form of a source (the `tokenizer` and `prepare` commands)
+
+
+def add_source_args(parser: argparse.ArgumentParser) -> None:
+    """--input / --text-column / --text-template / --bad-utf8 / --txt-docs, of `tokenizer` and `prepare`."""
+    parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                        help="parquet / .jsonl[.gz] / .txt[.gz] files, directories or globs")
+    text = parser.add_mutually_exclusive_group()
+    text.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    text.add_argument("--text-template", default=None,
+                      help=r"build the text from columns, e.g. '{question}\n{answer}' (\n, \t understood)")
+    parser.add_argument("--bad-utf8", choices=("fail", "replace"), default="fail",
+                        help="invalid UTF-8: fail (default) or replace with U+FFFD and report a count")
+    parser.add_argument("--txt-docs", choices=("paragraph", "file"), default="paragraph",
+                        help=".txt documents: blank-line separated paragraphs (default) or whole files")
+
+
+def source_from_args(args) -> DocumentSource:
+    template = unescape_template(args.text_template) if args.text_template is not None else None
+    return DocumentSource(args.input, text_column=args.text_column, text_template=template,
+                          bad_utf8=args.bad_utf8, txt_docs=args.txt_docs)
+
+
+def warn_replaced(source: DocumentSource) -> None:
+    if source.replaced_utf8:
+        console.warn(f"replaced {source.replaced_utf8} invalid UTF-8 sequences with U+FFFD (--bad-utf8 replace)")

@@ -17,7 +17,7 @@ TE's JAX extension imports and lowers without a GPU once three things are in pla
 Only `analyze --target` (with `fp8.backend=te`) and the tests call `prepare()`; on a real GPU none of this
 runs and TE sees the real device. Numerics and speed of TE still need a GPU.
 
-    python -m yxanul_jax.te_compile      # check the environment: versions, a one-line JSON
+    python -m yxanul_jax.analysis.te_compile      # check the environment: versions, a one-line JSON
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from yxanul_jax.errors import UserError, cli_entry
+from yxanul_jax.core.errors import UserError, cli_entry
 
 INSTALL_HINT = "bash scripts/te_check_env.sh (adds TE 2.20.2 to .venv-gpu-check) and run it with .venv-gpu-check/bin/python"
 COMPUTE_CAPABILITY = 90  # sm_90: H100 / H200
@@ -70,7 +70,7 @@ def prepare() -> None:
         ctypes.CDLL(os.fspath(lib), mode=ctypes.RTLD_GLOBAL)
     import warnings
 
-    from yxanul_jax import fp8 as fp8_lib
+    from yxanul_jax.model import fp8 as fp8_lib
 
     with warnings.catch_warnings():  # TE's note that its PyTorch extension is absent: it is not used here
         warnings.filterwarnings("ignore", message=".*PyTorch.*", category=RuntimeWarning)

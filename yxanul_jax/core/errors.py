@@ -35,7 +35,7 @@ def cli_entry(main: F) -> F:
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
-        from yxanul_jax import console  # deferred: errors is imported by everything, console by few
+        from yxanul_jax.core import console  # deferred: errors is imported by everything, console by few
 
         try:
             return main(*args, **kwargs)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from yxanul_jax.errors import UserError, one_line
+from yxanul_jax.core.errors import UserError, one_line
 
 INSTALL_HINT = "bash scripts/gpu_check_env.sh (a venv with the gpu-check extra) and run it with .venv-gpu-check/bin/python"
 
@@ -168,7 +168,7 @@ def gpu_config(cfg):
     compile-only device while JAX's own backend is the CPU."""
     import dataclasses
 
-    from yxanul_jax.model import attention_implementation
+    from yxanul_jax.model.transformer import attention_implementation
 
     attention = attention_implementation(cfg.model, "gpu")
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention))

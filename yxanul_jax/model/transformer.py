@@ -23,8 +23,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from yxanul_jax import fp8 as fp8_lib
-from yxanul_jax.config import FP8Config, ModelConfig
+from yxanul_jax.core.config import FP8Config, ModelConfig
+from yxanul_jax.model import fp8 as fp8_lib
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -222,7 +222,7 @@ class Attention(nn.Module):
         H, G, K = c.n_heads, c.n_kv_heads, c.resolved_head_dim
         out_std = c.init_std / math.sqrt(2 * c.n_layers)
         if norm_scale_D is not None:
-            from yxanul_jax import te_layers
+            from yxanul_jax.model import te_layers
 
             kernels = [Kernel(D, n * K, ("embed", axis), c.init_std, name=t)()
                        for t, n, axis in (("q", H, "heads"), ("k", G, "kv_heads"), ("v", G, "kv_heads"))]
@@ -266,7 +266,7 @@ class SwiGLU(nn.Module):
         c = self.cfg
         out_std = c.init_std / math.sqrt(2 * c.n_layers)
         if norm_scale_D is not None:
-            from yxanul_jax import te_layers
+            from yxanul_jax.model import te_layers
 
             D, F = x_BxLxD.shape[-1], c.ffn_dim
             gate_DxF = Kernel(D, F, ("embed", "mlp"), c.init_std, name="gate")()

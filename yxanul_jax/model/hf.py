@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from yxanul_jax.config import ModelConfig
-from yxanul_jax.errors import UserError
+from yxanul_jax.core.config import ModelConfig
+from yxanul_jax.core.errors import UserError
 
 # our (module, projection) -> Llama's names inside model.layers.{i}
 PROJECTIONS = {("attn", "q"): "self_attn.q_proj", ("attn", "k"): "self_attn.k_proj", ("attn", "v"): "self_attn.v_proj",
@@ -98,7 +98,7 @@ def resolve_init(cfg):
     """`cfg` with the model sizes of `init.from_hf`'s config.json (unchanged when it is empty)."""
     import dataclasses
 
-    from yxanul_jax.config import validate
+    from yxanul_jax.core.config import validate
 
     if not cfg.init.from_hf:
         return cfg

@@ -20,8 +20,8 @@ import sysconfig
 from pathlib import Path
 from typing import Iterator
 
-from yxanul_jax.errors import UserError
-from yxanul_jax.rundir import cache_root
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.rundir import cache_root
 
 DEMO_VERSION = "demo-v2"
 MAX_BYTES = 10_000_000
@@ -68,7 +68,7 @@ def _request(vocab_size: int, max_bytes: int) -> dict:
 
 
 def _ready(out: Path, vocab_size: int) -> bool:
-    from yxanul_jax.data import open_dataset
+    from yxanul_jax.data.loader import open_dataset
 
     if not (out / "manifest.json").is_file():
         return False
@@ -106,8 +106,8 @@ def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, ma
     Default location `cache_root() / f"demo-v2-{vocab_size}"`. Building is atomic (temp dir,
     then rename) and serialized by a lock file, so concurrent callers build it once.
     """
-    from yxanul_jax.prepare import prepare_documents
-    from yxanul_jax.tokenizer import pad_vocabulary, train_bpe
+    from yxanul_jax.data.prepare import prepare_documents
+    from yxanul_jax.data.tokenizer import pad_vocabulary, train_bpe
 
     out = Path(cache_dir).expanduser() if cache_dir else cache_root() / f"{DEMO_VERSION}-{vocab_size}"
     if _ready(out, vocab_size):

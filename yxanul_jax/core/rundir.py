@@ -9,7 +9,7 @@ Run directory::
       config.yaml      resolved config, written atomically; a different config is refused
       metrics.jsonl    one JSON object per logged step / validation
       tb/              TensorBoard event files (same scalars as metrics.jsonl)
-      checkpoints/     Orbax checkpoints (yxanul_jax.checkpoint)
+      checkpoints/     Orbax checkpoints (yxanul_jax.training.checkpoint)
         corrupt/       checkpoints that failed verification, moved aside (never deleted)
       profile/         jax.profiler traces (profile.start_step)
       hlo/             optimized HLO of each stage's step (profile.dump_hlo)
@@ -30,8 +30,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from yxanul_jax.config import Config, to_yaml
-from yxanul_jax.errors import UserError
+from yxanul_jax.core.config import Config, to_yaml
+from yxanul_jax.core.errors import UserError
 
 CACHE_ENV = "YXANUL_CACHE"
 

@@ -58,7 +58,7 @@ largest error 9.5 % over 10 curriculum stages, 5 of them not in the fit). Two pl
 
 Attention: XLA's attention materializes the H x L x L scores: the H L terms above, quadratic in the
 sequence length. On the `gpu` platform `model.attention: cudnn`, and `auto` for BF16 with head_dim
-<= 128 (which the model then runs on cuDNN, see `model.attention_implementation`), is planned
+<= 128 (which the model then runs on cuDNN, see `transformer.attention_implementation`), is planned
 as flash attention: float32 row statistics (4 H bytes per token) instead of the scores, and no
 score term in the working set (not measured here: cuDNN does not run on CPU).
 
@@ -75,10 +75,10 @@ import os
 import re
 from typing import Literal
 
-from yxanul_jax.config import Config, StageConfig
-from yxanul_jax.errors import UserError
-from yxanul_jax.accounting import fp8_gemms, param_count, state_bytes, vocab_matrix_elements
-from yxanul_jax.model import attention_implementation
+from yxanul_jax.analysis.accounting import fp8_gemms, param_count, state_bytes, vocab_matrix_elements
+from yxanul_jax.core.config import Config, StageConfig
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.model.transformer import attention_implementation
 
 Platform = Literal["gpu", "cpu"]
 MiB, GiB = 2 ** 20, 2 ** 30

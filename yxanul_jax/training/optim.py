@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from yxanul_jax.config import Config
+from yxanul_jax.core.config import Config
 
 
 def base_schedule(cfg: Config):

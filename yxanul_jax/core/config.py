@@ -23,7 +23,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from yxanul_jax.errors import UserError, one_line
+from yxanul_jax.core.errors import UserError, one_line
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
 FUSED_TARGETS = ("q", "k", "v", "gate", "up", "down")  # what `fp8.te_layers` runs inside TE's fused layers
@@ -196,7 +196,7 @@ class DataConfig:
     """Seed of the document shuffle."""
     lanes: int = 0
     """Lanes the shuffled stream is read in side by side, so one batch mixes that many places of the
-    corpus (yxanul_jax/data.py); must divide every stage's batch_size x grad_accum_steps. 0: the
+    corpus (yxanul_jax/data/loader.py); must divide every stage's batch_size x grad_accum_steps. 0: the
     largest such count (their greatest common divisor)."""
     num_workers: int = 0
     """Grain worker processes (0: read in the main process)."""

@@ -43,7 +43,7 @@ from typing import Iterator
 import grain
 import numpy as np
 
-from yxanul_jax.errors import UserError, one_line
+from yxanul_jax.core.errors import UserError, one_line
 
 FORMAT = "yxanul-tokens"
 SUPPORTED_VERSIONS = (1,)

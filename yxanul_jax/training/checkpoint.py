@@ -44,10 +44,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
-from yxanul_jax.config import CheckpointConfig
-from yxanul_jax import console
-from yxanul_jax.errors import UserError, one_line
-from yxanul_jax.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
+from yxanul_jax.core import console
+from yxanul_jax.core.config import CheckpointConfig
+from yxanul_jax.core.errors import UserError, one_line
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
 
 
 METRIC = "val_ppl"

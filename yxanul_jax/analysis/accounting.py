@@ -6,9 +6,9 @@ train state, compiled HLO).
 """
 from __future__ import annotations
 
-from yxanul_jax.config import Config, FP8Config, ModelConfig
-from yxanul_jax.fp8 import fused_aligned, gemm_aligned
-from yxanul_jax.loss import n_chunks
+from yxanul_jax.core.config import Config, FP8Config, ModelConfig
+from yxanul_jax.model.fp8 import fused_aligned, gemm_aligned
+from yxanul_jax.model.loss import n_chunks
 
 
 # --------------------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ def vocab_matrix_elements(cfg: Config) -> int:
 
 
 def param_count(cfg: Config) -> int:
-    """Parameters of the model, from its shapes (equal to `model.param_breakdown`; tested). Padded
+    """Parameters of the model, from its shapes (equal to `transformer.param_breakdown`; tested). Padded
     vocabulary rows are not parameters (`allocated_param_count` includes them)."""
     m = cfg.model
     V, D, R = m.vocab_size, m.d_model, m.embed_rank
@@ -92,7 +92,7 @@ def flops_per_token(model_cfg: ModelConfig, seq_len: int) -> float:
 
 def fp8_gemms(model: ModelConfig, fp8: FP8Config) -> list[tuple[str, int, int]]:
     """(target, I, O) of every GEMM that runs in FP8, per layer then the head: the configured targets
-    whose kernel [I, O] is `gemm_aligned` (the model's own rule, see `model.Matmul`). One entry per
+    whose kernel [I, O] is `gemm_aligned` (the model's own rule, see `transformer.Matmul`). One entry per
     layer GEMM (not multiplied by n_layers); the head last. With TE's fused layers (`fp8.fused`) the
     q, k, v GEMMs are one (`qkv`, their kernels side by side) and LayerNormMLP's two GEMMs are `mlp`
     ([gate | up]) and `down` (in the HLO both are `mlp`: one TE call)."""

@@ -14,9 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import jax
 import jax.numpy as jnp
 
-from yxanul_jax.config import Config, StageConfig
-from yxanul_jax.rundir import HLO_DIR, cache_root
-from yxanul_jax.steps import abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step
+from yxanul_jax.core.config import Config, StageConfig
+from yxanul_jax.core.rundir import HLO_DIR, cache_root
+from yxanul_jax.training.steps import abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step
 
 
 def stage_index(cfg: Config, step: int) -> int:

@@ -14,12 +14,12 @@ import os
 import jax
 import yaml
 
-from yxanul_jax.checkpoint import Checkpointer, resolve_checkpoint_path
-from yxanul_jax.config import Config, from_dict, validate
-from yxanul_jax.errors import UserError
-from yxanul_jax.rundir import CHECKPOINT_DIR, CONFIG_FILE
-from yxanul_jax.steps import abstract_train_state
-from yxanul_jax.tokenizer import LoadedTokenizer, load_tokenizer
+from yxanul_jax.core.config import Config, from_dict, validate
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE
+from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
+from yxanul_jax.training.checkpoint import Checkpointer, resolve_checkpoint_path
+from yxanul_jax.training.steps import abstract_train_state
 
 
 @dataclasses.dataclass
@@ -32,7 +32,7 @@ class Trained:
 
     @property
     def variables(self) -> dict:
-        """The Flax variables of `model.Yxanul` ({"params", "fp8_meta"?})."""
+        """The Flax variables of `transformer.Yxanul` ({"params", "fp8_meta"?})."""
         return {"params": self.params, **self.fp8}
 
     def tokenizer(self) -> LoadedTokenizer:
@@ -46,12 +46,12 @@ def _config_from_file(path: str) -> Config:
 
 def tokenizer_path_of(cfg: Config) -> str:
     """The tokenizer.json the run trained with: its prepared dataset's, or the demo corpus's."""
-    from yxanul_jax.data import open_dataset
+    from yxanul_jax.data.loader import open_dataset
 
     if cfg.data.train:
         path = open_dataset(cfg.data.train).tokenizer_path
     else:
-        from yxanul_jax.corpus import ensure_demo_dataset
+        from yxanul_jax.data.corpus import ensure_demo_dataset
         path = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size)).tokenizer_path
     if path is None:
         raise UserError(f"the run's dataset '{cfg.data.train}' has no tokenizer.json; re-prepare it with "

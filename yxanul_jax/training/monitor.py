@@ -1,6 +1,6 @@
 """Run monitoring: the metrics writer (metrics.jsonl and TensorBoard), the run-log header (versions,
 devices, git commit, config), the live progress line, and MFU. The run directory's layout is
-`yxanul_jax.rundir`'s."""
+`yxanul_jax.core.rundir`'s."""
 from __future__ import annotations
 
 import collections
@@ -15,10 +15,10 @@ import time
 from importlib import metadata
 from typing import Any, Callable, TextIO
 
-from yxanul_jax import console
-from yxanul_jax.config import Config, to_yaml
-from yxanul_jax.errors import UserError
-from yxanul_jax.rundir import METRICS_FILE, TB_DIR, atomic_write
+from yxanul_jax.core import console
+from yxanul_jax.core.config import Config, to_yaml
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.rundir import METRICS_FILE, TB_DIR, atomic_write
 
 # --------------------------------------------------------------------------------------------
 # Metrics
@@ -111,7 +111,7 @@ def _version(dist: str) -> str:
 def git_commit() -> str:
     """Commit of the yxanul_jax source tree (`<sha>` or `<sha>+dirty`), or 'unknown' (no git,
     or the package is not inside its own checkout, e.g. installed from a wheel)."""
-    package_dir = os.path.dirname(os.path.abspath(__file__))
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # yxanul_jax/, above training/
 
     def git(*args: str) -> str:
         out = subprocess.run(["git", "-C", package_dir, *args], capture_output=True, text=True, timeout=10)

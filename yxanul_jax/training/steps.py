@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from yxanul_jax import fp8 as fp8_lib
-from yxanul_jax.config import Config, StageConfig
-from yxanul_jax.loss import chunked_cross_entropy, n_chunks
-from yxanul_jax.model import Yxanul, init_variables
-from yxanul_jax.optim import clip_by_global_norm, lr_schedule, make_optimizer
+from yxanul_jax.core.config import Config, StageConfig
+from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.model.loss import chunked_cross_entropy, n_chunks
+from yxanul_jax.model.transformer import Yxanul, init_variables
+from yxanul_jax.training.optim import clip_by_global_norm, lr_schedule, make_optimizer
 
 HEAD_STATE = "head_gemm"
 

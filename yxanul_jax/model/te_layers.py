@@ -22,8 +22,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from yxanul_jax import fp8 as fp8_lib
-from yxanul_jax.config import FP8Config
+from yxanul_jax.core.config import FP8Config
+from yxanul_jax.model import fp8 as fp8_lib
 
 
 @functools.lru_cache(maxsize=None)

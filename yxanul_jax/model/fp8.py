@@ -43,8 +43,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from yxanul_jax import console
-from yxanul_jax.errors import UserError, one_line
+from yxanul_jax.core import console
+from yxanul_jax.core.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2

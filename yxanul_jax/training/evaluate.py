@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from yxanul_jax.rundir import cache_root
-from yxanul_jax.data import PreparedDataset, eval_batches, open_dataset
-from yxanul_jax.errors import UserError
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.rundir import cache_root
+from yxanul_jax.data.loader import PreparedDataset, eval_batches, open_dataset
 
 
 @dataclass
@@ -30,8 +30,8 @@ class Domain:
 
 
 def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedDataset) -> PreparedDataset:
-    from yxanul_jax.prepare import prepare_dataset
-    from yxanul_jax.sources import DocumentSource
+    from yxanul_jax.data.prepare import prepare_dataset
+    from yxanul_jax.data.sources import DocumentSource
 
     if train_ds.tokenizer_path is None:
         raise UserError(f"eval domain '{name}': dataset '{train_ds.path}' has no tokenizer.json to tokenize "

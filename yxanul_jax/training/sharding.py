@@ -16,11 +16,11 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from yxanul_jax.config import Config, MeshConfig
-from yxanul_jax.errors import UserError
-from yxanul_jax.model import Yxanul
-from yxanul_jax.steps import TrainState, abstract_train_state
-from yxanul_jax.optim import make_optimizer
+from yxanul_jax.core.config import Config, MeshConfig
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.model.transformer import Yxanul
+from yxanul_jax.training.optim import make_optimizer
+from yxanul_jax.training.steps import TrainState, abstract_train_state
 
 BATCH_AXES = ("data", "fsdp")
 # Each logical axis maps to the first mesh axis not yet used by the same array (flax's rule):

@@ -1,0 +1,1 @@
+"""Text to training batches: input readers, tokenizers, corpus preparation, the demo corpus, the shard loader."""

@@ -1,0 +1,1 @@
+"""Training: optimizer, pure train/eval steps, per-stage compiles, sharding, checkpoints, validation, monitoring."""
