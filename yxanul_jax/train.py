@@ -25,6 +25,7 @@ from yxanul_jax.core.errors import UserError, cli_entry
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, prepare_run_dir
 from yxanul_jax.data.loader import Lanes, PreparedDataset, TokenStream, TrainStream, open_dataset
 from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
 from yxanul_jax.training.evaluate import evaluate, format_eval, resolve_domains
@@ -371,7 +372,8 @@ def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) 
         trainer.stream.set_state(meta["data"])
         trainer.tokens = int(meta.get("tokens", 0))
         console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {trainer.tokens:,} tokens)")
-    console.info(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters; data "
+    attention = attention_implementation(cfg.model) + (" (auto)" if cfg.model.attention == "auto" else "")
+    console.info(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters, attention {attention}; data "
                  f"{cfg.data.train or 'demo corpus'}; FP8 "
                  f"{f'{cfg.fp8.backend} ({cfg.fp8.scaling})' if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} "
                  f"stage(s); {cfg.train.steps} steps; mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}; "
