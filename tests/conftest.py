@@ -2,6 +2,12 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite checks what the code computes, not how fast XLA:CPU's generated code runs: LLVM at -O0
+# leaves every HLO pass as it is and compiles the tiny steps about a fifth faster (test_steps.py: 43 s
+# -> 34 s, 2-core box, 2026-11-21). The sm_90 compiles run with XLA's flags as a user has them
+# (`gpu_env`), and so do the benchmarks.
+CPU_TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_TEST_XLA_FLAG}".strip()
 
 import dataclasses  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -65,14 +71,21 @@ def gpu_python() -> str:
     return str(GPU_PYTHON)
 
 
+def gpu_env() -> dict:
+    """The environment of a compile for sm_90 in the gpu-check venv: JAX on the CPU platform (no driver
+    here) and XLA's flags without the suite's CPU-only -O0."""
+    flags = os.environ.get("XLA_FLAGS", "").replace(CPU_TEST_XLA_FLAG, "").strip()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return {**env, "JAX_PLATFORMS": "cpu", **({"XLA_FLAGS": flags} if flags else {})}
+
+
 def inspect_h100(*args: str, expect_rc: int = 0) -> dict:
     """`analyze --target h100 --json ARGS` in the gpu-check environment: its JSON report."""
     import json
     import subprocess
 
     proc = subprocess.run([gpu_python(), "-m", "yxanul_jax.analyze", "--target", "h100", "--json", *args],
-                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                          timeout=600)
+                          capture_output=True, text=True, cwd=REPO, env=gpu_env(), timeout=600)
     assert proc.returncode == expect_rc, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -5,7 +5,6 @@ The sm_90 compiles run in the gpu-check environment (`scripts/gpu_check_env.sh`,
 venv that adds the CUDA compiler plugin to this Python's packages. Without it they skip, saying so.
 """
 import json
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from yxanul_jax import analyze as insp
 from yxanul_jax.analysis import gpu_target
 from yxanul_jax.core.errors import UserError
 
-from conftest import REPO, gpu_python, inspect_h100
+from conftest import REPO, gpu_env, gpu_python, inspect_h100
 
 
 def test_target_specs_and_a_bad_target():
@@ -68,7 +67,7 @@ for name, opts in (("default", {}), ("no-triton", {"xla_gpu_enable_triton_gemm":
 print(json.dumps(out))
 """
     proc = subprocess.run([gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                          env=gpu_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     kinds = json.loads(proc.stdout.strip().splitlines()[-1])
     assert kinds["default"] == {"fp8 triton": {"in_hlo": 3, "executed": 3}}, kinds

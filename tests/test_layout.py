@@ -93,3 +93,10 @@ def test_the_layering_check_can_fail(tmp_path):
     assert _violations("training", imports) == ["line 2: training (layer 3) imports yxanul_jax.train (layer 5)"]
     assert _violations("<command>", [(1, "yxanul_jax.plan")]) == ["line 1: a command imports the command yxanul_jax.plan"]
     assert _violations("<command>", [(1, "yxanul_jax.training.steps")]) == []
+
+
+def test_the_top_level_holds_the_commands_and_nothing_else():
+    from yxanul_jax.cli import COMMANDS
+
+    top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "cli"}
+    assert top == set(COMMANDS), "a top-level module must be a `yxanul` command (library code goes in a sub-package)"

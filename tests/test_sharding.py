@@ -38,7 +38,7 @@ def cache():
 
 def _env(cache, devices=1):
     env = {**os.environ, "YXANUL_CACHE": cache, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
     return env
 
 

@@ -6,12 +6,11 @@ it. Nothing of TE runs on a CPU (it has no CPU lowering): numerics and speed of 
 """
 import functools
 import json
-import os
 import subprocess
 
 import pytest
 
-from conftest import REPO, gpu_python, inspect_h100
+from conftest import REPO, gpu_env, gpu_python, inspect_h100
 
 
 def _te_python() -> str:
@@ -32,7 +31,7 @@ def _has_te(python: str) -> bool:
 
 def _run(code: str, *args: str) -> dict:
     proc = subprocess.run([_te_python(), "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                          env=gpu_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
