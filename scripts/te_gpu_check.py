@@ -69,13 +69,14 @@ def run_arm(cfg, stage_index: int, steps: int, batch: dict) -> dict:
         norms.append(float(m["grad_norm"]))
         if i == 0:
             after_one = jax.tree.map(np.array, (state.params, state.fp8))  # copies: the next step donates
-    return {"losses": losses, "grad_norms": norms, "after_one": after_one, "fp8": state.fp8, "step": step,
-            "template": state, "nonfinite": float(m.get("fp8_nonfinite", 0.0))}
+    return {"losses": losses, "grad_norms": norms, "after_one": after_one, "step": step, "state": state,
+            "nonfinite": float(m.get("fp8_nonfinite", 0.0))}
 
 
 def calibrated_step(trained: dict, params, batch: dict) -> dict:
-    """One step of an arm's compiled step from `params` with the arm's FP8 state after its first step."""
-    state = trained["template"].replace(params=jax.tree.map(jnp.asarray, params), step=jnp.ones((), jnp.int32),
+    """One step of an arm's compiled step from `params` with the arm's FP8 state after its first step
+    (it donates the arm's last state: read that state before)."""
+    state = trained["state"].replace(params=jax.tree.map(jnp.asarray, params), step=jnp.ones((), jnp.int32),
                                         fp8=jax.tree.map(jnp.asarray, trained["after_one"][1]))
     _, m = trained["step"](state, batch)
     return {"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"])}
@@ -99,7 +100,7 @@ def check(cfg, stage_index: int, steps: int, arms: list[str]) -> dict:
             rows[arm] = {"skipped": str(e)}
             continue
         trained = run_arm(acfg, stage_index, steps, batch)
-        scales = _scales(trained["fp8"])
+        scales = _scales(trained["state"].fp8)
         calibrated = calibrated_step(trained, base_params, batch)
         row = {"first_loss": trained["losses"][0], "first_grad_norm": trained["grad_norms"][0],
                "loss": calibrated["loss"], "grad_norm": calibrated["grad_norm"], "last_loss": trained["losses"][-1],

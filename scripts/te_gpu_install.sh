@@ -14,6 +14,7 @@ PARTS=${TE_PARTS:-/tmp/te-parts}
 VENV=${TE_VENV:-/tmp/te-venv}
 BUILD=${TE_BUILD:-/tmp/te-build}
 fail() { echo "error: $*" >&2; exit 2; }
+core_wheel() { awk '/transformer_engine_cu13/ {print $2}' .te/base/SHA256SUMS; }  # its name, from the kit
 
 stash() {
   ls .te/part-* >/dev/null 2>&1 || fail "this call carries no .te/part-NN; name one in carry (e.g. carry: [\".te/part-00\"])"
@@ -30,7 +31,7 @@ assemble() {
   [ ${#missing[@]} -eq 0 ] || fail "${missing[*]} not in $PARTS (the machine went back between calls, or a part \
 was never stashed); stash every part again, the calls back to back, then install"
   local wheel
-  wheel=$(awk '/transformer_engine_cu13/ {print $2}' .te/base/SHA256SUMS)
+  wheel=$(core_wheel)
   mkdir -p "$BUILD"
   (cd "$PARTS" && cat $(cat "$OLDPWD/.te/base/PARTS")) > "$BUILD/$wheel"
   (cd "$BUILD" && grep " $wheel\$" "$OLDPWD/.te/base/SHA256SUMS" | sha256sum --quiet -c -) || \
@@ -42,11 +43,10 @@ was never stashed); stash every part again, the calls back to back, then install
 
 install() {
   assemble
-  local wheel py
-  wheel=$(awk '/transformer_engine_cu13/ {print $2}' .te/base/SHA256SUMS)
+  local py
   python3 -m venv --system-site-packages --without-pip "$VENV"
   py="$VENV/bin/python"
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$BUILD/$wheel" \
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$BUILD/$(core_wheel)" \
     .te/base/transformer_engine-*.whl .te/base/nvidia_cudnn_frontend-*.whl
   # The JAX extension: compiled here against this machine's jaxlib, CUDA 13 toolkit and Python.
   CUDNN_PATH=${CUDNN_PATH:-$("$py" -c "import nvidia.cudnn as c; print(list(c.__path__)[0])" 2>/dev/null || true)} \
