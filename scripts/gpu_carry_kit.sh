@@ -8,16 +8,15 @@
 #   bash scripts/gpu_carry_kit.sh            # then, there: see docs/BENCHMARKS.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_machine.sh
 KIT=.whl
 PACKAGES=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 tensorboardX==2.6.5)
 rm -rf "$KIT" && mkdir -p "$KIT"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$KIT" "${PACKAGES[@]}"
+"${GPU_MACHINE_PIP_DOWNLOAD[@]}" -d "$KIT" "${PACKAGES[@]}"
 bytes=$(du -sb "$KIT" | cut -f1)
 ls -1 "$KIT"
 echo "carry kit: $(ls "$KIT" | wc -l) wheels, $((bytes / 1024)) KiB in $KIT"
-if [ "$bytes" -gt $((60 * 1024 * 1024)) ]; then
+if [ "$bytes" -gt "$GPU_MACHINE_CALL_LIMIT" ]; then
   echo "error: the kit is $((bytes / 1048576)) MiB; one call carries 64 MiB with the working tree" >&2
   exit 2
 fi

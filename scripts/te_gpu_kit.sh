@@ -12,14 +12,13 @@
 # (/work/.library/device/KINDS.md); the sdist's build there needs nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_machine.sh
 TE=2.20.2
 SDIST_SHA256=b5d65e6f747de90d98fe9041322b532481e8de2b21b303a7e6f1365c665201ca
 PART=${TE_KIT_PART:-56M}
 KIT=.te
 rm -rf "$KIT" && mkdir -p "$KIT/base" "$KIT/dl"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d "$KIT/dl" \
+"${GPU_MACHINE_PIP_DOWNLOAD[@]}" -d "$KIT/dl" \
   "transformer_engine_cu13==$TE" "transformer_engine==$TE" "nvidia-cudnn-frontend==1.32.0"
 # The JAX extension comes only as an sdist; `pip download` would try to build its metadata, so fetch the file.
 python3 - "$KIT/base" "$TE" "$SDIST_SHA256" <<'PY'
@@ -41,11 +40,10 @@ mv "$KIT"/dl/transformer_engine-"$TE"-*.whl "$KIT"/dl/nvidia_cudnn_frontend-*.wh
 split -b "$PART" -d -a 2 "$core" "$KIT/part-"
 (cd "$KIT" && ls part-*) > "$KIT/base/PARTS"
 rm -rf "$KIT/dl"
-limit=$((60 * 1024 * 1024))
 for f in "$KIT"/part-* "$KIT/base"; do
   size=$(du -sb "$f" | cut -f1)
   echo "$f: $((size / 1024)) KiB"
-  if [ "$size" -gt "$limit" ]; then
+  if [ "$size" -gt "$GPU_MACHINE_CALL_LIMIT" ]; then
     echo "error: $f is $((size / 1048576)) MiB; one call carries 64 MiB with the working tree (set TE_KIT_PART smaller)" >&2
     exit 2
   fi
