@@ -201,6 +201,53 @@ def test_interrupted_save_is_ignored(tmp_path):
         assert ckpt.restore(_template(_small_state(0)))[0] == 1
 
 
+def test_read_only_reader_beside_a_live_run_changes_nothing(tmp_path, capsys):
+    # A sampler or exporter opens the checkpoints of a run that is still saving: its half-written
+    # step must survive (Orbax's cleanup would delete it under the writer), a damaged step is skipped
+    # in place (not moved aside under the run), and the reader cannot save.
+    directory = str(tmp_path / "ck")
+    state = {"params": {"w": jnp.arange(6.0).reshape(2, 3)}, "fp8": {"scale": jnp.ones((2,), jnp.float32)},
+             "opt_state": {"mu": jnp.full((2, 3), 0.5)}, "step": jnp.int32(1)}
+    with Checkpointer(directory, _cfg(max_to_keep=3)) as ckpt:
+        ckpt.save(1, state, {"step": 1})
+        ckpt.save(2, {**state, "step": jnp.int32(2)}, {"step": 2})
+    writing = os.path.join(directory, "3.orbax-checkpoint-tmp-1700000000")  # the live run's save in flight
+    os.makedirs(os.path.join(writing, "state"))
+    _corrupt(os.path.join(directory, "2"))
+    before = sorted(os.listdir(directory))
+    reader = Checkpointer(directory, read_only=True)
+    parts = {"params": _template(state["params"]), "fp8": _template(state["fp8"])}
+    step, got, meta = reader.restore(parts, partial=True)
+    assert step == 1 and meta == {"step": 1} and set(got) == {"params", "fp8"}
+    np.testing.assert_array_equal(got["params"]["w"], state["params"]["w"])
+    np.testing.assert_array_equal(got["fp8"]["scale"], state["fp8"]["scale"])
+    err = capsys.readouterr().err
+    assert "checkpoint step 2" in err and "left in place; falling back to step 1" in err, err
+    with pytest.raises(ValueError, match="read-only"):
+        reader.save(4, state, {}, force=True)
+    reader.close()
+    assert sorted(os.listdir(directory)) == before  # nothing written, removed or moved
+    # a part of the template that the checkpoint lacks is still refused, in one line
+    with Checkpointer(directory, read_only=True) as reader:
+        with pytest.raises(UserError, match="'fp8.amax' is missing from the checkpoint"):
+            reader.restore({"fp8": {"amax": jax.ShapeDtypeStruct((2,), jnp.float32)}}, step=1, partial=True)
+
+
+def test_partial_restore_reads_params_past_unusable_optimizer_moments(tmp_path):
+    # Sampling needs the parameters only: an Adam moment gone NaN must not make them unloadable,
+    # while a full restore (resuming training) refuses that step.
+    directory = str(tmp_path / "ck")
+    state = {"params": {"w": jnp.arange(6.0).reshape(2, 3)}, "opt_state": {"nu": jnp.full((2, 3), jnp.nan)}}
+    with Checkpointer(directory, _cfg()) as ckpt:
+        ckpt.save(1, state, {}, force=True)
+    with Checkpointer(directory, read_only=True) as reader:
+        with pytest.raises(UserError, match="hold NaN or inf"):
+            reader.restore(_template(state), step=1)
+        step, got, _ = reader.restore({"params": _template(state["params"])}, step=1, partial=True)
+    assert step == 1
+    np.testing.assert_array_equal(got["params"]["w"], state["params"]["w"])
+
+
 def test_async_save_then_wait(tmp_path):
     directory = str(tmp_path / "ck")
     big = jax.random.normal(jax.random.key(3), (256, 1024), jnp.float32)

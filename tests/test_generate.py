@@ -103,3 +103,22 @@ def test_cli_samples_a_trained_run_and_refuses_bad_prompts(trained_run):
         rc, _, stderr = _cli("--run-dir", str(trained_run), *args)
         lines = [line for line in stderr.splitlines() if line.strip()]
         assert rc == 2 and len(lines) == 1 and needle in lines[0], stderr
+
+
+def test_a_run_samples_from_its_own_folder_when_its_dataset_is_gone(trained_run, tmp_path):
+    # The run keeps a copy of its tokenizer: sampling needs neither the training data nor its path.
+    import shutil
+
+    import yaml
+
+    from yxanul_jax.inference.trained import load_trained
+
+    run = tmp_path / "moved-run"
+    shutil.copytree(trained_run, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"]["train"] = str(tmp_path / "no-longer-here")  # the prepared data was deleted or moved
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    trained = load_trained(run_dir=str(run))
+    assert trained.tokenizer_path == str(run / "tokenizer.json")
+    rc, stdout, stderr = _cli("--run-dir", str(run), "--prompt", "def ", "--max-new-tokens", "4")
+    assert rc == 0 and "--- sample 1" in stdout, stderr[-2000:]

@@ -83,7 +83,7 @@ def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, layou
     if explicit:
         directory, step = resolve_checkpoint_path(explicit)
         source = ckpt if os.path.abspath(directory) == os.path.abspath(ckpt.directory) else \
-            Checkpointer(directory, cfg.checkpoint)
+            Checkpointer(directory, read_only=True)
         step, state, meta = source.restore(abstract, step)
         if source is not ckpt:
             source.close()
@@ -116,10 +116,10 @@ def _batch_for(stream, stage, sharding) -> dict:
     return sh.global_batch({k: np.asarray(v).reshape(a, -1, *v.shape[1:]) for k, v in b.items()}, sharding)
 
 
-def validate_on_mesh(cfg: Config, eval_step, state: dict, domains, seq_len: int, mesh) -> dict:
-    """Validation of `state` on every domain, batches split over the mesh and over processes."""
+def validate_on_mesh(cfg: Config, eval_step, params, fp8_state, domains, seq_len: int, mesh) -> dict:
+    """Validation of the model on every domain, batches split over the mesh and over processes."""
     e = cfg.eval
-    return evaluate(eval_step, state.params, state.fp8, domains, seq_len=seq_len, batch_size=e.batch_size,
+    return evaluate(eval_step, params, fp8_state, domains, seq_len=seq_len, batch_size=e.batch_size,
                     max_batches=e.max_batches, put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(mesh)),
                     process_index=jax.process_index(), process_count=jax.process_count())
 
@@ -149,8 +149,8 @@ class Trainer:
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
 
     def validate(self, state, step: int, seq_len: int, writer: MetricsWriter | None) -> dict:
-        row = validate_on_mesh(self.cfg, self.eval_step, state, self.domains, eval_seq_len(self.cfg, seq_len),
-                               self.mesh)
+        row = validate_on_mesh(self.cfg, self.eval_step, state.params, state.fp8, self.domains,
+                               eval_seq_len(self.cfg, seq_len), self.mesh)
         if writer is not None:
             writer.write({"step": step, "tokens": self.tokens, **row})
         return row
@@ -360,7 +360,8 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
 
 
 def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) -> dict:
-    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=overwrite) if lead else os.path.join(run_dir, CHECKPOINT_DIR)
+    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ds.tokenizer_path) if lead else \
+        os.path.join(run_dir, CHECKPOINT_DIR)
     if lead:
         console.info(run_header(cfg, with_config=False))
     ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
@@ -456,13 +457,14 @@ def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | 
     """Validate a checkpoint (explicit, or the run directory's latest) on every domain."""
     target = checkpoint or os.path.join(run_dir, CHECKPOINT_DIR)
     directory, step = resolve_checkpoint_path(target)
-    ckpt = Checkpointer(directory, cfg.checkpoint)
+    ckpt = Checkpointer(directory, read_only=True)
     try:
-        step, state, _ = ckpt.restore(sh.state_layout(cfg, mesh).abstract, step)
+        abstract = sh.state_layout(cfg, mesh).abstract
+        step, state, _ = ckpt.restore({"params": abstract.params, "fp8": abstract.fp8}, step, partial=True)
     finally:
         ckpt.close()
     seq_len = eval_seq_len(cfg, cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len)
-    row = validate_on_mesh(cfg, jax.jit(make_eval_step(cfg)), state, resolve_domains(cfg.eval.domains, ds),
+    row = validate_on_mesh(cfg, jax.jit(make_eval_step(cfg)), state["params"], state["fp8"], resolve_domains(cfg.eval.domains, ds),
                            seq_len, mesh)
     if jax.process_index() == 0:
         _report_eval(row, step)

@@ -7,6 +7,7 @@ Run directory::
 
     run_dir/
       config.yaml      resolved config, written atomically; a different config is refused
+      tokenizer.json   the training data's tokenizer, so sampling and export need only this folder
       metrics.jsonl    one JSON object per logged step / validation
       tb/              TensorBoard event files (same scalars as metrics.jsonl)
       checkpoints/     Orbax checkpoints (yxanul_jax.training.checkpoint)
@@ -42,13 +43,14 @@ def cache_root() -> Path:
 
 
 CONFIG_FILE = "config.yaml"
+TOKENIZER_FILE = "tokenizer.json"
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"
 PROFILE_DIR = "profile"
 HLO_DIR = "hlo"
-RUN_ARTIFACTS = (CONFIG_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR, HLO_DIR)
+RUN_ARTIFACTS = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR, HLO_DIR)
 """What `prepare_run_dir(overwrite=True)` moves aside before a fresh start."""
 
 
@@ -168,8 +170,10 @@ def checkpoint_steps(directory: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
-def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True) -> str:
-    """Create `run_dir`, write its resolved `config.yaml`, and return its checkpoint directory.
+def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
+                    tokenizer: str | None = None) -> str:
+    """Create `run_dir`, write its resolved `config.yaml` (and a copy of the `tokenizer` file, when
+    given, as `tokenizer.json`), and return its checkpoint directory.
 
     * No config there yet: write it.
     * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
@@ -225,6 +229,11 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
                         "resume from them, pass a new --run-dir, or --overwrite to start over")
     if not os.path.exists(config_path):
         atomic_write(config_path, text)
+    if tokenizer:
+        data = Path(tokenizer).read_bytes()
+        copy = Path(run_dir, TOKENIZER_FILE)
+        if not copy.is_file() or copy.read_bytes() != data:
+            atomic_write_bytes(str(copy), data)
     return ckpt_dir
 
 

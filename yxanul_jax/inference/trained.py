@@ -2,9 +2,10 @@
 
 `load_trained(run_dir=D)` reads the run's `config.yaml` and restores its latest readable checkpoint;
 `load_trained(checkpoint=P)` restores that checkpoint (a directory, or one step's directory) with the
-config saved inside it. The tokenizer is the training data's (`data.train`'s `tokenizer.json`, or
-the demo corpus's). Only parameters and FP8 state are restored (no optimizer moments, on the host's
-default device).
+config saved inside it. The tokenizer is the copy the run keeps (`run_dir/tokenizer.json`), else the
+training data's (`data.train`'s, or the demo corpus's). Only parameters and FP8 state are read (no
+optimizer moments), as host arrays, and nothing in the run is written or moved: loading beside a run
+that is still training is safe.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import yaml
 
 from yxanul_jax.core.config import Config, from_dict, validate
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_FILE
 from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
 from yxanul_jax.training.checkpoint import Checkpointer, resolve_checkpoint_path
 from yxanul_jax.training.steps import abstract_train_state
@@ -44,10 +45,13 @@ def _config_from_file(path: str) -> Config:
         return validate(from_dict(Config, yaml.safe_load(fh)))
 
 
-def tokenizer_path_of(cfg: Config) -> str:
-    """The tokenizer.json the run trained with: its prepared dataset's, or the demo corpus's."""
+def tokenizer_path_of(cfg: Config, run_dir: str | None = None) -> str:
+    """The tokenizer.json the run trained with: the run directory's copy, else its prepared dataset's,
+    or the demo corpus's."""
     from yxanul_jax.data.loader import open_dataset
 
+    if run_dir and os.path.isfile(os.path.join(run_dir, TOKENIZER_FILE)):
+        return os.path.join(run_dir, TOKENIZER_FILE)
     if cfg.data.train:
         path = open_dataset(cfg.data.train).tokenizer_path
     else:
@@ -66,9 +70,10 @@ def add_source_args(parser) -> None:
 
 
 def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> Trained:
-    """Restore a trained model from a run directory or a checkpoint (exactly one of them)."""
+    """Restore a trained model from a run directory or a checkpoint (exactly one of them; the
+    commands' --run-dir / --checkpoint). Reads only: a run still training there is not disturbed."""
     if bool(run_dir) == bool(checkpoint):
-        raise UserError("pass exactly one of --run-dir DIR and --checkpoint PATH")
+        raise UserError("pass exactly one of a run directory (--run-dir) and a checkpoint (--checkpoint)")
     if run_dir:
         config_path = os.path.join(run_dir, CONFIG_FILE)
         if not os.path.isfile(config_path):
@@ -79,13 +84,15 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
     else:
         directory, step = resolve_checkpoint_path(checkpoint)
         cfg = None
-    ckpt = Checkpointer(directory, Config().checkpoint)
+        if os.path.basename(directory) == CHECKPOINT_DIR:
+            run_dir = os.path.dirname(directory)
+    ckpt = Checkpointer(directory, read_only=True)
     try:
         if cfg is None:  # the config saved with the checkpoint
             cfg = validate(from_dict(Config, ckpt.read_meta(step)["config"]))
         abstract = abstract_train_state(cfg)
-        step, state, _ = ckpt.restore(abstract, step)
+        step, state, _ = ckpt.restore({"params": abstract.params, "fp8": abstract.fp8}, step, partial=True)
     finally:
         ckpt.close()
-    params, fp8 = jax.device_get(state.params), jax.device_get(state.fp8)
-    return Trained(cfg, params, fp8, int(step), tokenizer_path_of(cfg))
+    state = jax.device_get(state)
+    return Trained(cfg, state["params"], state["fp8"], int(step), tokenizer_path_of(cfg, run_dir))

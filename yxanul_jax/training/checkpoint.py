@@ -89,13 +89,19 @@ def _write_failure(e: BaseException) -> str | None:
     return os.strerror(int(m.group(1))) if m else None
 
 
+_ORBAX_NOISE = ("did not provide metrics", "read_only=True, setting save_interval_steps", "Given directory is read only")
+"""Orbax warnings about what is normal here: a save without metrics once best-tracking is on, and a
+read-only manager (a reader beside a run) being read-only."""
+
+
 class _OrbaxLogFilter(logging.Filter):
-    """Drops two kinds of Orbax log records: the warning on every save without metrics once
-    best-tracking is on (normal here), and the tracebacks its background threads and tasks log for a
-    failed write (the Checkpointer reports that failure itself, in one line)."""
+    """Drops two kinds of Orbax log records: its warnings about normal use (`_ORBAX_NOISE`), and the
+    tracebacks its background threads and tasks log for a failed write (the Checkpointer reports that
+    failure itself, in one line)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if "did not provide metrics" in record.getMessage():
+        message = record.getMessage()
+        if any(noise in message for noise in _ORBAX_NOISE):
             return False
         return not (record.exc_info and record.exc_info[1] is not None and _write_failure(record.exc_info[1]))
 
@@ -137,6 +143,15 @@ def _key_name(key) -> str:
         if hasattr(key, attr):
             return str(getattr(key, attr))
     return str(key)
+
+
+def _restore_args(abstract: Any) -> Any:
+    """Orbax restore arguments for a template of `jax.ShapeDtypeStruct`s: each leaf onto its sharding,
+    or onto the default device when it has none (as `StandardRestore` does)."""
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    placed = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
+                          else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=default), abstract)
+    return ocp.checkpoint_utils.construct_restore_args(placed)
 
 
 def _leaf_specs(tree) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -193,8 +208,8 @@ def verify(state: Any, meta: dict) -> str | None:
     hold any value)."""
     saved = meta.get(CHECKSUMS)
     if saved is not None:
-        got = tree_checksums(state)
-        bad = sorted(k for k in saved if got.get(k) != saved[k])
+        got = tree_checksums(state)  # every restored array: all of the saved ones, or a part of them
+        bad = sorted(k for k in got if saved.get(k) != got[k])
         if bad:
             return f"array '{bad[0]}' does not match its checksum ({len(bad)} array(s) damaged)"
     if not tree_is_finite(_trained_parts(state)):
@@ -202,8 +217,9 @@ def verify(state: Any, meta: dict) -> str | None:
     return None
 
 
-def _mismatch(saved_specs: dict, wanted_specs: dict) -> str | None:
-    """First difference between a checkpoint's arrays and the template's, or None."""
+def _mismatch(saved_specs: dict, wanted_specs: dict, partial: bool = False) -> str | None:
+    """First difference between a checkpoint's arrays and the template's, or None (`partial`: the
+    checkpoint may hold more than the template)."""
     for path, want in wanted_specs.items():
         if path not in saved_specs:
             return f"'{path}' is missing from the checkpoint"
@@ -212,7 +228,7 @@ def _mismatch(saved_specs: dict, wanted_specs: dict) -> str | None:
             return (f"'{path}' is {have[1]}{list(have[0])} in the checkpoint "
                     f"but {want[1]}{list(want[0])} in the state being restored")
     extra = sorted(set(saved_specs) - set(wanted_specs))
-    if extra:
+    if extra and not partial:
         return f"the checkpoint has '{extra[0]}' which the state being restored lacks"
     return None
 
@@ -236,32 +252,42 @@ class Checkpointer:
         ckpt.close()   # waits for the last async save
     """
 
-    def __init__(self, directory: str, cfg: CheckpointConfig):
+    def __init__(self, directory: str, cfg: CheckpointConfig | None = None, *, read_only: bool = False):
+        """`read_only`: for readers beside a run (sampling, export, evaluation, another run's start):
+        nothing in `directory` is written, removed or moved, so a live run's half-written save stays
+        untouched and a damaged step is skipped in place; `save` raises."""
         self.directory = os.path.abspath(os.path.expanduser(directory))
-        self.cfg = cfg
-        policies: list = [ocm.LatestN(n=cfg.max_to_keep)]
-        if cfg.keep_best:
-            policies.append(ocm.BestN(get_metric_fn=_val_ppl, reverse=True, n=1,
-                                      keep_checkpoints_without_metrics=False))
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=ocm.AnyPreservationPolicy(policies),
-            # best_fn also makes Orbax write each step's metrics to disk, so the best survives a
-            # restart; the metric is recorded even with keep_best off (best_step() still answers).
-            best_fn=_val_ppl,
-            best_mode="min",
-            enable_async_checkpointing=cfg.async_save,
-            cleanup_tmp_directories=True,
-        )
+        self.cfg = cfg = cfg or CheckpointConfig()
+        self.read_only = read_only
+        _install_quiet_hooks()
+        if read_only:
+            options = ocp.CheckpointManagerOptions(read_only=True, create=False, best_fn=_val_ppl, best_mode="min",
+                                                   enable_async_checkpointing=False, cleanup_tmp_directories=False)
+        else:
+            policies: list = [ocm.LatestN(n=cfg.max_to_keep)]
+            if cfg.keep_best:
+                policies.append(ocm.BestN(get_metric_fn=_val_ppl, reverse=True, n=1,
+                                          keep_checkpoints_without_metrics=False))
+            options = ocp.CheckpointManagerOptions(
+                preservation_policy=ocm.AnyPreservationPolicy(policies),
+                # best_fn also makes Orbax write each step's metrics to disk, so the best survives a
+                # restart; the metric is recorded even with keep_best off (best_step() still answers).
+                best_fn=_val_ppl,
+                best_mode="min",
+                enable_async_checkpointing=cfg.async_save,
+                cleanup_tmp_directories=True,
+            )
         # Registering the handlers up front lets a freshly opened manager read item metadata
-        # (used to check the template) before anything has been saved or restored.
+        # (used to check the template) before anything has been saved or restored. PyTreeRestore
+        # reads a subset of the saved state (`restore(..., partial=True)`).
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
         state_handler, meta_handler = ocp.StandardCheckpointHandler(), ocp.JsonCheckpointHandler()
         registry.add("state", ocp.args.StandardSave, state_handler)
         registry.add("state", ocp.args.StandardRestore, state_handler)
+        registry.add("state", ocp.args.PyTreeRestore, ocp.PyTreeCheckpointHandler())
         registry.add("meta", ocp.args.JsonSave, meta_handler)
         registry.add("meta", ocp.args.JsonRestore, meta_handler)
         self._mngr = _Manager(self.directory, options=options, handler_registry=registry)
-        _install_quiet_hooks()
         self._pending: int | None = None  # the step whose async save may still be running
         self._failed: CheckpointWriteError | None = None
 
@@ -300,6 +326,8 @@ class Checkpointer:
         metric, so a diverged model can never become the best. This does not check `state`
         itself: refuse non-finite states with `tree_is_finite` before calling.
         """
+        if self.read_only:
+            raise ValueError(f"this Checkpointer of '{self.directory}' is read-only; open one without read_only to save")
         if not (force or self.should_save(step)):
             return False
         latest = self._mngr.latest_step()
@@ -365,8 +393,11 @@ class Checkpointer:
 
     # ---- restoring
 
-    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict]:
+    def restore(self, abstract_state: Any, step: int | None = None, *, partial: bool = False) -> tuple[int, Any, dict]:
         """Restore checkpoint `step` (None: the latest readable one) into `abstract_state`'s layout.
+
+        `partial=True`: `abstract_state` is a dict of some of the saved state's top-level parts (e.g.
+        `{"params": ..., "fp8": ...}` for sampling) and only those are read, each checked as below.
 
         `abstract_state` is a pytree like the saved state whose leaves are `jax.ShapeDtypeStruct`
         (with `.sharding` for a sharded restore; none means the default device), `jax.Array`
@@ -379,7 +410,7 @@ class Checkpointer:
         directory holds no checkpoint, when none is readable, or when the requested `step` is
         missing or unreadable: a run never silently restarts from step 0.
 
-        Returns `(step, state, meta)`.
+        Returns `(step, state, meta)`. A read-only Checkpointer leaves an unusable step in place.
         """
         self._mngr.reload()  # another process may have written here since we opened it
         present = self.all_steps()
@@ -405,14 +436,18 @@ class Checkpointer:
                 if not saved:  # no state metadata: a damaged checkpoint, not a different config
                     reason = "its array metadata (state/_METADATA) is missing"
             if reason is None:
-                diff = _mismatch(saved, wanted)
+                diff = _mismatch(saved, wanted, partial)
                 if diff:
                     raise UserError(f"checkpoint step {s} in '{self.directory}' does not match the state "
                                     f"being restored: {diff}; resume with the config it was saved with "
                                     "(its meta holds the resolved config)")
+                if partial:
+                    state_args = ocp.args.PyTreeRestore(abstract_state, partial_restore=True,
+                                                        restore_args=_restore_args(abstract_state))
+                else:
+                    state_args = ocp.args.StandardRestore(abstract_state)
                 try:
-                    out = self._mngr.restore(s, args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+                    out = self._mngr.restore(s, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
                 except Exception as e:  # noqa: BLE001
                     reason = f"{type(e).__name__}: {one_line(e, 300)}"
                 else:
@@ -433,7 +468,7 @@ class Checkpointer:
 
     def _quarantine(self, step: int) -> str | None:
         """Move a damaged step aside into `<dir>/corrupt/` (process 0 only; never deleted)."""
-        if jax.process_index() != 0:
+        if jax.process_index() != 0 or self.read_only:
             return None
         import datetime
 
