@@ -45,6 +45,12 @@ def test_batched_prompts_of_different_lengths_equal_one_at_a_time():
     together = generate(m, OFF, variables, prompts, 8)["tokens"]
     alone = [generate(m, OFF, variables, [p], 8)["tokens"][0] for p in prompts]
     assert together == alone
+    # sampling again at shapes seen before compiles nothing: the decoder is kept across calls
+    from yxanul_jax.inference.sampling import _decoder
+
+    compiled = _decoder(m, OFF)._cache_size()
+    assert generate(m, OFF, variables, prompts, 8)["tokens"] == together
+    assert _decoder(m, OFF)._cache_size() == compiled
 
 
 def test_decoding_stops_at_eos_and_runs_with_fp8_state():

@@ -45,6 +45,14 @@ def sample(logits_BxV, key, temperature: float = 0.0, top_k: int = 0, top_p: flo
     return jax.random.categorical(key, filter_logits(logits_BxV, temperature, top_k, top_p)).astype(jnp.int32)
 
 
+@functools.lru_cache(maxsize=8)
+def _decoder(model_cfg: ModelConfig, fp8: FP8Config):
+    """The jitted `Yxanul.decode` of one model config, kept across `generate` calls so that sampling
+    again (an evaluation loop, the next prompt) reuses its compiled prefill and step."""
+    model = Yxanul(model_cfg, fp8)
+    return jax.jit(lambda v, t, pos, c: model.apply(v, t, pos, c, method=Yxanul.decode))
+
+
 def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: list[list[int]],
              max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              seed: int = 0, eos_id: int | None = None) -> dict:
@@ -57,21 +65,21 @@ def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: l
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("a prompt is empty; give at least one token of text")
     if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        raise UserError(f"max_new_tokens (--max-new-tokens) must be >= 1, got {max_new_tokens}")
     longest = max(len(p) for p in prompts)
     total = longest + max_new_tokens
     if total > model_cfg.max_position:
-        raise UserError(f"prompt ({longest} tokens) + --max-new-tokens ({max_new_tokens}) = {total} exceeds the "
+        raise UserError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
                         f"model's max_position ({model_cfg.max_position}); shorten the prompt or generate fewer tokens")
     if not 0 < top_p <= 1 or top_k < 0 or temperature < 0:
-        raise UserError("need --temperature >= 0, --top-k >= 0 and 0 < --top-p <= 1")
-    model = Yxanul(model_cfg, fp8)
+        raise UserError(f"need temperature >= 0, top_k >= 0 and 0 < top_p <= 1 (--temperature, --top-k, --top-p); "
+                        f"got {temperature}, {top_k}, {top_p}")
+    decode = _decoder(model_cfg, fp8)
     B = len(prompts)
     lengths_B = np.array([len(p) for p in prompts], np.int32)
     tokens_BxP = np.zeros((B, longest), np.int32)
     for i, p in enumerate(prompts):
         tokens_BxP[i, :len(p)] = p
-    decode = jax.jit(lambda v, t, pos, c: model.apply(v, t, pos, c, method=Yxanul.decode))
     cache = init_cache(model_cfg, B, total, DTYPES[model_cfg.dtype])
     key = jax.random.key(seed)
 
