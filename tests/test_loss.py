@@ -37,6 +37,23 @@ def test_sums_ignore_masked_tokens():
     np.testing.assert_allclose(float(nll), float(jnp.log1p(jnp.exp(-1.0))), rtol=1e-6)
 
 
+def test_a_masked_padding_id_outside_the_vocabulary_adds_nothing():
+    # A researcher pads targets with -1 or with an id >= vocab and masks them out: the value and the
+    # gradient equal those without the padded tokens (the gathered logit there is NaN).
+    w = jax.random.normal(jax.random.key(0), (8, 5), jnp.float32)
+    h = jax.random.normal(jax.random.key(1), (4, 8), jnp.float32)
+    t, m = jnp.array([1, 4, 5, -1]), jnp.array([1.0, 1.0, 0.0, 0.0])
+
+    def loss(w, h, t, m):
+        nll, z = chunked_cross_entropy(lambda hc, _: hc @ w, h, t, m, 2)
+        return nll + 1e-2 * z
+
+    value, grad = jax.value_and_grad(loss)(w, h, t, m)
+    want, want_grad = jax.value_and_grad(loss)(w, h[:2], t[:2], m[:2])
+    np.testing.assert_allclose(float(value), float(want), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-6, atol=1e-7)
+
+
 def test_chunked_loss_keeps_peak_memory_at_chunk_size():
     """The compiled gradient's temporaries stay near chunk x vocab, far below tokens x vocab."""
     n, d, v, chunk = 4096, 32, 8192, 256

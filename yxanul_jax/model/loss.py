@@ -14,11 +14,16 @@ import jax.numpy as jnp
 
 
 def cross_entropy_sums(logits_NxV, targets_N, mask_N):
-    """(sum of masked NLL, sum of masked logsumexp^2) for one block of float32 logits."""
+    """(sum of masked NLL, sum of masked logsumexp^2) for one block of float32 logits.
+
+    A masked-out token adds exactly 0 whatever its target: a padding id outside the vocabulary
+    (whose gathered logit is NaN) does not poison the sums."""
     logits_NxV = logits_NxV.astype(jnp.float32)
     lse_N = jax.nn.logsumexp(logits_NxV, axis=-1)
     target_N = jnp.take_along_axis(logits_NxV, targets_N[:, None], axis=-1)[:, 0]
-    return jnp.sum((lse_N - target_N) * mask_N), jnp.sum(lse_N * lse_N * mask_N)
+    keep_N = mask_N != 0
+    nll_N = jnp.where(keep_N, (lse_N - target_N) * mask_N, 0.0)
+    return jnp.sum(nll_N), jnp.sum(jnp.where(keep_N, lse_N * lse_N * mask_N, 0.0))
 
 
 def chunked_cross_entropy(logits_fn: Callable, h_NxD, targets_N, mask_N, chunk: int, per_chunk=None):
