@@ -256,6 +256,22 @@ def split_state(variables: dict) -> tuple[dict, dict]:
     return params, state
 
 
+def value_and_grad(fun, has_aux: bool = False):
+    """`jax.value_and_grad` for a loss `fun(params, fp8_state, *args)` of a model with FP8 layers; the
+    returned function gives `(value, (param_grads, new_fp8_state))`.
+
+    The FP8 state (every non-`params` collection, `split_state`) is not trained: each FP8 GEMM's
+    custom VJP returns its updated amax history and scale as the state's "gradient", and that is the
+    state of the next step. Pass it on as it is, never to the optimizer. Differentiating w.r.t. the
+    params alone, or `apply(..., mutable=...)`, leaves the state at its initial unit scales, where the
+    E5M2 cast of small gradients flushes many of them to zero, silently. Each FP8 GEMM must run once
+    per call (one used twice would sum two states; combine separate calls with `merge_fp8`). A fresh
+    state has an empty history: with `scaling="delayed"` take the first step with
+    `scaling="current"` (`training.steps.fp8_bootstrap_config`), as the train command does.
+    """
+    return jax.value_and_grad(fun, argnums=(0, 1), has_aux=has_aux)
+
+
 TE_COLLECTIONS = ("_overwrite_with_gradient", "fp8_metas")  # TE's dot_general wrappers; TE's layers
 
 

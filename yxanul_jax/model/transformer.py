@@ -140,7 +140,8 @@ def apply_rope(x_BxLxHxK, sin, cos):
 class Matmul(nn.Module):
     """x[..., I] @ w[I, O] through the configured dense backend; owns the FP8 state of this GEMM.
 
-    An FP8 target whose I or O is not a multiple of 16 (what FP8 tensor-core GEMMs need) runs in
+    The FP8 state changes only through differentiation: take gradients with `fp8.value_and_grad`
+    (the new state comes back as the state's "gradient"), not w.r.t. the params alone. An FP8 target whose I or O is not a multiple of 16 (what FP8 tensor-core GEMMs need) runs in
     BF16, with one warning; the decision depends on static shapes only, so init and apply agree.
     """
 
@@ -172,7 +173,8 @@ class Matmul(nn.Module):
 
 
 class Dense(nn.Module):
-    """A bias-free projection with a float32 kernel [I, O] named by logical axes."""
+    """A bias-free projection with a float32 kernel [I, O] named by logical axes (FP8 when `use_fp8`
+    and `fp8` say so: train it through `fp8.value_and_grad`, see `Matmul`)."""
 
     features: int
     axes: tuple[str, str]
