@@ -292,3 +292,22 @@ def test_value_and_grad_trains_a_researchers_own_module_with_fp8_state():
     assert _rel(grads["up"]["kernel"], bf16["up"]["kernel"]) < 0.20
     params_only = jax.grad(loss_of(mlp(delayed)))(params, fresh)
     assert _rel(params_only["up"]["kernel"], bf16["up"]["kernel"]) > 0.3  # 0.44 here: flushed gradients
+
+
+def test_saturation_names_the_operand_whose_amax_outgrew_its_delayed_scale():
+    # Step 1 calibrates on x; step 2 sees 8x larger inputs with the scale step 1 left: the input cast
+    # clipped at 448 * scale, and saturation says by how much and where. Scanned layers are named per layer.
+    x = jax.random.normal(jax.random.key(1), (8, 32), jnp.float32)
+    w = 0.05 * jax.random.normal(jax.random.key(2), (32, 16), jnp.float32)
+    g = jax.random.normal(jax.random.key(3), (8, 16), jnp.float32)
+    metas = _calibrated(x, w, g, history=4)
+    old = {F.FP8_COLLECTION: {"block": {"gemm": dict(zip(F.OPERANDS, metas))}}}
+    _, vjp = jax.vjp(lambda x, *m: F.fp8_dot(x, w, *m, SPEC), 8.0 * x, *metas)
+    new = {F.FP8_COLLECTION: {"block": {"gemm": dict(zip(F.OPERANDS, vjp(g.astype(jnp.bfloat16))[1:]))}}}
+    ratio, at = F.saturation(old, new)
+    np.testing.assert_allclose(float(ratio), 8.0, rtol=1e-5)
+    assert F.saturation_names(old)[int(at)] == "block/gemm input" and float(ratio) >= F.SATURATION_WARN
+    assert float(F.saturation(old, old)[0]) <= 1.0  # the amax it was calibrated on fits exactly
+    stacked = jax.tree.map(lambda a: jnp.stack([a, a, a]), old)
+    assert F.saturation_names(stacked)[7] == "block/gemm kernel [layer 1]"  # grad, input, kernel: 3 layers each
+    assert F.saturation({}, {}) == (0.0, 0)

@@ -310,6 +310,60 @@ def nonfinite_total(fp8_state: dict) -> jax.Array:
     return sum((jnp.sum(leaf) for leaf in _leaves(fp8_state, "nonfinite")), jnp.zeros((), jnp.float32))
 
 
+SATURATION_WARN = 4.0
+"""`saturation` at or above which the train loop warns: the largest values lost two binades to clipping."""
+
+
+def _delayed_leaves(fp8_state: dict) -> list:
+    """(name, operand, path to the operand's dict) of every operand of our FP8 GEMMs, in tree order."""
+    out = []
+    for path, _ in jax.tree_util.tree_leaves_with_path(fp8_state.get(FP8_COLLECTION, {})):
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys[-1] == "amax_history" and keys[-2] in OPERANDS:
+            out.append(("/".join(keys[:-2]) + " " + keys[-2], keys[-2], keys[:-1]))
+    return out
+
+
+def saturation_names(fp8_state: dict) -> list[str]:
+    """What each index of `saturation`'s argmax names: "layer_1/mlp/gate/gemm grad" (a scanned layer's
+    operand once per layer: "... grad [layer 3]")."""
+    names = []
+    for name, _, keys in _delayed_leaves(fp8_state):
+        node = fp8_state[FP8_COLLECTION]
+        for k in keys:
+            node = node[k]
+        layers = node["scale"].size
+        names += [name] if layers == 1 and node["scale"].ndim == 0 else [f"{name} [layer {i}]" for i in range(layers)]
+    return names
+
+
+def saturation(old_state: dict, new_state: dict) -> tuple[jax.Array, jax.Array]:
+    """(largest ratio, over our FP8 operands, of this step's amax to the largest value the delayed
+    scale it was cast with can hold; the index of that operand in `saturation_names`).
+
+    Above 1 the cast clipped values at the FP8 maximum: delayed scaling lags an amax that grows
+    faster than its history (early training at a high learning rate, a gradient spike). Read from
+    the states before and after a step: the new history's first entry is this step's amax."""
+    ratios = []
+    for _, op, keys in _delayed_leaves(new_state):
+        old, new = old_state[FP8_COLLECTION], new_state[FP8_COLLECTION]
+        for k in keys:
+            old, new = old[k], new[k]
+        limit = old["scale"] * fp8_max(E5M2 if op == "grad" else E4M3)
+        ratios.append((new["amax_history"][..., 0] / jnp.maximum(limit, 1e-30)).reshape(-1))
+    if not ratios:
+        return jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+    flat = jnp.concatenate(ratios).astype(jnp.float32)
+    return jnp.max(flat), jnp.argmax(flat).astype(jnp.int32)
+
+
+def saturation_warning(step: int, ratio: float, name: str) -> str:
+    """The train loop's warning when `saturation` reaches SATURATION_WARN."""
+    return (f"FP8 step {step}: {name} amax was {ratio:.1f}x what its delayed scale can hold, so its largest "
+            "values were clipped; if the loss spikes, give the scales headroom (fp8.margin=2) or use "
+            "fp8.scaling=current (metric fp8_saturation)")
+
+
 def underflow_mean(fp8_state: dict, operand: str = "grad") -> jax.Array:
     """Mean over FP8 GEMMs (layers included) of `operand`'s last-step underflow share."""
     leaves = [leaf.reshape(-1) for leaf in _leaves(fp8_state, "underflow", operand)]

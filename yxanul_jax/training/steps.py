@@ -159,6 +159,8 @@ def make_train_step(cfg: Config, stage: StageConfig):
             metrics["fp8_nonfinite"] = fp8_lib.nonfinite_total(new_fp8)
             if cfg.fp8.underflow_stats:
                 metrics["fp8_grad_underflow"] = fp8_lib.underflow_mean(new_fp8, "grad")
+            if cfg.fp8.backend == "xla" and cfg.fp8.scaling == "delayed":  # values clipped by a lagging scale
+                metrics["fp8_saturation"], metrics["fp8_saturation_at"] = fp8_lib.saturation(state.fp8, new_fp8)
         return new_state, metrics
 
     return train_step
