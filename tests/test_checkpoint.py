@@ -177,6 +177,18 @@ def test_no_readable_checkpoint_is_a_user_error(tmp_path):
             ckpt.restore(_template(_small_state(0)), step=5)
 
 
+def test_an_unreadable_step_is_named_without_orbaxs_object_repr():
+    # What Orbax 0.12 raised for a checkpoint whose array chunks were overwritten (seen 2026-11-21): its
+    # message ends in a Python bound-method repr, which the warning and errors leave out.
+    from yxanul_jax.training.checkpoint import _unreadable
+
+    raised = Exception("Encountered error while reading array index: (slice(0, 4096, 1), slice(0, 128, 1)). "
+                       "See full TensorStore details: <bound method pybind11_detail_function_record_v1_system_"
+                       "libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1.spec of TensorStore({\n  'context': {")
+    assert _unreadable(raised) == ("Exception: Encountered error while reading array index: "
+                                   "(slice(0, 4096, 1), slice(0, 128, 1)).")
+
+
 def test_mismatched_template_is_refused_not_cast(tmp_path):
     with Checkpointer(str(tmp_path / "ck"), _cfg()) as ckpt:
         ckpt.save(1, _small_state(1), {}, force=True)

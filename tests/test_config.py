@@ -143,3 +143,21 @@ def test_an_overridden_model_gets_its_own_default_run_dir():
     changed = default_run_dir(load_config("configs/tiny.yaml", ["model.d_model=256"]), "configs/tiny.yaml")
     assert changed.startswith("runs/tiny-") and len(changed) == len("runs/tiny-") + 8
     assert default_run_dir(load_config("configs/tiny.yaml", ["train.steps=5"]), "configs/tiny.yaml") == "runs/tiny"
+
+
+@pytest.mark.parametrize("command, argv, needle", [
+    ("train", ["--steps", "5"], "unrecognized arguments: --steps; config keys are set as key=value, e.g. train.steps=VALUE"),
+    ("export", ["--run-dir", "runs/x"], "the following arguments are required: --output"),
+    ("export", ["--run-dir", "runs/x", "--output", "o", "--dtype", "float16"], "invalid choice: 'float16'"),
+    ("generate", ["--run-dir", "runs/x", "--max-new-tokens", "abc"], "invalid int value: 'abc'"),
+    ("tokenizer", ["train", "--vocab-size", "x"], "invalid int value: 'x'"),
+])
+def test_a_malformed_command_line_is_one_error_line_not_a_usage_block(command, argv, needle):
+    import importlib
+
+    from data_fixtures import run_cli
+
+    rc, out, err = run_cli(importlib.import_module(f"yxanul_jax.{command}").main, argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert lines[0].endswith("--help") and not out.strip()

@@ -41,10 +41,12 @@ def _theirs(folder, ids):
 
 def test_exported_trained_model_matches_in_transformers(trained_run, tmp_path):
     trained = load_trained(run_dir=str(trained_run))
-    out = tmp_path / "hf"
+    out = tmp_path / "exports" / "hf"  # its folder is made: `export --output hf/tiny` on a fresh checkout
     summary = export(trained, str(out), "float32")
     assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors",
                                        "tokenizer.json", "tokenizer_config.json"]
+    modes = {name: (out / name).stat().st_mode & 0o777 for name in os.listdir(out)}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the rest (umask), not owner-only
     assert summary["tie_word_embeddings"] and summary["vocab_size"] == 512
     tok = transformers.AutoTokenizer.from_pretrained(out)
     ids = tok(TEXT)["input_ids"][:96]

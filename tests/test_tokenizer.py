@@ -119,7 +119,7 @@ def test_bad_tokenizers_and_inputs_are_one_line_errors(tmp_path, tiny_tok_path):
     text.write_text("some text\n\nmore text\n")
     for extra, needle in ((["--min-frequency", "-3"], "--min-frequency -3 must be >= 1"),
                           (["--vocab-size", "100"], "too small"),
-                          (["--output", tmp_path / "no" / "such" / "dir"], "does not exist or is not writable")):
+                          (["--output", text / "under-a-file"], "is a file; choose another --output")):
         argv = ["train", "--input", text, "--vocab-size", "300", "--output", out, *extra]
         rc, _, err = run_cli(tokenizer_cmd.main, argv)
         assert rc == 2 and needle in err and err.count("\n") == 1 and not out.exists(), err

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -104,7 +105,7 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(env, fast_run, tmp_path
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
+    assert proc.returncode == 128 + signal.SIGTERM, out  # saved but not finished: not a 0
     assert "stopped by SIGTERM" in out
     stopped_at = Checkpointer(os.path.join(run, "checkpoints"), load_config(None, FAST).checkpoint).latest_step()
     assert stopped_at is not None and 3 <= stopped_at < 12
@@ -216,6 +217,42 @@ def test_run_dir_with_another_config_is_refused(fast_run, tmp_path):
     assert rc == 2 and "error: " in err
 
 
+def _tree(path) -> dict:
+    """Every file under `path` with its bytes: what a refused or no-op command must leave as it was."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
+
+
+def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(fast_run[0], run)
+    before = _tree(run)
+
+    def refused(*args, needle):
+        rc, _, err = cli(*args)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert rc == 2 and lines[-1].startswith("error: ") and needle in lines[-1], err[-2000:]
+
+    # a bad --checkpoint: checked before the new run directory exists, or before --overwrite moves anything
+    refused("--run-dir", str(tmp_path / "new"), *FAST, "--checkpoint", str(run / "checkpoints" / "999"),
+            needle="does not exist")
+    refused("--run-dir", str(tmp_path / "new"), *FAST, "model.d_model=32", "--checkpoint", str(run / "checkpoints"),
+            needle="does not match the state being restored")
+    refused("--run-dir", str(run), *FAST, "--overwrite", "--checkpoint", str(tmp_path / "nothing"),
+            needle="does not exist")
+    refused("--run-dir", str(tmp_path / "new"), *FAST, "--checkpoint", str(run / "config.yaml"),
+            needle="is a file, not a checkpoint")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "afile").write_text("x")
+    refused("--run-dir", str(tmp_path / "afile"), *FAST, needle="is a file; pass a directory")
+    refused("--run-dir", str(tmp_path / "empty"), *FAST, "--eval-only", needle="no checkpoint in run directory")
+    # a finished run asked for fewer steps and another lr trains nothing and records nothing
+    rc, out, err = cli("--run-dir", str(run), *FAST, "train.steps=10", "optim.lr=1e-4")
+    assert rc == 0 and "this run already finished: step 12" in out, err[-2000:]
+    assert _tree(run) == before
+
+
 def test_profile_trace_and_hlo_dump_for_requested_steps(tmp_path):
     run = tmp_path / "prof"
     rc, _, err = cli("--run-dir", str(run), *FAST, "train.steps=5", "eval.interval=0", "profile.start_step=2",
@@ -229,3 +266,4 @@ def test_profile_trace_and_hlo_dump_for_requested_steps(tmp_path):
     assert "f8e4m3fn" in (run / "hlo" / "stage_0_fp8_bootstrap.txt").read_text()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(r["fp8_nonfinite"] == 0 for r in rows if "loss" in r)
+    assert all(r["fp8_saturation"] > 0 for r in rows if "loss" in r and r["step"] > 1)  # delayed steps

@@ -23,7 +23,6 @@ a check fails: `fp8-expected` (FP8 GEMMs found == expected, none lost, all TE's 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -31,7 +30,7 @@ import sys
 
 from yxanul_jax.analysis.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
 from yxanul_jax.core.config import Config, add_config_args, apply_overrides, config_from_args
-from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
 
 REQUIREMENTS = ("fp8-expected", "cudnn-attention")
 
@@ -187,7 +186,7 @@ def format_report(r: dict) -> str:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m yxanul_jax.analyze", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m yxanul_jax.analyze", description=__doc__.splitlines()[0])
     add_config_args(parser)
     parser.add_argument("--stage", type=int, default=0, help="curriculum stage to compile (default 0)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole report")

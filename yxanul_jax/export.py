@@ -17,15 +17,14 @@ The FP8 state is not exported: the exported weights are the float32 master weigh
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.errors import UserError, cli_entry
-from yxanul_jax.core.rundir import staged_dir
+from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.rundir import check_new_output, staged_dir
 from yxanul_jax.inference.trained import add_source_args, load_trained
 from yxanul_jax.model.hf import hf_config, to_hf
 
@@ -39,14 +38,17 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
 
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    output = check_output(output)
+    output = str(check_new_output(output, "an export is never overwritten"))
     tok = trained.tokenizer()
     m = trained.cfg.model
     tied, tensors = to_hf(m, trained.params)
     with staged_dir(output) as tmp:  # an empty folder the user made at `output` is replaced
         jdt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-        save_file({k: jnp.asarray(v, jdt) for k, v in tensors.items()}, os.path.join(tmp, "model.safetensors"),
-                  metadata={"format": "pt"})
+        weights = os.path.join(tmp, "model.safetensors")
+        save_file({k: jnp.asarray(v, jdt) for k, v in tensors.items()}, weights, metadata={"format": "pt"})
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(weights, 0o666 & ~umask)  # safetensors writes it owner-only; the folder's other files are not
         _write_json(tmp, "config.json", hf_config(m, tied, tok.eos_id, dtype))
         _write_json(tmp, "generation_config.json", {"bos_token_id": tok.eos_id, "eos_token_id": tok.eos_id,
                                                      "do_sample": False})
@@ -59,18 +61,6 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
             "tie_word_embeddings": tied, "vocab_size": m.vocab_size}
 
 
-def check_output(output: str) -> str:
-    """The absolute output path, or a UserError when it exists (and is not an empty folder) or its
-    folder cannot be written."""
-    output = os.path.abspath(output)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        raise UserError(f"--output '{output}' already exists; pass a new folder (nothing is overwritten)")
-    parent = os.path.dirname(output)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise UserError(f"--output '{output}': its folder '{parent}' does not exist or is not writable")
-    return output
-
-
 def _write_json(folder: str, name: str, obj: dict) -> None:
     with open(os.path.join(folder, name), "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=2)
@@ -79,12 +69,12 @@ def _write_json(folder: str, name: str, obj: dict) -> None:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m yxanul_jax.export", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m yxanul_jax.export", description=__doc__.splitlines()[0])
     add_source_args(p)
     p.add_argument("--output", required=True, help="new folder for the Hugging Face model")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     args = p.parse_args(argv)
-    check_output(args.output)  # before the restore
+    check_new_output(args.output, "an export is never overwritten")  # before the restore
     summary = export(load_trained(args.run_dir, args.checkpoint), args.output, args.dtype)
     console.info(f"exported step {summary['step']} to {summary['output']}: {summary['tensors']} tensors, "
                  f"{summary['values']:,} values ({summary['dtype']}), tied embeddings {summary['tie_word_embeddings']}")

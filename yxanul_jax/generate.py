@@ -10,13 +10,12 @@ Prompts of different lengths are decoded together as one batch; a row stops at t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from yxanul_jax.core import console
 from yxanul_jax.core.config import FP8Config
-from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
 from yxanul_jax.inference.sampling import generate
 
 
@@ -37,7 +36,7 @@ def _prompts(args) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from yxanul_jax.inference.trained import add_source_args, load_trained  # deferred: generate() needs no checkpoint code
 
-    p = argparse.ArgumentParser(prog="python -m yxanul_jax.generate", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m yxanul_jax.generate", description=__doc__.splitlines()[0])
     add_source_args(p)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable: decoded as one batch)")
     p.add_argument("--prompt-file", action="append", help="a file whose whole text is one prompt (repeatable)")

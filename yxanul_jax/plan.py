@@ -13,7 +13,6 @@ and the `--json` line never disagree.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -23,7 +22,7 @@ import yaml
 
 from yxanul_jax.analysis import accounting, memory
 from yxanul_jax.core.config import Config, StageConfig, add_config_args, config_from_args, to_dict
-from yxanul_jax.core.errors import cli_entry
+from yxanul_jax.core.errors import ArgumentParser, cli_entry
 from yxanul_jax.model.transformer import COMPONENTS, abstract_variables, param_breakdown
 
 DEFAULT_GPU = "rtx4090"
@@ -148,7 +147,7 @@ def format_plan(plan: dict) -> str:
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m yxanul_jax.plan", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m yxanul_jax.plan", description=__doc__.splitlines()[0])
     add_config_args(parser)
     parser.add_argument("--gpu", default=DEFAULT_GPU,
                         help=f"GPU to fit: {', '.join(memory.GPUS)}, or its memory in GB (default {DEFAULT_GPU})")

@@ -5,14 +5,13 @@ Needs matplotlib (`pip install 'yxanul-jax[plot]'`); everything else reads plain
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.errors import UserError, cli_entry
-from yxanul_jax.core.rundir import METRICS_FILE, atomic_write_bytes
+from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.rundir import METRICS_FILE, atomic_write_bytes, check_output_parent
 
 PANELS = (("loss", "training loss"), ("val/mean/loss", "validation loss"), ("tokens_per_sec", "tokens/s"),
           ("lr", "learning rate"))
@@ -95,15 +94,13 @@ def plot_runs(runs: dict[str, list[dict]], output: str, panels=PANELS, colors: d
 
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m yxanul_jax.plot", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m yxanul_jax.plot", description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories with a metrics.jsonl")
     p.add_argument("--output", default="runs.png", help="PNG to write (default: runs.png)")
     args = p.parse_args(argv)
     if not args.output.endswith(".png"):
         raise UserError(f"--output '{args.output}' must end in .png")
-    parent = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise UserError(f"--output '{args.output}': its folder '{parent}' does not exist or is not writable")
+    check_output_parent(args.output)
     runs = {}
     for d in args.run_dirs:
         name = os.path.basename(os.path.normpath(d)) or d

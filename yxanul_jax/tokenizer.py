@@ -8,33 +8,21 @@ The tokenizers themselves (loading with SuperBPE detection, training, measuring)
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from yxanul_jax.core import console
-from yxanul_jax.core.errors import UserError, cli_entry
-from yxanul_jax.core.rundir import staged_dir
+from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.rundir import check_new_output, staged_dir
 from yxanul_jax.data.sources import add_source_args, source_from_args, warn_replaced
 from yxanul_jax.data.tokenizer import (SUPERBPE_CHOICES, check_bpe_args, load_tokenizer, measure, superbpe_flag,
                                        train_bpe)
 
 
-def _refuse_existing(path: str, what: str) -> None:
-    p = Path(path).expanduser()
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
-        raise UserError(f"output '{path}' already exists; choose another --output or delete it ({what})")
-    parent = p.absolute().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UserError(f"--output '{path}': its folder '{parent}' does not exist or is not writable; "
-                        "choose another --output")
-
-
 def _cmd_train(args) -> int:
-    _refuse_existing(args.output, "a trained tokenizer is never overwritten")  # before the long part
+    check_new_output(args.output, "a trained tokenizer is never overwritten")  # before the long part
     check_bpe_args(args.vocab_size, args.min_frequency)
     source = source_from_args(args)
     tok = train_bpe(source.batches(), args.vocab_size, min_frequency=args.min_frequency,
@@ -75,7 +63,7 @@ def _cmd_stats(args) -> int:
 @cli_entry
 def main(argv: Sequence[str] | None = None) -> int:
     """`tokenizer train` and `tokenizer stats`; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="yxanul tokenizer", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="yxanul tokenizer", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train a byte-level BPE with a capped vocabulary")
     add_source_args(train)

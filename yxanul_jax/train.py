@@ -7,11 +7,11 @@ signal-safe exit. The pieces live in config, data, steps, stages, evaluate, chec
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -21,8 +21,8 @@ import numpy as np
 from yxanul_jax.analysis import accounting
 from yxanul_jax.core import console
 from yxanul_jax.core.config import Config, add_config_args, stream_lanes, config_from_args, load_config, to_dict
-from yxanul_jax.core.errors import UserError, cli_entry
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, prepare_run_dir
+from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, check_run_dir, checkpoint_steps, prepare_run_dir
 from yxanul_jax.data.loader import Lanes, PreparedDataset, TokenStream, TrainStream, open_dataset
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
@@ -41,7 +41,7 @@ class TrainingDiverged(RuntimeError):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m yxanul_jax.train", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m yxanul_jax.train", description=__doc__.split("\n\n")[0])
     add_config_args(p)
     p.add_argument("--checkpoint", default=None, help="resume from this checkpoint (directory or step dir)")
     p.add_argument("--eval-only", action="store_true", help="validate the checkpoint and exit")
@@ -77,17 +77,21 @@ def open_training_data(cfg: Config) -> PreparedDataset:
     return ds
 
 
-def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: str | None, layout: sh.StateLayout):
-    """(state, meta, restored_from_step or None), laid out as `layout` says."""
+def restore_explicit(checkpoint: str, layout: sh.StateLayout):
+    """(state, meta, step) of `--checkpoint`, read-only and before the run directory is touched: a
+    missing, damaged or mismatched checkpoint is refused with nothing written."""
+    directory, step = resolve_checkpoint_path(checkpoint)
+    with Checkpointer(directory, read_only=True) as source:
+        step, state, meta = source.restore(layout.abstract, step)
+    return state, meta, step
+
+
+def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: tuple | None, layout: sh.StateLayout):
+    """(state, meta, restored_from_step or None), laid out as `layout` says; `explicit` is
+    `restore_explicit`'s result when the run starts from --checkpoint."""
     abstract, shardings = layout.abstract, layout.shardings
-    if explicit:
-        directory, step = resolve_checkpoint_path(explicit)
-        source = ckpt if os.path.abspath(directory) == os.path.abspath(ckpt.directory) else \
-            Checkpointer(directory, read_only=True)
-        step, state, meta = source.restore(abstract, step)
-        if source is not ckpt:
-            source.close()
-        return state, meta, step
+    if explicit is not None:
+        return explicit
     if ckpt.latest_step() is not None:
         step, state, meta = ckpt.restore(abstract)
         return state, meta, step
@@ -144,6 +148,7 @@ class Trainer:
         self.tokens = 0
         self.times = {"compile_wait": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds outside training
         self.stage_waits: dict[int, float] = {}  # stage -> seconds its first step waited for its compile
+        self.stopped_by: str | None = None  # the signal that stopped the run early ("SIGTERM", ...)
 
     def meta(self, stage: int) -> dict:
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
@@ -170,6 +175,7 @@ class Trainer:
         paused = 0.0  # seconds since last_time spent waiting for a compile, validating or saving
         stage_i = stage_index(cfg, start_step)
         self.compiler.prefetch(stage_i)
+        saturated_names, saturation_warned = fp8_lib.saturation_names(state.fp8), {}  # stage -> ratio warned
 
         def flush():
             nonlocal pending, last_time, paused
@@ -188,13 +194,19 @@ class Trainer:
             self.tokens += int(m["step_tokens"])
             util = mfu(tps, accounting.flops_per_token(cfg.model, stage.seq_len), jax.device_count(), self.peak)
             progress.update(step, si, stage.seq_len, m["loss"], tps, util)
+            ratio = m.get("fp8_saturation", 0.0)
+            if ratio >= max(fp8_lib.SATURATION_WARN, 2 * saturation_warned.get(si, 0.0)):
+                saturation_warned[si] = ratio  # again in a stage only at twice the ratio; rows carry the metric
+                console.warn(fp8_lib.saturation_warning(step, ratio,
+                                                        saturated_names[int(m["fp8_saturation_at"])]))
             if step % cfg.train.log_every == 0 or step == total:
                 writer.write({"step": step, "stage": si, "seq_len": stage.seq_len, "loss": m["loss"],
                               "lr": m["lr"], "grad_norm": m["grad_norm"], "tokens": self.tokens,
                               "tokens_per_sec": tps, "mfu": util, **({"z_loss": m["z_loss"]} if cfg.train.z_loss else {}),
                               **({"fp8_nonfinite": int(m["fp8_nonfinite"])} if "fp8_nonfinite" in m else {}),
                               **({"fp8_grad_underflow": float(m["fp8_grad_underflow"])}
-                                 if "fp8_grad_underflow" in m else {})})
+                                 if "fp8_grad_underflow" in m else {}),
+                              **({"fp8_saturation": m["fp8_saturation"]} if "fp8_saturation" in m else {})})
 
         with SignalGuard() as guard:
             for step in range(start_step, total):
@@ -244,6 +256,7 @@ class Trainer:
                     self.times["checkpoint"] += time.perf_counter() - t1
                 if stop:
                     self.ckpt.wait()
+                    self.stopped_by = guard.signal_name
                     by = guard.signal_name or "a signal to another process"
                     console.info(f"stopped by {by} at step {done}; checkpoint saved. "
                                  "Run the same command again to resume.")
@@ -331,7 +344,8 @@ def check_run(cfg: Config, ds: PreparedDataset, mesh) -> dict:
 def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
           mesh=None) -> dict:
     """Train `cfg` in `run_dir` (default `runs/<model.name>`), resuming from its checkpoints (or from
-    `checkpoint`), and return {"step", "interrupted", "validation" (the final row, or None), "times"
+    `checkpoint`), and return {"step", "interrupted", "signal" (what stopped it early: "SIGTERM", ...,
+    or None), "validation" (the final row, or None), "times"
     (seconds outside training: compile waits, validation, checkpoints; `stage_waits`: per stage, what
     its first step waited for its compile)}.
 
@@ -348,27 +362,35 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
     mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
     lead = jax.process_index() == 0
     run_dir = run_dir or os.path.join("runs", cfg.model.name)
+    check_run_dir(run_dir)
     ds = open_training_data(cfg)
     domains = check_run(cfg, ds, mesh)
+    layout = sh.state_layout(cfg, mesh)
+    explicit = restore_explicit(checkpoint, layout) if checkpoint else None
     enable_compilation_cache()
     lock = RunLock(run_dir).acquire() if lead else None
     try:
-        return _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite)
+        return _train_locked(cfg, run_dir, ds, domains, layout, lead, explicit, overwrite)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) -> dict:
-    ckpt_dir = prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ds.tokenizer_path) if lead else \
-        os.path.join(run_dir, CHECKPOINT_DIR)
+def _train_locked(cfg, run_dir, ds, domains, layout, lead, explicit, overwrite) -> dict:
+    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    saved = checkpoint_steps(ckpt_dir)
+    # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
+    finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
+
     if lead:
+        prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ds.tokenizer_path, record=not finished)
         console.info(run_header(cfg, with_config=False))
     ckpt = Checkpointer(ckpt_dir, cfg.checkpoint)
-    layout = sh.state_layout(cfg, mesh)
-    state, meta, restored = restore_or_init(cfg, ckpt, checkpoint, layout)
+    state, meta, restored = restore_or_init(cfg, ckpt, explicit, layout)
     trainer = Trainer(cfg, ds, run_dir, ckpt, layout, domains)
     start = int(state.step)
+    if finished and start < cfg.train.steps and lead:  # its latest checkpoint was unusable: it trains after all
+        prepare_run_dir(run_dir, cfg, tokenizer=ds.tokenizer_path)
     if restored is not None:
         trainer.stream.set_state(meta["data"])
         trainer.tokens = int(meta.get("tokens", 0))
@@ -377,11 +399,13 @@ def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) 
     console.info(f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters, attention {attention}; data "
                  f"{cfg.data.train or 'demo corpus'}; FP8 "
                  f"{f'{cfg.fp8.backend} ({cfg.fp8.scaling})' if cfg.fp8.active else 'off'}; {len(cfg.curriculum)} "
-                 f"stage(s); {cfg.train.steps} steps; mesh data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}; "
+                 f"stage(s); {cfg.train.steps} steps; mesh data={layout.mesh.shape['data']} x "
+                 f"fsdp={layout.mesh.shape['fsdp']}; "
                  f"run dir {run_dir} (resolved config in {CONFIG_FILE})")
     # Every start cuts metrics.jsonl (and TensorBoard, by a purge marker) back to the step it starts
     # from: rows of steps a killed run logged after its last checkpoint would otherwise appear twice.
-    writer = MetricsWriter(run_dir, resume_step=start) if lead else _NullWriter()
+    nothing_to_log = start >= cfg.train.steps and meta.get("validated")  # finished and validated: no writes
+    writer = MetricsWriter(run_dir, resume_step=start) if lead and not nothing_to_log else _NullWriter()
     progress = Progress(cfg.train.steps, stream=None if lead else open(os.devnull, "w"))
     row, step, interrupted = None, start, False
     started = time.perf_counter()
@@ -398,17 +422,25 @@ def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) 
         if not interrupted:
             progress.close()
             last_stage = stage_index(cfg, step - 1)
+            t0 = time.perf_counter()
             row = trainer.validate(state, step, cfg.curriculum[last_stage].seq_len, writer)
             _report_eval(row, step)  # every process: the values are global, so they must agree
+            t1 = time.perf_counter()
             trainer.save(state, step, last_stage, row["val/mean/ppl"])
             writer.flush()
+            ckpt.wait()
+            t2 = time.perf_counter()
+            trainer.times["validation"] += t1 - t0
+            trainer.times["checkpoint"] += t2 - t1
             if lead and cfg.train.sample_tokens:
                 print_sample(cfg, state)
+                trainer.times["sample"] = time.perf_counter() - t2
         elapsed = time.perf_counter() - started
         outside = sum(trainer.times.values())
         console.info(f"time: {elapsed:.1f} s in all, {elapsed - outside:.1f} s training; outside it compile waits "
                      f"{trainer.times['compile_wait']:.1f} s, validation {trainer.times['validation']:.1f} s, "
-                     f"checkpoints {trainer.times['checkpoint']:.1f} s")
+                     f"checkpoints {trainer.times['checkpoint']:.1f} s"
+                     + (f", sample {trainer.times['sample']:.1f} s" if "sample" in trainer.times else ""))
     except TrainingDiverged as e:
         progress.close()
         e.last_good_step = ckpt.latest_step()
@@ -418,7 +450,7 @@ def _train_locked(cfg, run_dir, ds, domains, mesh, lead, checkpoint, overwrite) 
         ckpt.close()
         writer.close()
         trainer.stream.close()
-    return {"step": step, "interrupted": interrupted, "validation": row,
+    return {"step": step, "interrupted": interrupted, "signal": trainer.stopped_by, "validation": row,
             "times": {**trainer.times, "stage_waits": dict(trainer.stage_waits)}}
 
 
@@ -445,18 +477,22 @@ def main(argv: list[str] | None = None) -> int:
         enable_compilation_cache()
         return eval_only(cfg, ds, run_dir, args.checkpoint, sh.make_mesh(cfg.mesh))
     try:
-        train(cfg, run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite)
+        result = train(cfg, run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite)
     except TrainingDiverged as e:
         console.error(f"{e}; stopping. The last good checkpoint (step {e.last_good_step}) is intact; lower "
                       "optim.lr or raise the warmup, then resume from it.")
         return 1
+    if result["interrupted"]:  # saved, not finished: 128 + the signal, as a shell reports a process it stopped
+        return 128 + int(getattr(signal, result["signal"] or "SIGTERM"))
     return 0
 
 
 def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | None, mesh) -> int:
     """Validate a checkpoint (explicit, or the run directory's latest) on every domain."""
-    target = checkpoint or os.path.join(run_dir, CHECKPOINT_DIR)
-    directory, step = resolve_checkpoint_path(target)
+    if not checkpoint and not checkpoint_steps(os.path.join(run_dir, CHECKPOINT_DIR)):
+        raise UserError(f"no checkpoint in run directory '{run_dir}' to validate; train it first, or pass "
+                        "--checkpoint PATH")
+    directory, step = resolve_checkpoint_path(checkpoint or os.path.join(run_dir, CHECKPOINT_DIR))
     ckpt = Checkpointer(directory, read_only=True)
     try:
         abstract = sh.state_layout(cfg, mesh).abstract

@@ -628,6 +628,19 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     return validate(cfg)
 
 
+def keys_named(name: str, cls=None, prefix: str = "") -> list[str]:
+    """The dotted config keys whose last part is `name` ("steps" -> ["train.steps"]), for hints."""
+    found = []
+    for f in dataclasses.fields(cls or Config):
+        key = _join(prefix, f.name)
+        tp = _hints(cls or Config)[f.name]
+        if dataclasses.is_dataclass(tp):
+            found += keys_named(name, tp, key)
+        elif f.name == name:
+            found.append(key)
+    return found
+
+
 def add_config_args(parser) -> None:
     """The `--config FILE` and trailing `key=value` arguments every command shares."""
     parser.add_argument("--config", default=None, help="YAML file overriding the defaults (see configs/)")

@@ -1,7 +1,9 @@
 """The one error type for user mistakes, and the CLI wrapper that turns it into exit code 2."""
 from __future__ import annotations
 
+import argparse
 import functools
+import re
 from typing import Callable, TypeVar
 
 F = TypeVar("F", bound=Callable[..., int | None])
@@ -19,6 +21,22 @@ class UserError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))  # always one line
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes (a missing, unknown or malformed flag) raise one UserError line naming
+    the fix, instead of printing the usage block; every command's parser is one of these."""
+
+    def error(self, message: str):
+        hint = ""
+        unknown = re.findall(r"--([\w-]+)", message) if message.startswith("unrecognized arguments") else []
+        if unknown:
+            from yxanul_jax.core.config import keys_named  # deferred: config imports this module
+
+            keys = keys_named(unknown[0].replace("-", "_"))
+            if keys:
+                hint = f"; config keys are set as key=value, e.g. {keys[0]}=VALUE"
+        raise UserError(f"{message}{hint}; see {self.prog} --help")
 
 
 def one_line(e: BaseException, limit: int | None = None) -> str:

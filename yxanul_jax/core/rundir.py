@@ -31,6 +31,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from yxanul_jax.core import console
 from yxanul_jax.core.config import Config, to_yaml
 from yxanul_jax.core.errors import UserError
 
@@ -81,6 +82,29 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def check_output_parent(path: str | os.PathLike, flag: str = "--output") -> None:
+    """UserError unless `path`'s folder can be made: its nearest existing ancestor is a writable
+    directory (the missing folders are created when it is written)."""
+    final = Path(path).expanduser().absolute()
+    ancestor = final.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
+        what = "is a file" if not ancestor.is_dir() else "is not writable"
+        raise UserError(f"{flag} '{path}': '{ancestor}' {what}; choose another {flag}")
+
+
+def check_new_output(path: str | os.PathLike, why: str, flag: str = "--output") -> Path:
+    """The absolute path of a new output (a file or folder), or UserError when it exists (an empty
+    folder is allowed: the output replaces it) or cannot be written; `why` says why it is never
+    overwritten."""
+    final = Path(path).expanduser().absolute()
+    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise UserError(f"{flag} '{path}' already exists; choose another {flag} or delete it ({why})")
+    check_output_parent(final, flag)
+    return final
+
+
 def atomic_write(path: str, text: str) -> None:
     """Write `text` to `path` via a temporary file in the same directory and a rename."""
     atomic_write_bytes(path, text.encode("utf-8"))
@@ -89,6 +113,7 @@ def atomic_write(path: str, text: str) -> None:
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory and a rename."""
     final = Path(path).absolute()
+    final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(final)
     tmp = _temp_sibling(final)
     try:
@@ -170,10 +195,17 @@ def checkpoint_steps(directory: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
+def check_run_dir(run_dir: str) -> None:
+    """UserError when `run_dir` exists and is not a directory."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise UserError(f"run directory '{run_dir}' is a file; pass a directory as --run-dir")
+
+
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
-                    tokenizer: str | None = None) -> str:
+                    tokenizer: str | None = None, record: bool = True) -> str:
     """Create `run_dir`, write its resolved `config.yaml` (and a copy of the `tokenizer` file, when
-    given, as `tokenizer.json`), and return its checkpoint directory.
+    given, as `tokenizer.json`), and return its checkpoint directory. `record=False`: the same
+    checks, nothing written (a finished run asked to train again changes nothing).
 
     * No config there yet: write it.
     * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
@@ -184,8 +216,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
       new config is written.
     """
     run_dir = os.path.abspath(os.path.expanduser(run_dir))
-    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
-        raise UserError(f"run directory '{run_dir}' is a file; pass a directory as --run-dir")
+    check_run_dir(run_dir)
     os.makedirs(run_dir, exist_ok=True)
     config_path = os.path.join(run_dir, CONFIG_FILE)
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
@@ -203,6 +234,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             os.makedirs(aside)
             for name in present:
                 os.replace(os.path.join(run_dir, name), os.path.join(aside, name))
+            console.info(f"--overwrite: the previous run's {', '.join(present)} moved to {aside}")
     elif os.path.exists(config_path):
         try:
             with open(config_path, encoding="utf-8") as fh:
@@ -217,7 +249,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "
                             "changes the model or the data; pass a new --run-dir (add --checkpoint "
                             f"{ckpt_dir} to start from its weights) or --overwrite to start over")
-        if diffs:  # nothing trained yet, or only settings a resume may change: take the new config
+        if diffs and record:  # nothing trained yet, or only settings a resume may change: take the new config
             changes = {k: [was, now] for k, was, now in diffs}
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:
@@ -227,6 +259,8 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     if steps and not resume:
         raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
                         "resume from them, pass a new --run-dir, or --overwrite to start over")
+    if not record:
+        return ckpt_dir
     if not os.path.exists(config_path):
         atomic_write(config_path, text)
     if tokenizer:

@@ -78,6 +78,13 @@ class _Manager(ocp.CheckpointManager):
 
 
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+_TENSORSTORE_DETAILS = re.compile(r"\s*See full TensorStore details:.*$")
+
+
+def _unreadable(e: BaseException) -> str:
+    """Why a checkpoint could not be read, in one line: the exception's first line, without the
+    Python object repr Orbax appends as "full TensorStore details"."""
+    return f"{type(e).__name__}: {_TENSORSTORE_DETAILS.sub('', one_line(e))[:300]}"
 
 
 def _write_failure(e: BaseException) -> str | None:
@@ -431,7 +438,7 @@ class Checkpointer:
             try:
                 saved = _leaf_specs(self._mngr.item_metadata(s)["state"])
             except Exception as e:  # noqa: BLE001 - anything unreadable means "try the previous one"
-                reason = f"{type(e).__name__}: {one_line(e, 300)}"
+                reason = _unreadable(e)
             else:
                 if not saved:  # no state metadata: a damaged checkpoint, not a different config
                     reason = "its array metadata (state/_METADATA) is missing"
@@ -449,7 +456,7 @@ class Checkpointer:
                 try:
                     out = self._mngr.restore(s, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
                 except Exception as e:  # noqa: BLE001
-                    reason = f"{type(e).__name__}: {one_line(e, 300)}"
+                    reason = _unreadable(e)
                 else:
                     reason = verify(out["state"], dict(out["meta"]))
                     if reason is None:
@@ -498,7 +505,7 @@ class Checkpointer:
             out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         except Exception as e:  # noqa: BLE001
             raise UserError(f"checkpoint step {step} in '{self.directory}' has no readable meta "
-                            f"({type(e).__name__}: {one_line(e, 300)}); pass another step")
+                            f"({_unreadable(e)}); pass another step")
         return dict(out["meta"])
 
     # ---- lifecycle
@@ -549,6 +556,9 @@ def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
     PATH does not exist or holds no checkpoint.
     """
     full = os.path.abspath(os.path.expanduser(path))
+    if os.path.isfile(full):
+        raise UserError(f"--checkpoint '{path}' is a file, not a checkpoint; pass a checkpoint directory "
+                        "(run_dir/checkpoints) or one step directory inside it")
     if not os.path.isdir(full):
         raise UserError(f"--checkpoint '{path}' does not exist; pass a checkpoint directory "
                         "(run_dir/checkpoints) or one step directory inside it")
