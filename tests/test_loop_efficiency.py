@@ -24,7 +24,8 @@ def test_loop_and_bare_step_per_stage_with_the_stall_at_the_change(prepared, tin
         assert row["loop_tokens_per_sec"] > 0 and row["bare_tokens_per_sec"] > 0
         assert row["ratio"] == row["loop_tokens_per_sec"] / row["bare_tokens_per_sec"]
     assert "stall_s" not in first and second["stall_s"] >= second["compile_wait_s"] >= 0
-    assert record["times"]["validation"] == 0.0  # nothing but training inside the loop
+    # outside the loop's training time: the compile waits, and only the run's final validation and save
+    assert record["times"]["compile_wait"] >= 0 and record["times"]["validation"] > 0
     assert "ratio" in stdout and "stall s" in stdout
 
 

@@ -32,9 +32,11 @@ def test_plot_command_draws_runs_and_refuses_mistakes(tmp_path):
     assert plot.series(plot.read_metrics(str(tmp_path / "b")), "val/mean/loss") == ([500.0], [4.8])
     for argv, words in (([tmp_path / "missing"], "no metrics.jsonl"),
                         ([tmp_path / "a", "--output", tmp_path / "x.jpg"], "must end in .png"),
-                        ([tmp_path / "a", "--output", tmp_path / "no" / "x.png"], "not writable")):
+                        ([tmp_path / "a", "--output", out / "x.png"], "is a file")):
         rc, _, stderr = run_cli(plot.main, argv)
         assert rc == 2 and words in stderr and len(stderr.strip().splitlines()) == 1
+    rc, _, _ = run_cli(plot.main, [tmp_path / "a", "--output", tmp_path / "new" / "dir" / "x.png"])
+    assert rc == 0 and (tmp_path / "new" / "dir" / "x.png").read_bytes().startswith(PNG)  # its folders made
 
 
 def test_tokens_to_target_interpolates_and_summary_compares_arms():
