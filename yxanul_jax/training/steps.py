@@ -139,7 +139,12 @@ def make_accumulate(cfg: Config, stage: StageConfig):
 
 
 def make_train_step(cfg: Config, stage: StageConfig):
-    """The train step of one stage (its clip and shapes are static; compile it once per stage)."""
+    """The train step of one stage: `train_step(state, batch) -> (state, metrics)`, a pure function to
+    jit once per stage. `batch` holds inputs / targets int32 and mask float32 of shape
+    [grad_accum_steps, batch_size, seq_len] (the loader's [B, L] rows reshaped, as the train command's
+    `_batch_for` does). `stage` gives the shapes and the clip; the learning rate is `cfg`'s schedule at
+    `state.step`, whose per-stage `lr_scale` and warmup come from `cfg.curriculum` by step number, so a
+    stage that is not in `cfg.curriculum` changes no lr."""
     optimizer = make_optimizer(cfg)
     schedule = lr_schedule(cfg)
     accumulate = make_accumulate(cfg, stage)
