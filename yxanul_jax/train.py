@@ -22,12 +22,13 @@ from yxanul_jax.analysis import accounting
 from yxanul_jax.core import console
 from yxanul_jax.core.config import Config, add_config_args, stream_lanes, config_from_args, load_config, to_dict
 from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, check_run_dir, checkpoint_steps, prepare_run_dir
+from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, PROFILE_DIR, RunLock, check_run_dir, checkpoint_steps,
+                                    prepare_run_dir)
 from yxanul_jax.data.loader import Lanes, PreparedDataset, TokenStream, TrainStream, open_dataset
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
-from yxanul_jax.training.checkpoint import Checkpointer, SignalGuard, resolve_checkpoint_path, tree_is_finite
+from yxanul_jax.training.checkpoint import Checkpointer, SignalGuard, read_checkpoint, tree_is_finite
 from yxanul_jax.training.evaluate import evaluate, format_eval, resolve_domains
 from yxanul_jax.training.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
@@ -77,21 +78,13 @@ def open_training_data(cfg: Config) -> PreparedDataset:
     return ds
 
 
-def restore_explicit(checkpoint: str, layout: sh.StateLayout):
-    """(state, meta, step) of `--checkpoint`, read-only and before the run directory is touched: a
-    missing, damaged or mismatched checkpoint is refused with nothing written."""
-    directory, step = resolve_checkpoint_path(checkpoint)
-    with Checkpointer(directory, read_only=True) as source:
-        step, state, meta = source.restore(layout.abstract, step)
-    return state, meta, step
-
-
 def restore_or_init(cfg: Config, ckpt: Checkpointer, explicit: tuple | None, layout: sh.StateLayout):
     """(state, meta, restored_from_step or None), laid out as `layout` says; `explicit` is
-    `restore_explicit`'s result when the run starts from --checkpoint."""
+    `read_checkpoint`'s (state, meta, step) when the run starts from --checkpoint."""
     abstract, shardings = layout.abstract, layout.shardings
     if explicit is not None:
-        return explicit
+        step, state, meta = explicit
+        return state, meta, step
     if ckpt.latest_step() is not None:
         step, state, meta = ckpt.restore(abstract)
         return state, meta, step
@@ -366,7 +359,8 @@ def train(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = N
     ds = open_training_data(cfg)
     domains = check_run(cfg, ds, mesh)
     layout = sh.state_layout(cfg, mesh)
-    explicit = restore_explicit(checkpoint, layout) if checkpoint else None
+    # a missing, damaged or mismatched --checkpoint is refused before the run directory is touched
+    explicit = read_checkpoint(checkpoint, layout.abstract) if checkpoint else None
     enable_compilation_cache()
     lock = RunLock(run_dir).acquire() if lead else None
     try:
@@ -492,16 +486,11 @@ def eval_only(cfg: Config, ds: PreparedDataset, run_dir: str, checkpoint: str | 
     if not checkpoint and not checkpoint_steps(os.path.join(run_dir, CHECKPOINT_DIR)):
         raise UserError(f"no checkpoint in run directory '{run_dir}' to validate; train it first, or pass "
                         "--checkpoint PATH")
-    directory, step = resolve_checkpoint_path(checkpoint or os.path.join(run_dir, CHECKPOINT_DIR))
-    ckpt = Checkpointer(directory, read_only=True)
-    try:
-        abstract = sh.state_layout(cfg, mesh).abstract
-        step, state, _ = ckpt.restore({"params": abstract.params, "fp8": abstract.fp8}, step, partial=True)
-    finally:
-        ckpt.close()
+    step, model, _ = read_checkpoint(checkpoint or os.path.join(run_dir, CHECKPOINT_DIR),
+                                     sh.state_layout(cfg, mesh).abstract.model_parts(), partial=True)
     seq_len = eval_seq_len(cfg, cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len)
-    row = validate_on_mesh(cfg, jax.jit(make_eval_step(cfg)), state["params"], state["fp8"], resolve_domains(cfg.eval.domains, ds),
-                           seq_len, mesh)
+    row = validate_on_mesh(cfg, jax.jit(make_eval_step(cfg)), model["params"], model["fp8"],
+                           resolve_domains(cfg.eval.domains, ds), seq_len, mesh)
     if jax.process_index() == 0:
         _report_eval(row, step)
     return 0

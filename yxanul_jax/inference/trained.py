@@ -90,8 +90,7 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
     try:
         if cfg is None:  # the config saved with the checkpoint
             cfg = validate(from_dict(Config, ckpt.read_meta(step)["config"]))
-        abstract = abstract_train_state(cfg)
-        step, state, _ = ckpt.restore({"params": abstract.params, "fp8": abstract.fp8}, step, partial=True)
+        step, state, _ = ckpt.restore(abstract_train_state(cfg).model_parts(), step, partial=True)
     finally:
         ckpt.close()
     state = jax.device_get(state)

@@ -314,13 +314,15 @@ SATURATION_WARN = 4.0
 """`saturation` at or above which the train loop warns: the largest values lost two binades to clipping."""
 
 
-def _delayed_leaves(fp8_state: dict) -> list:
-    """(name, operand, path to the operand's dict) of every operand of our FP8 GEMMs, in tree order."""
+def _operands(fp8_state: dict) -> list[tuple[str, str, dict]]:
+    """(name, operand, its state dict) of every operand of our FP8 GEMMs, in tree order (the same
+    order for two states of one model)."""
     out = []
     for path, _ in jax.tree_util.tree_leaves_with_path(fp8_state.get(FP8_COLLECTION, {})):
         keys = [str(getattr(k, "key", k)) for k in path]
-        if keys[-1] == "amax_history" and keys[-2] in OPERANDS:
-            out.append(("/".join(keys[:-2]) + " " + keys[-2], keys[-2], keys[:-1]))
+        if keys[-1] == "scale" and keys[-2] in OPERANDS:
+            meta = functools.reduce(lambda node, k: node[k], keys[:-1], fp8_state[FP8_COLLECTION])
+            out.append(("/".join(keys[:-2]) + " " + keys[-2], keys[-2], meta))
     return out
 
 
@@ -328,12 +330,9 @@ def saturation_names(fp8_state: dict) -> list[str]:
     """What each index of `saturation`'s argmax names: "layer_1/mlp/gate/gemm grad" (a scanned layer's
     operand once per layer: "... grad [layer 3]")."""
     names = []
-    for name, _, keys in _delayed_leaves(fp8_state):
-        node = fp8_state[FP8_COLLECTION]
-        for k in keys:
-            node = node[k]
-        layers = node["scale"].size
-        names += [name] if layers == 1 and node["scale"].ndim == 0 else [f"{name} [layer {i}]" for i in range(layers)]
+    for name, _, meta in _operands(fp8_state):
+        scale = meta["scale"]
+        names += [name] if scale.ndim == 0 else [f"{name} [layer {i}]" for i in range(scale.size)]
     return names
 
 
@@ -344,13 +343,9 @@ def saturation(old_state: dict, new_state: dict) -> tuple[jax.Array, jax.Array]:
     Above 1 the cast clipped values at the FP8 maximum: delayed scaling lags an amax that grows
     faster than its history (early training at a high learning rate, a gradient spike). Read from
     the states before and after a step: the new history's first entry is this step's amax."""
-    ratios = []
-    for _, op, keys in _delayed_leaves(new_state):
-        old, new = old_state[FP8_COLLECTION], new_state[FP8_COLLECTION]
-        for k in keys:
-            old, new = old[k], new[k]
-        limit = old["scale"] * fp8_max(E5M2 if op == "grad" else E4M3)
-        ratios.append((new["amax_history"][..., 0] / jnp.maximum(limit, 1e-30)).reshape(-1))
+    ratios = [(new["amax_history"][..., 0] / jnp.maximum(old["scale"] * fp8_max(E5M2 if op == "grad" else E4M3),
+                                                         1e-30)).reshape(-1)
+              for (_, op, old), (_, _, new) in zip(_operands(old_state), _operands(new_state))]
     if not ratios:
         return jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
     flat = jnp.concatenate(ratios).astype(jnp.float32)

@@ -548,6 +548,13 @@ def tree_is_finite(tree: Any) -> bool:
     return bool(jnp.all(jnp.stack(checks))) if checks else True
 
 
+def read_checkpoint(path: str, abstract_state: Any, *, partial: bool = False) -> tuple[int, Any, dict]:
+    """`Checkpointer.restore` of `--checkpoint PATH` (`resolve_checkpoint_path`), read-only."""
+    directory, step = resolve_checkpoint_path(path)
+    with Checkpointer(directory, read_only=True) as ckpt:
+        return ckpt.restore(abstract_state, step, partial=partial)
+
+
 def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
     """Turn `--checkpoint PATH` into `(checkpoint directory, step or None for the latest)`.
 

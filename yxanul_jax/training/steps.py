@@ -43,6 +43,10 @@ class TrainState:
     opt_state: Any
     fp8: Any
 
+    def model_parts(self) -> dict:
+        """{"params", "fp8"}: what evaluating or sampling the model needs (a partial checkpoint restore)."""
+        return {"params": self.params, "fp8": self.fp8}
+
 
 def init_train_state(cfg: Config, key: jax.Array) -> TrainState:
     """A fresh state: parameters from `key`, zero moments, empty FP8 histories."""
