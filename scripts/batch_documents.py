@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 from shared_datasets import gutenberg_superbpe  # noqa: E402
 from yxanul_jax.core.config import load_config, stream_lanes  # noqa: E402
-from yxanul_jax.data.loader import TrainStream, open_dataset  # noqa: E402
+from yxanul_jax.data.dataset import open_dataset  # noqa: E402
+from yxanul_jax.data.loader import TrainStream  # noqa: E402
 
 
 def diversity(ds, seed: int, lanes: int, seq_len: int, rows: int, batches: int) -> tuple[float, float]:

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from shared_datasets import gutenberg_superbpe  # noqa: E402
-from yxanul_jax.data.loader import TrainStream, open_dataset  # noqa: E402
+from yxanul_jax.data.dataset import open_dataset  # noqa: E402
+from yxanul_jax.data.loader import TrainStream  # noqa: E402
 
 SHAPES = [(128, 256), (2048, 16)]  # (seq_len, batch_size): 32,768 tokens per batch each
 

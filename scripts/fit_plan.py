@@ -43,7 +43,8 @@ def collect(args) -> None:
     import jax
 
     from yxanul_jax.analysis.gpu_target import gpu_config
-    from yxanul_jax.core.config import load_config, to_dict
+    from yxanul_jax.core.coerce import to_dict
+    from yxanul_jax.core.config import load_config
     from yxanul_jax.training.stages import compile_stage, compiled_memory
 
     device = None
@@ -70,7 +71,8 @@ def collect(args) -> None:
 
 
 def _load(path: str):
-    from yxanul_jax.core.config import Config, from_dict
+    from yxanul_jax.core.coerce import from_dict
+    from yxanul_jax.core.config import Config
 
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     return [(r, from_dict(Config, r["cfg"])) for r in rows]

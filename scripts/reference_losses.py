@@ -25,7 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from yxanul_jax.data.loader import PreparedDataset, TokenStream, open_dataset  # noqa: E402
+from yxanul_jax.data.dataset import PreparedDataset, open_dataset  # noqa: E402
+from yxanul_jax.data.loader import TokenStream  # noqa: E402
 
 LAMBDAS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 

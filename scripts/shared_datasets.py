@@ -11,7 +11,8 @@ if str(ROOT) not in sys.path:
 
 from yxanul_jax.core.errors import UserError  # noqa: E402
 from yxanul_jax.core.rundir import cache_root  # noqa: E402
-from yxanul_jax.data.loader import open_dataset  # noqa: E402
+from yxanul_jax.data.dataset import open_dataset  # noqa: E402
+from yxanul_jax.data.layout import is_prepared  # noqa: E402
 from yxanul_jax.data.prepare import prepare_dataset  # noqa: E402
 from yxanul_jax.data.sources import DocumentSource  # noqa: E402
 
@@ -19,7 +20,7 @@ from yxanul_jax.data.sources import DocumentSource  # noqa: E402
 def gutenberg_superbpe() -> str:
     """../shared's 262 Gutenberg books, SuperBPE-tokenized, prepared once into `$YXANUL_CACHE`."""
     out = cache_root() / "bench-gutenberg-superbpe"
-    if not (out / "manifest.json").is_file():
+    if not is_prepared(out):
         if not SHARED.exists():
             raise UserError(f"no --data given and no shared data at {SHARED}; pass --data DIR (a prepared dataset)")
         source = DocumentSource([str(SHARED / "data/train/gutenberg-*.parquet")])
@@ -36,7 +37,7 @@ def gutenberg_code_8k() -> str:
     from yxanul_jax.data.tokenizer import train_bpe
 
     out = cache_root() / "study-gutenberg-code-8k"
-    if not (out / "manifest.json").is_file():
+    if not is_prepared(out):
         if not SHARED.exists():
             raise UserError(f"no --data given and no shared data at {SHARED}; pass --data DIR (a prepared dataset)")
         inputs = [str(SHARED / "data/train/gutenberg-00000-of-00004.parquet"), str(SHARED / "data/train/python_code.parquet")]

@@ -3,7 +3,7 @@
     python scripts/study.py --out DIR [--config F] [--set KEY=VALUE ...] [--seeds 0 1 2]
         --arm NAME [KEY=VALUE ...] --arm NAME [KEY=VALUE ...] ... [--target-loss X]
 
-Every run is `train(cfg)` (in this process, one after another) of the config with the common `--set`
+Every run is `fit(cfg)` (in this process, one after another) of the config with the common `--set`
 overrides, then the arm's overrides, then `train.seed` and `data.shuffle_seed` = the seed. Validation
 uses one fixed `eval.seq_len` (default 128) on the dataset's val split, so every arm is measured on
 the same tokens. Example, FP8 against BF16 and a curriculum against one stage at equal tokens:
@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from yxanul_jax.core.config import load_config  # noqa: E402
-from yxanul_jax.core.errors import UserError, cli_entry  # noqa: E402
+from yxanul_jax.core.args import cli_entry  # noqa: E402
+from yxanul_jax.core.errors import UserError  # noqa: E402
 from yxanul_jax.core.rundir import atomic_write  # noqa: E402
 from yxanul_jax.plot import plot_runs, read_metrics, series  # noqa: E402
-from yxanul_jax.train import train  # noqa: E402
+from yxanul_jax.training.loop import fit  # noqa: E402
 
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     for (arm, s), cfg in configs.items():
         run_dir = os.path.join(args.out, "runs", arm, f"seed{s}")
         print(f"== arm {arm}, seed {s}: {run_dir}", flush=True)
-        train(cfg, run_dir)
+        fit(cfg, run_dir)
         results[arm][s] = read_metrics(run_dir)
     summary = summarize(results, args.target_loss)
     header = (f"Study of {len(arms)} arms x {len(args.seeds)} seeds ({time.strftime('%Y-%m-%d')}, "

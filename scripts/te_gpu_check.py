@@ -31,8 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from yxanul_jax.core.args import cli_entry
 from yxanul_jax.core.config import load_config
-from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training.stages import compile_stage, synthetic_batch
 from yxanul_jax.training.steps import fp8_bootstrap_config, init_train_state

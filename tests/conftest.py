@@ -121,13 +121,13 @@ def trained_run(tmp_path_factory, shared_caches):
     import fcntl
 
     from yxanul_jax.core.config import load_config
-    from yxanul_jax.train import train
+    from yxanul_jax.training.loop import fit
 
     run_dir = shared_caches / "trained-run"
     with open(shared_caches / "trained-run.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (shared_caches / "trained-run.done").exists():
-            train(load_config(None, TRAINED_RUN), str(run_dir))
+            fit(load_config(None, TRAINED_RUN), str(run_dir))
             (shared_caches / "trained-run.done").touch()
     return run_dir
 

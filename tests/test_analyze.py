@@ -6,7 +6,8 @@ import json
 import pytest
 
 from yxanul_jax import analyze as insp
-from yxanul_jax.core.config import FP8Config, to_yaml
+from yxanul_jax.core.coerce import to_yaml
+from yxanul_jax.core.config import FP8Config
 
 from conftest import micro_config
 

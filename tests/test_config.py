@@ -1,12 +1,16 @@
 """Config system: defaults, sparse YAML, dotted overrides, and one-line errors with exit code 2."""
 import dataclasses
+import re
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from yxanul_jax import plan
-from yxanul_jax.core.config import Config, apply_overrides, from_dict, load_config, to_dict, to_yaml, validate
+from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
+from yxanul_jax.core.coerce import to_yaml
+from yxanul_jax.core.config import Config, load_config, resumable, validate
 from yxanul_jax.core.errors import UserError
 
 from conftest import REPO
@@ -16,7 +20,6 @@ def test_defaults_validate_and_roundtrip():
     cfg = validate(Config())
     again = from_dict(Config, to_dict(cfg))
     assert again == cfg
-    import yaml
     assert from_dict(Config, yaml.safe_load(to_yaml(cfg))) == cfg
 
 
@@ -92,6 +95,52 @@ def test_unknown_yaml_key_and_bad_files(tmp_path):
         load_config(str(tmp_path))
 
 
+
+# What a resumed run may change (it changes neither the model nor the data stream): whole sections end in "."
+RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sample_tokens", "train.xla_options",
+             "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
+             "optim.lr", "data.num_workers", "data.prefetch")
+
+
+def _field_keys(cls, prefix=""):
+    """Every dotted key of a dataclass's fields, sections included."""
+    import typing
+
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        yield key
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _field_keys(tp, key + ".")
+
+
+def test_the_fields_say_which_keys_a_resume_may_change():
+    marked = {k for k in _field_keys(Config) if resumable(k)}
+    listed = {k for k in _field_keys(Config) if any(k == r or k.startswith(r) for r in RESUMABLE)}
+    assert marked == listed | {"eval", "profile"}
+    for key in ("train.steps", "eval.interval", "eval.domains.web", "profile.start_step", "optim.lr",
+                "train.xla_options.xla_gpu_autotune_level", "checkpoint.async_save", "data.prefetch"):
+        assert resumable(key), key
+    for key in ("model.d_model", "optim.b1", "curriculum.0.seq_len", "curriculum", "train.seed", "train",
+                "data.lanes", "checkpoint.keep_best", "train.stepz", "eval.bogus", "nope", ""):
+        assert not resumable(key), key
+
+
+def test_a_run_dir_with_checkpoints_takes_resumable_changes_and_refuses_the_rest(tmp_path):
+    from yxanul_jax.core.rundir import prepare_run_dir
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), load_config())
+    (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    taken = ["profile.start_step=5", "eval.domains.web=/w", "data.num_workers=2", "checkpoint.max_to_keep=9",
+             "train.sample_tokens=0", "train.xla_options.xla_gpu_autotune_level=0"]
+    prepare_run_dir(str(run_dir), load_config(None, taken))
+    assert from_dict(Config, yaml.safe_load((run_dir / "config.yaml").read_text())) == load_config(None, taken)
+    for refused in ("train.seed=1", "optim.b1=0.8", "curriculum.0.seq_len=32", "data.shuffle_seed=3"):
+        key = refused.partition("=")[0]
+        with pytest.raises(UserError, match=f"holds a run whose '{re.escape(key)}' is"):
+            prepare_run_dir(str(run_dir), load_config(None, taken + [refused]))
+
 @pytest.mark.parametrize("args, needle", [
     (["model.d_modle=3"], "model.d_modle"),               # unknown key
     (["model.n_layers=two"], "model.n_layers"),           # wrong type
@@ -120,7 +169,8 @@ def test_cli_habits_overrides_anywhere_and_a_config_path_without_flag(tmp_path):
 
 
 def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
-    from yxanul_jax.core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, cli_entry
+    from yxanul_jax.core.args import cli_entry
+    from yxanul_jax.core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR
 
     @cli_entry
     def full(argv=None):

@@ -10,7 +10,8 @@ import pytest
 
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.data import corpus
-from yxanul_jax.data.loader import TrainStream, eval_batches, open_dataset
+from yxanul_jax.data.dataset import open_dataset
+from yxanul_jax.data.loader import TrainStream, eval_batches
 
 
 def test_stdlib_files_are_deterministic_sorted_capped_and_skip_tests():

@@ -1,4 +1,4 @@
-"""Tests of yxanul_jax/data/loader.py: packing, determinism, exact resume, stage changes, sharding, eval."""
+"""Tests of yxanul_jax/data/loader.py and dataset.py: packing, determinism, exact resume, stage changes, sharding, eval."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,9 @@ import pytest
 from data_fixtures import docs, prepared, tiny_tok  # noqa: F401  (fixtures)
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.data.corpus import stdlib_files
-from yxanul_jax.data.loader import TrainStream, eval_batches, open_dataset
+from yxanul_jax.data.dataset import open_dataset
+from yxanul_jax.data.layout import MANIFEST, TOKENS_GLOB
+from yxanul_jax.data.loader import TrainStream, eval_batches
 from yxanul_jax.data.prepare import prepare_documents
 
 
@@ -165,17 +167,17 @@ def test_dataset_errors_are_one_line_user_errors(prepared, tmp_path):
         open_dataset(tmp_path)
     bad = tmp_path / "bad"
     shutil.copytree(prepared, bad)
-    (bad / "manifest.json").write_text("{not json")
+    (bad / MANIFEST).write_text("{not json")
     with pytest.raises(UserError, match="corrupt"):
         open_dataset(bad)
     broken = tmp_path / "broken"
     shutil.copytree(prepared, broken)
-    next((broken / "train").glob("*.tokens.npy")).unlink()
+    next((broken / "train").glob(TOKENS_GLOB)).unlink()
     with pytest.raises(UserError, match="incomplete"):
         TrainStream(open_dataset(broken), seed=0)
     cut = tmp_path / "cut"  # a shard cut short (a full disk, an interrupted copy): found at open, in one line
     shutil.copytree(prepared, cut)
-    shard = next((cut / "train").glob("*.tokens.npy"))
+    shard = next((cut / "train").glob(TOKENS_GLOB))
     shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
     with pytest.raises(UserError, match="tokens.npy' or its offsets cannot be read .*damaged"):
         TrainStream(open_dataset(cut), seed=0)

@@ -125,7 +125,7 @@ def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_
 def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
     # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights
     from yxanul_jax.core.config import load_config
-    from yxanul_jax.train import train
+    from yxanul_jax.training.loop import fit
 
     from conftest import TRAINED_RUN
     source = load_trained(run_dir=str(trained_run))
@@ -134,7 +134,7 @@ def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
     cfg = load_config(None, TRAINED_RUN + [f"init.from_hf={folder}", "train.steps=1", "optim.lr=1e-12",
                                            "optim.weight_decay=0", "model.d_model=8", "model.n_layers=1"])
     run = tmp_path / "run"
-    train(cfg, str(run))
+    fit(cfg, str(run))
     started = load_trained(run_dir=str(run))
     m = started.cfg.model
     assert (m.d_model, m.n_layers, m.embed_rank, m.head) == (64, 2, 0, "tied")  # sizes from config.json
@@ -143,4 +143,4 @@ def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
         {"params": started.params}, jnp.asarray([ids], jnp.int32))[0])
     np.testing.assert_allclose(ours, _ours_f32(source, ids), rtol=0, atol=TOL * np.abs(ours).max())
     with pytest.raises(Exception, match="no config.json"):
-        train(load_config(None, TRAINED_RUN + [f"init.from_hf={tmp_path}"]), str(tmp_path / "run2"))
+        fit(load_config(None, TRAINED_RUN + [f"init.from_hf={tmp_path}"]), str(tmp_path / "run2"))

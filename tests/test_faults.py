@@ -83,7 +83,7 @@ def test_two_damaged_checkpoints_then_saving_goes_on(tmp_path):
 def test_no_step_is_logged_twice_and_a_finished_run_says_so(trained_run, tmp_path, capsys):
     import shutil
 
-    from yxanul_jax.train import train
+    from yxanul_jax.training.loop import fit
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)  # 6 steps done, the last checkpoint at 6
@@ -92,22 +92,22 @@ def test_no_step_is_logged_twice_and_a_finished_run_says_so(trained_run, tmp_pat
         for s in (7, 8, 9):
             fh.write(json.dumps({"step": s, "loss": 99.0}) + "\n")
     more = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.steps=8"])
-    train(more, str(run))  # train.steps may grow on resume
+    fit(more, str(run))  # train.steps may grow on resume
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss" in json.loads(x)]
     assert steps == sorted(set(steps)) and steps[-1] == 8 and 99.0 not in [
         json.loads(x).get("loss") for x in metrics.read_text().splitlines()]
     with Checkpointer(str(run / "checkpoints"), more.checkpoint) as ck:
         assert ck.latest_step() == 8 and ck.best_step() == 8  # the last checkpoint carries its perplexity
     capsys.readouterr()
-    out = train(more, str(run))
-    assert out["step"] == 8 and "this run already finished: step 8" in capsys.readouterr().out
+    out = fit(more, str(run))
+    assert out.step == 8 and "this run already finished: step 8" in capsys.readouterr().out
     history = (run / "config_history.jsonl").read_text()
     assert '"train.steps": [6, 8]' in history
 
 
 def test_mistakes_found_before_anything_is_written(trained_run, tmp_path):
     from data_fixtures import run_cli
-    from yxanul_jax.train import main
+    from yxanul_jax.cli import main
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -118,7 +118,7 @@ def test_mistakes_found_before_anything_is_written(trained_run, tmp_path):
                         ("eval.batch_size=0", "eval.batch_size"),
                         (f"eval.domains.code={body}", f"eval.domains.code={body}::{{column}}")):
         run = tmp_path / bad.split("=")[0]
-        rc, _, err = run_cli(main, ["--run-dir", run, *TRAINED_RUN, bad])  # the fixture's cache has the corpus
+        rc, _, err = run_cli(main, ["train", "--run-dir", run, *TRAINED_RUN, bad])  # the fixture's cache has the corpus
         lines = [line for line in err.splitlines() if line.strip()]
         assert rc == 2 and len(lines) == 1 and needle in lines[0] and "--text" not in lines[0], err[-2000:]
         assert not run.exists()  # no run directory left behind by a refused start
@@ -141,7 +141,7 @@ def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_
 
     from conftest import REPO
     from yxanul_jax.core.rundir import cache_root
-    from yxanul_jax.train import train
+    from yxanul_jax.training.loop import fit
 
     run, cache = tmp_path / "run", tmp_path / "cache"
     shutil.copytree(trained_run, run)  # checkpoint at step 6
@@ -157,8 +157,8 @@ def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_
     assert lines[-1].startswith("error: writing checkpoint step 8 into") and "File too large" in lines[-1], lines[-1]
     assert "resume from step 6" in lines[-1] and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert sorted(os.listdir(run / "checkpoints")) == ["6"]  # no half-written step left behind
-    out = train(load_config(None, more), str(run))  # room to write again: resumes from step 6
-    assert out["step"] == 10 and "10" in os.listdir(run / "checkpoints")
+    out = fit(load_config(None, more), str(run))  # room to write again: resumes from step 6
+    assert out.step == 10 and "10" in os.listdir(run / "checkpoints")
 
 
 @contextlib.contextmanager
@@ -193,11 +193,11 @@ def _read_only_copy(src, tmp_path):
 
 def test_a_read_only_run_directory_is_one_line_and_changes_nothing(trained_run, tmp_path):
     from data_fixtures import run_cli
-    from yxanul_jax.train import main
+    from yxanul_jax.cli import main
 
     with _read_only_copy(trained_run, tmp_path) as run:
         before = sorted(os.listdir(run / "checkpoints"))
-        rc, _, err = run_cli(main, ["--run-dir", run, *TRAINED_RUN, "train.steps=8"])
+        rc, _, err = run_cli(main, ["train", "--run-dir", run, *TRAINED_RUN, "train.steps=8"])
         lines = [line for line in err.splitlines() if line.strip()]
         assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
         assert "Read-only file system" in lines[0] or "Permission denied" in lines[0], lines[0]

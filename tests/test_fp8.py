@@ -162,7 +162,7 @@ def test_te_state_merges_toward_the_larger_amax():
 
 
 def test_head_state_is_split_out_of_every_fp8_collection():
-    from yxanul_jax.training.steps import HEAD_STATE, _join_head, _split_head
+    from yxanul_jax.model.transformer import HEAD_MODULE as HEAD_STATE, join_head_state as _join_head, split_head_state as _split_head
 
     ours = {"fp8_meta": {"layers": {"x": jnp.ones(2)}, HEAD_STATE: {"input": jnp.zeros(2)}}}
     state = {**ours, **_te_shaped_state([1.0, 2.0], 3.0)}
@@ -264,14 +264,18 @@ def test_value_and_grad_trains_a_researchers_own_module_with_fp8_state():
     # flushes the small gradient entries to zero: what the helper exists to prevent.
     import flax.linen as nn
 
+    from yxanul_jax.model.backends import PLAIN, dense_backend
     from yxanul_jax.model.transformer import Dense
 
     def mlp(fp8, use_fp8=True):
+        backend = dense_backend(fp8) if use_fp8 else PLAIN
+
         class MLP(nn.Module):
             @nn.compact
             def __call__(self, x):
-                h = Dense(256, ("embed", "mlp"), 0.05, use_fp8, fp8, jnp.bfloat16, name="up")(x)
-                return Dense(128, ("mlp", "embed"), 0.05, use_fp8, fp8, jnp.bfloat16, name="down")(nn.relu(h))
+                h = Dense(256, ("embed", "mlp"), 0.05, backend.for_target("up"), jnp.bfloat16, name="up")(x)
+                return Dense(128, ("mlp", "embed"), 0.05, backend.for_target("down"), jnp.bfloat16,
+                             name="down")(nn.relu(h))
         return MLP()
 
     delayed = FP8Config(amax_history_len=4)

@@ -100,3 +100,8 @@ def test_the_top_level_holds_the_commands_and_nothing_else():
 
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "cli"}
     assert top == set(COMMANDS), "a top-level module must be a `yxanul` command (library code goes in a sub-package)"
+
+
+def test_errors_imports_nothing_from_the_package():
+    """Everything imports `core.errors`, so it imports no module of the package (not even deferred): no cycle."""
+    assert _imports(PACKAGE / "core" / "errors.py") == []

@@ -18,7 +18,8 @@ from yxanul_jax.analysis import memory
 from yxanul_jax.core.config import StageConfig, load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.training.stages import compile_stage
-from yxanul_jax.training.steps import _split_head, abstract_train_state, loss_sums
+from yxanul_jax.model.transformer import split_head_state as _split_head
+from yxanul_jax.training.steps import abstract_train_state, loss_sums
 
 from conftest import REPO
 

@@ -9,7 +9,9 @@ import pytest
 
 from yxanul_jax.core.config import FP8Config, load_config
 from yxanul_jax.model import fp8 as fp8_lib
-from yxanul_jax.model.transformer import Attention, Yxanul, apply_rope, init_variables, param_breakdown, rope_tables
+from yxanul_jax.analysis.accounting import param_breakdown
+from yxanul_jax.model.backends import PLAIN
+from yxanul_jax.model.transformer import Attention, Yxanul, apply_rope, init_variables, rope_tables
 from yxanul_jax.plan import build_plan
 
 from conftest import REPO, micro_model, no_fp8
@@ -86,7 +88,7 @@ def _reference_attention(p, x_BxLxD, m):
 def test_attention_matches_einsum_reference(kv_heads):
     m = micro_model(n_heads=4, n_kv_heads=kv_heads)
     x = jax.random.normal(jax.random.key(2), (2, 16, m.d_model), jnp.float32)
-    attn = Attention(m, no_fp8())
+    attn = Attention(m, PLAIN)
     sin, cos = rope_tables(16, m.resolved_head_dim, m.rope_theta)
     variables = jax.tree_util.tree_map(lambda a: a, attn.init(jax.random.key(3), x, sin, cos))
     variables = __import__("flax").linen.meta.unbox(variables)

@@ -15,7 +15,8 @@ import yaml
 from tensorboardX.proto import event_pb2
 
 from yxanul_jax.analysis.accounting import flops_per_token
-from yxanul_jax.core.config import Config, ModelConfig, from_dict, load_config
+from yxanul_jax.core.coerce import from_dict
+from yxanul_jax.core.config import Config, ModelConfig, load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import prepare_run_dir
 from yxanul_jax.training.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header

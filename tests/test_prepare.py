@@ -13,7 +13,8 @@ import pytest
 from data_fixtures import (GPT2, GSM8K, docs, need_shared, run_cli, tiny_tok, tiny_tok_path,  # noqa: F401
                            write_jsonl, write_parquet)
 from yxanul_jax import prepare
-from yxanul_jax.data.loader import open_dataset
+from yxanul_jax.data import layout
+from yxanul_jax.data.dataset import open_dataset
 from yxanul_jax.data.prepare import prepare_documents, split_of
 from yxanul_jax.data.sources import DocumentSource
 
@@ -63,6 +64,22 @@ def test_split_is_disjoint_and_stable_across_order_and_batching(tmp_path, docs, 
     train_a = set(read_split(a, "train"))
     assert val_a == val_b and train_a == set(read_split(b, "train"))
     assert val_a and not (val_a & train_a)
+
+
+def test_the_written_files_are_named_by_the_layout(tmp_path, docs, tiny_tok):
+    out = tmp_path / "out"
+    assert not layout.is_prepared(out)
+    prepare_documents([docs], tiny_tok, out, request={"r": 1}, val_fraction=0.25, progress=False, shard_tokens=2000)
+    assert layout.is_prepared(out) and layout.manifest_path(out) == out / layout.MANIFEST
+    m = json.loads(layout.manifest_path(out).read_text())
+    assert m["tokenizer"]["file"] == layout.TOKENIZER and (out / layout.TOKENIZER).is_file()
+    for split in layout.SPLITS:
+        shards = m["splits"][split]["shards"]
+        assert [(s["tokens"], s["offsets"]) for s in shards] == \
+            [(layout.tokens_file(split, k), layout.offsets_file(split, k)) for k in range(len(shards))]
+        assert sorted(p.name for p in (out / split).glob(layout.TOKENS_GLOB)) == \
+            [os.path.basename(s["tokens"]) for s in shards]
+    assert layout.tokens_file("train", 3) == "train/00003.tokens.npy"
 
 
 def test_rerun_is_a_noop_and_a_different_request_is_refused(tmp_path, docs, tiny_tok_path):

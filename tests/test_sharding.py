@@ -56,9 +56,9 @@ def _train(env, *args):
 
 def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, capsys):
     from yxanul_jax.core.config import load_config
-    from yxanul_jax.train import train
+    from yxanul_jax.training.loop import fit
 
-    train(load_config(None, RUN), str(tmp_path / "one"))  # this process: one CPU device
+    fit(load_config(None, RUN), str(tmp_path / "one"))  # this process: one CPU device
     assert "data=1 x fsdp=1" in capsys.readouterr().out
     eight = _train(_env(cache, 8), "--run-dir", str(tmp_path / "eight"), *RUN, "mesh.data=2", "mesh.fsdp=4")
     assert "data=2 x fsdp=4" in eight.stdout

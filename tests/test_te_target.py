@@ -115,7 +115,8 @@ from transformer_engine.common import recipe as R
 from transformer_engine.jax.quantize.quantizer import compute_scale_from_amax
 from yxanul_jax.analysis.accounting import state_bytes
 from yxanul_jax.core.config import FP8Config, load_config
-from yxanul_jax.training.steps import _split_head, abstract_train_state
+from yxanul_jax.model.transformer import split_head_state as _split_head
+from yxanul_jax.training.steps import abstract_train_state
 d = F.te_recipe(FP8Config(backend="te", margin=1, amax_history_len=16, amax_compute_algo="most_recent"))
 c = F.te_recipe(FP8Config(backend="te", scaling="current"))
 out = {"delayed": [type(d).__name__, d.margin, d.amax_history_len, d.amax_compute_algo, d.fp8_format.name],

@@ -43,10 +43,10 @@ def train(env, *args, timeout=600, check=True):
 
 
 def cli(*args) -> tuple[int, str, str]:
-    """The CLI in this process: `main(argv)`'s exit code, stdout and stderr."""
-    from yxanul_jax.train import main
+    """The CLI in this process, as `yxanul train ARGS` runs it: exit code, stdout and stderr."""
+    from yxanul_jax.cli import main
 
-    return run_cli(main, list(args))
+    return run_cli(main, ["train", *args])
 
 
 def rows(run_dir, kind="loss"):
@@ -61,7 +61,7 @@ def fast_run(tmp_path_factory):
     import contextlib
     import io
 
-    from yxanul_jax.train import train as train_fn
+    from yxanul_jax.training.loop import fit as train_fn
 
     run = tmp_path_factory.mktemp("fast") / "run"
     out = io.StringIO()
@@ -91,7 +91,7 @@ def test_default_command_loss_falls(tmp_path):
 
 
 def test_kill_then_resume_gives_the_uninterrupted_losses(env, fast_run, tmp_path):
-    from yxanul_jax.train import train as train_fn
+    from yxanul_jax.training.loop import fit as train_fn
 
     want = {r["step"]: r["loss"] for r in rows(fast_run[0])}  # the same config, never interrupted
     run = str(tmp_path / "killed")
@@ -111,7 +111,7 @@ def test_kill_then_resume_gives_the_uninterrupted_losses(env, fast_run, tmp_path
     assert stopped_at is not None and 3 <= stopped_at < 12
 
     result = train_fn(load_config(None, FAST + ["checkpoint.interval=100"]), run)  # resumed, in this process
-    assert result["step"] == 12
+    assert result.step == 12
     got = {r["step"]: r["loss"] for r in rows(run)}
     assert sorted(got) == sorted(want)  # no step lost or logged twice
     assert got == want  # bit-exact on CPU
@@ -121,8 +121,8 @@ def test_train_as_a_library_call_has_a_pulse(fast_run):
     # levanter's "has a pulse": the library entry point, in process, FP8 on, through a stage change
     run, out, text = fast_run
     assert load_config(None, FAST).fp8.active and load_config(None, FAST).fp8.scaling == "delayed"
-    assert out["step"] == 12 and not out["interrupted"]
-    assert 0 < out["validation"]["val/mean/loss"] < np.log(512) + 1
+    assert out.step == 12 and not out.interrupted
+    assert 0 < out.validation["val/mean/loss"] < np.log(512) + 1
     assert "stage 0 from step 0: seq_len 32" in text and "stage 1 from step 6: seq_len 64" in text
     assert "config:" not in text  # the resolved config is in the run directory, not on the console
     assert "parameters, attention xla (auto); data" in text  # what `model.attention: auto` became here
@@ -132,24 +132,21 @@ def test_train_as_a_library_call_has_a_pulse(fast_run):
 
 
 def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(tmp_path):
-    from yxanul_jax.data.corpus import ensure_demo_dataset
-    from yxanul_jax.train import Trainer
-    from yxanul_jax.training.monitor import MetricsWriter, Progress
-    from yxanul_jax.training.steps import init_train_state
+    from yxanul_jax.training.loop import Loop
+    from yxanul_jax.training.session import RunContext
 
     cfg = load_config(None, FAST + ["eval.interval=0", "checkpoint.interval=0"])
-    ds = open_dataset(ensure_demo_dataset(vocab_size=512))
     ckpt = Checkpointer(str(tmp_path / "ckpt"), cfg.checkpoint)
-    trainer = Trainer(cfg, ds, str(tmp_path), ckpt)
-    state = init_train_state(cfg, jax.random.key(0))
-    with MetricsWriter(str(tmp_path)) as writer:
-        state, step, interrupted = trainer.run(state, 0, writer, Progress(cfg.train.steps, stream=open(os.devnull, "w")))
+    ctx = RunContext.open(cfg)
+    loop = Loop(ctx, str(tmp_path), ckpt)  # no hooks: the bare loop
+    state, _, _ = ctx.restore_or_init(ckpt, None)
+    state, step, stop = loop.run(state, 0)
     ckpt.close()
-    assert (step, interrupted, int(state.step)) == (12, False, 12)
-    assert trainer.compiler.compile_counts == [1, 1]
+    assert (step, stop, int(state.step)) == (12, None, 12)
+    assert loop.compiler.compile_counts == [1, 1]
     s0, s1 = cfg.curriculum
     expected = s1.start_step * s0.tokens_per_step + (12 - s1.start_step) * s1.tokens_per_step
-    assert trainer.stream.tokens_consumed == expected == trainer.tokens
+    assert loop.stream.tokens_consumed == expected == loop.tokens
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -162,7 +159,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = load_config(None, FAST)
     ckpt = Checkpointer(os.path.join(run, "checkpoints"), cfg.checkpoint)
     assert ckpt.all_steps() == [4]
-    from yxanul_jax.training.checkpoint import tree_is_finite
+    from yxanul_jax.training.integrity import tree_is_finite
     from yxanul_jax.training.steps import abstract_train_state
     step, state, _ = ckpt.restore(abstract_train_state(dataclasses.replace(cfg)))
     assert step == 4 and tree_is_finite(state.params)

@@ -29,8 +29,10 @@ import os
 import sys
 
 from yxanul_jax.analysis.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
-from yxanul_jax.core.config import Config, add_config_args, apply_overrides, config_from_args
-from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
+from yxanul_jax.core.coerce import apply_overrides
+from yxanul_jax.core.config import Config
+from yxanul_jax.core.errors import UserError
 
 REQUIREMENTS = ("fp8-expected", "cudnn-attention")
 

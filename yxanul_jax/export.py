@@ -23,7 +23,8 @@ import shutil
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import check_new_output, staged_dir
 from yxanul_jax.inference.trained import add_source_args, load_trained
 from yxanul_jax.model.hf import hf_config, to_hf

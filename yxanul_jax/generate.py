@@ -14,8 +14,9 @@ import json
 import sys
 
 from yxanul_jax.core import console
+from yxanul_jax.core.args import ArgumentParser, cli_entry
 from yxanul_jax.core.config import FP8Config
-from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.inference.sampling import generate
 
 

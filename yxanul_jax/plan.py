@@ -21,9 +21,10 @@ import sys
 import yaml
 
 from yxanul_jax.analysis import accounting, memory
-from yxanul_jax.core.config import Config, StageConfig, add_config_args, config_from_args, to_dict
-from yxanul_jax.core.errors import ArgumentParser, cli_entry
-from yxanul_jax.model.transformer import COMPONENTS, abstract_variables, param_breakdown
+from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
+from yxanul_jax.core.coerce import to_dict
+from yxanul_jax.core.config import Config, StageConfig
+from yxanul_jax.model.transformer import abstract_variables
 
 DEFAULT_GPU = "rtx4090"
 GB = 1e9
@@ -69,7 +70,7 @@ def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True)
     gpu = gpu or memory.parse_gpu(DEFAULT_GPU)
     # Shapes do not depend on the attention kernel; tracing with cuDNN's would fail on a machine without it.
     variables = abstract_variables(dataclasses.replace(cfg.model, attention="xla"), cfg.fp8)
-    by_component = param_breakdown(variables["params"], cfg.model)
+    by_component = accounting.param_breakdown(variables["params"], cfg.model)
     total = sum(by_component.values())
     state = accounting.state_bytes(cfg)
     stages = [_stage_report(cfg, i, s, gpu, state) for i, s in enumerate(cfg.curriculum)]
@@ -104,7 +105,7 @@ def format_plan(plan: dict) -> str:
     total = plan["params_total"]
     lines = [f"model {plan['model']}: {total:,} parameters ({total / 1e6:.2f} M)", "",
              f"{'component':<12}{'params':>16}{'M':>10}{'share':>9}"]
-    for name in COMPONENTS:
+    for name in accounting.COMPONENTS:
         n = plan["params_by_component"][name]
         lines.append(f"{name:<12}{n:>16,}{n / 1e6:>10.2f}{100 * n / total:>8.1f}%")
     lines.append(f"{'total':<12}{total:>16,}{total / 1e6:>10.2f}{100.0:>8.1f}%")

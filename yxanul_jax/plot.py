@@ -10,7 +10,8 @@ import os
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import METRICS_FILE, atomic_write_bytes, check_output_parent
 
 PANELS = (("loss", "training loss"), ("val/mean/loss", "validation loss"), ("tokens_per_sec", "tokens/s"),

@@ -12,7 +12,8 @@ import sys
 from typing import Sequence
 
 from yxanul_jax.core import console
-from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.data.prepare import prepare_dataset
 from yxanul_jax.data.sources import add_source_args, source_from_args, warn_replaced
 from yxanul_jax.data.tokenizer import SUPERBPE_CHOICES, load_tokenizer, superbpe_flag
@@ -28,7 +29,7 @@ def _print_summary(manifest: dict, output: str) -> None:
 
 @cli_entry
 def main(argv: Sequence[str] | None = None) -> int:
-    """`prepare`: tokenize inputs into token shards + manifest.json; returns the exit code."""
+    """`prepare`: tokenize inputs into token shards + a manifest (`data.layout`); returns the exit code."""
     parser = ArgumentParser(prog="yxanul prepare", description=__doc__.split("\n\n")[0])
     add_source_args(parser)
     parser.add_argument("--tokenizer", required=True, help="tokenizer.json, or a directory with it or vocab.json + merges.txt")

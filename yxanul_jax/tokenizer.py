@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Sequence
 
 from yxanul_jax.core import console
-from yxanul_jax.core.errors import ArgumentParser, UserError, cli_entry
+from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import check_new_output, staged_dir
 from yxanul_jax.data.sources import add_source_args, source_from_args, warn_replaced
 from yxanul_jax.data.tokenizer import (SUPERBPE_CHOICES, check_bpe_args, load_tokenizer, measure, superbpe_flag,

@@ -6,6 +6,10 @@ train state, compiled HLO).
 """
 from __future__ import annotations
 
+import math
+
+import jax
+
 from yxanul_jax.core.config import Config, FP8Config, ModelConfig
 from yxanul_jax.model.fp8 import fused_aligned, gemm_aligned
 from yxanul_jax.model.loss import n_chunks
@@ -13,6 +17,38 @@ from yxanul_jax.model.loss import n_chunks
 
 # --------------------------------------------------------------------------------------------
 # Parameters
+
+
+COMPONENTS = ("embedding", "attention", "mlp", "norms", "head")
+
+
+def component_of(path: tuple[str, ...]) -> str:
+    """Which component a parameter path belongs to (for the plan's breakdown)."""
+    names = set(path)
+    if names & {"attn"} and "attn_norm" not in names:
+        return "attention"
+    if "mlp" in names:
+        return "mlp"
+    if names & {"attn_norm", "mlp_norm", "final_norm"}:
+        return "norms"
+    if names & {"head_proj", "head_kernel"}:
+        return "head"
+    if names & {"embedding", "embed_proj"}:
+        return "embedding"
+    raise ValueError(f"unclassified parameter {'/'.join(path)}")
+
+
+def param_breakdown(params, cfg: ModelConfig | None = None) -> dict[str, int]:
+    """Parameter count per component (embedding, attention, mlp, norms, head). With `cfg`, the
+    padded vocabulary rows (`model.vocab_pad_to`) are left out: they are allocated, never trained."""
+    out = {k: 0 for k in COMPONENTS}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        keys = tuple(str(getattr(p, "key", p)) for p in path)
+        n = int(math.prod(leaf.shape))
+        if cfg is not None and keys[-1] in ("embedding", "head_kernel"):
+            n = n // cfg.padded_vocab * cfg.vocab_size
+        out[component_of(keys)] += n
+    return out
 
 
 def layer_params(cfg: Config) -> int:
@@ -32,7 +68,7 @@ def vocab_matrix_elements(cfg: Config) -> int:
 
 
 def param_count(cfg: Config) -> int:
-    """Parameters of the model, from its shapes (equal to `transformer.param_breakdown`; tested). Padded
+    """Parameters of the model, from its shapes (equal to `param_breakdown`; tested). Padded
     vocabulary rows are not parameters (`allocated_param_count` includes them)."""
     m = cfg.model
     V, D, R = m.vocab_size, m.d_model, m.embed_rank

@@ -29,7 +29,8 @@ import os
 import sys
 from pathlib import Path
 
-from yxanul_jax.core.errors import UserError, cli_entry
+from yxanul_jax.core.args import cli_entry
+from yxanul_jax.core.errors import UserError
 
 INSTALL_HINT = "bash scripts/te_check_env.sh (adds TE 2.20.2 to .venv-gpu-check) and run it with .venv-gpu-check/bin/python"
 COMPUTE_CAPABILITY = 90  # sm_90: H100 / H200

@@ -1,6 +1,7 @@
 """Typed configuration: frozen dataclasses hold every default; YAML and `key.sub=value` only override.
 
-A config is built in three layers, each sparser than the last:
+A config is built in three layers, each sparser than the last (`yxanul_jax.core.coerce` does the typed
+building; this module holds the schema and its rules):
 
 1. the dataclass defaults below (the tiny CPU model and its embedded demo corpus);
 2. a YAML file (`configs/*.yaml`) naming only the fields it changes;
@@ -8,25 +9,26 @@ A config is built in three layers, each sparser than the last:
 
 Every key is checked against the dataclass fields (unknown keys get a close-match suggestion),
 every value against the field's type, and the whole config against cross-field rules
-(`validate`). Any failure raises `UserError` with one line naming the key.
+(`validate`, which runs each section's `check` in schema order). Any failure raises `UserError` with one
+line naming the key. Fields a resumed run may change carry `metadata=RESUME` (`resumable(key)`).
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import os
-import types
 import typing
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Optional, Union
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
 
-import yaml
-
-from yxanul_jax.core.errors import UserError, one_line
+from yxanul_jax.core.coerce import apply_overrides, from_dict, read_yaml, suggest
+from yxanul_jax.core.errors import UserError
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
 FUSED_TARGETS = ("q", "k", "v", "gate", "up", "down")  # what `fp8.te_layers` runs inside TE's fused layers
+RESUME = {"resumable": True}
+"""Field metadata: a resumed run may change this field (and all below it), as it changes neither the model
+nor the data stream. The rest (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused by the
+run directory's guard; optim.lr is allowed (the NaN advice says to lower it) and recorded."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,28 @@ class ModelConfig:
         per_row = (self.embed_rank or self.d_model) + (self.d_model if self.head == "untied" else 0)
         return (self.padded_vocab - self.vocab_size) * per_row
 
+    def check(self) -> None:
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_position"):
+            if getattr(self, key) <= 0:
+                raise UserError(f"config key 'model.{key}' must be positive, got {getattr(self, key)}")
+        if self.vocab_pad_to < 1:
+            raise UserError(f"config key 'model.vocab_pad_to' must be >= 1, got {self.vocab_pad_to}")
+        if self.head_dim < 0 or self.embed_rank < 0:
+            raise UserError("config keys 'model.head_dim' and 'model.embed_rank' must be >= 0")
+        if self.n_heads % self.n_kv_heads:
+            raise UserError(f"config key 'model.n_kv_heads' ({self.n_kv_heads}) must divide model.n_heads "
+                            f"({self.n_heads})")
+        if not self.head_dim and self.d_model % self.n_heads:
+            raise UserError(f"config key 'model.n_heads' ({self.n_heads}) must divide model.d_model "
+                            f"({self.d_model}), or set model.head_dim")
+        if self.resolved_head_dim % 2:
+            raise UserError(f"head dimension {self.resolved_head_dim} must be even for RoPE "
+                            "(model.head_dim / model.n_heads)")
+        if self.head == "factorized" and not self.embed_rank:
+            raise UserError("config key 'model.head' is 'factorized' but model.embed_rank is 0; set embed_rank > 0")
+        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
+            raise UserError("config keys 'model.norm_eps', 'model.init_std', 'model.rope_theta' must be positive")
+
 
 @dataclass(frozen=True)
 class FP8Config:
@@ -135,6 +159,22 @@ class FP8Config:
         """Whether the blocks run TE's fused norm + FP8 layers (`te_layers`, FP8 on, `te` backend)."""
         return self.active and self.backend == "te" and self.te_layers
 
+    def check(self) -> None:
+        for i, t in enumerate(self.targets):
+            if t not in FP8_TARGETS:
+                raise UserError(f"config key 'fp8.targets.{i}': unknown projection '{t}'{suggest(t, FP8_TARGETS)}")
+        if self.amax_history_len < 1:
+            raise UserError(f"config key 'fp8.amax_history_len' must be >= 1, got {self.amax_history_len}")
+        if self.te_layers and self.backend != "te":
+            raise UserError(f"config key 'fp8.te_layers' is Transformer Engine's fused layers, but fp8.backend is "
+                            f"'{self.backend}'; set fp8.backend=te or fp8.te_layers=false")
+        missing = [t for t in FUSED_TARGETS if t not in self.targets]
+        if self.te_layers and missing:
+            raise UserError(f"config key 'fp8.te_layers' fuses q, k, v and gate, up, down, but fp8.targets lacks "
+                            f"{','.join(missing)}; add them or set fp8.te_layers=false")
+        if self.margin < 0:
+            raise UserError(f"config key 'fp8.margin' must be >= 0, got {self.margin}")
+
 
 @dataclass(frozen=True)
 class StageConfig:
@@ -161,12 +201,38 @@ class StageConfig:
     def tokens_per_step(self) -> int:
         return self.seq_len * self.batch_size * self.grad_accum_steps
 
+    def check(self, i: int, max_position: int) -> None:
+        """The rules of stage `i` on its own (their order is `check_curriculum`'s)."""
+        for key in ("seq_len", "batch_size", "grad_accum_steps"):
+            if getattr(self, key) < 1:
+                raise UserError(f"config key 'curriculum.{i}.{key}' must be >= 1, got {getattr(self, key)}")
+        if self.seq_len > max_position:
+            raise UserError(f"config key 'curriculum.{i}.seq_len' ({self.seq_len}) exceeds model.max_position "
+                            f"({max_position}); raise max_position or shorten the stage")
+        if self.lr_scale < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
+            raise UserError(f"config keys 'curriculum.{i}.lr_scale/grad_clip/warmup_steps' must be >= 0")
+
+
+def check_curriculum(stages: tuple[StageConfig, ...], max_position: int) -> None:
+    """UserError naming the key of the first rule the curriculum breaks: stages start at 0, in order."""
+    if not stages:
+        raise UserError("config key 'curriculum' is empty; give at least one stage")
+    if stages[0].start_step != 0:
+        raise UserError(f"config key 'curriculum.0.start_step' must be 0, got {stages[0].start_step}")
+    prev = -1
+    for i, s in enumerate(stages):
+        if s.start_step <= prev:
+            raise UserError(f"config key 'curriculum.{i}.start_step' ({s.start_step}) must be greater than "
+                            f"the previous stage's ({prev}); stages run in order")
+        prev = s.start_step
+        s.check(i, max_position)
+
 
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW with warmup and a cosine or WSD decay."""
 
-    lr: float = 3e-3
+    lr: float = field(default=3e-3, metadata=RESUME)
     """Peak learning rate."""
     min_lr_ratio: float = 0.1
     """Final learning rate as a fraction of the peak."""
@@ -185,6 +251,18 @@ class OptimConfig:
     eps: float = 1e-8
     """Adam epsilon."""
 
+    def check(self) -> None:
+        if self.lr <= 0:
+            raise UserError(f"config key 'optim.lr' must be positive, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise UserError(f"config key 'optim.min_lr_ratio' must be in [0, 1], got {self.min_lr_ratio}")
+        if not 0 < self.decay_fraction <= 1:
+            raise UserError(f"config key 'optim.decay_fraction' must be in (0, 1], got {self.decay_fraction}")
+        if self.warmup_steps < 0 or self.weight_decay < 0:
+            raise UserError("config keys 'optim.warmup_steps' and 'optim.weight_decay' must be >= 0")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+            raise UserError("config keys 'optim.b1' and 'optim.b2' must be in [0, 1)")
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -198,10 +276,20 @@ class DataConfig:
     """Lanes the shuffled stream is read in side by side, so one batch mixes that many places of the
     corpus (yxanul_jax/data/loader.py); must divide every stage's batch_size x grad_accum_steps. 0: the
     largest such count (their greatest common divisor)."""
-    num_workers: int = 0
+    num_workers: int = field(default=0, metadata=RESUME)
     """Grain worker processes (0: read in the main process)."""
-    prefetch: int = 2
+    prefetch: int = field(default=2, metadata=RESUME)
     """Batches prefetched per worker."""
+
+    def check(self, stages: tuple[StageConfig, ...]) -> None:
+        if self.lanes < 0:
+            raise UserError(f"config key 'data.lanes' must be >= 0 (0: automatic), got {self.lanes}")
+        rows = [s.batch_size * s.grad_accum_steps for s in stages]
+        for i, s in enumerate(stages):
+            if self.lanes and rows[i] % self.lanes:
+                raise UserError(f"config key 'data.lanes' ({self.lanes}) must divide curriculum.{i}'s rows per "
+                                f"step ({s.batch_size} x {s.grad_accum_steps}); set data.lanes=0 (automatic) or "
+                                f"{math.gcd(*rows)}")
 
 
 @dataclass(frozen=True)
@@ -219,19 +307,28 @@ class EvalConfig:
     seq_len: int = 0
     """Validation row length; 0: the current stage's seq_len."""
 
+    def check(self, max_position: int) -> None:
+        if self.seq_len < 0 or self.seq_len > max_position:
+            raise UserError(f"config key 'eval.seq_len' ({self.seq_len}) must be in [0, model.max_position "
+                            f"({max_position})]; 0 validates at each stage's seq_len")
+
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Orbax checkpoint rotation."""
 
-    interval: int = 100
+    interval: int = field(default=100, metadata=RESUME)
     """Save every this many steps (0: only at the end and on signals)."""
-    max_to_keep: int = 3
+    max_to_keep: int = field(default=3, metadata=RESUME)
     """Most recent checkpoints kept (the best by validation perplexity is kept in addition)."""
     keep_best: bool = True
     """Also keep the checkpoint with the lowest validation perplexity."""
-    async_save: bool = True
+    async_save: bool = field(default=True, metadata=RESUME)
     """Write checkpoints in a background thread."""
+
+    def check(self) -> None:
+        if self.max_to_keep < 1:
+            raise UserError(f"config key 'checkpoint.max_to_keep' must be >= 1, got {self.max_to_keep}")
 
 
 @dataclass(frozen=True)
@@ -248,6 +345,12 @@ class MeshConfig:
     """Multi-host: number of processes (else JAX_NUM_PROCESSES)."""
     process_id: int = -1
     """Multi-host: this process's index (else JAX_PROCESS_ID)."""
+
+    def check(self) -> None:
+        if self.data == 0 or self.fsdp == 0 or self.data < -1 or self.fsdp < -1:
+            raise UserError("config keys 'mesh.data' and 'mesh.fsdp' must be positive or -1 (all remaining devices)")
+        if self.data == -1 and self.fsdp == -1:
+            raise UserError("only one of 'mesh.data' and 'mesh.fsdp' may be -1")
 
 
 @dataclass(frozen=True)
@@ -276,24 +379,32 @@ class ProfileConfig:
 class TrainConfig:
     """Loop-level settings."""
 
-    steps: int = 1000
+    steps: int = field(default=1000, metadata=RESUME)
     """Total optimizer steps."""
     seed: int = 0
     """Seed of parameter init and every other random choice."""
-    log_every: int = 10
+    log_every: int = field(default=10, metadata=RESUME)
     """Write a metrics row every this many steps."""
     loss_chunk: int = 4096
     """Tokens per chunk of the chunked cross-entropy (the full logits never exist at once)."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
-    sample_prompt: str = "def "
+    sample_prompt: str = field(default="def ", metadata=RESUME)
     """Prompt of the short sample printed when a run finishes (the demo corpus is Python source)."""
-    sample_tokens: int = 48
+    sample_tokens: int = field(default=48, metadata=RESUME)
     """Tokens of that sample (temperature 0.8, top-k 40, seeded by train.seed); 0: no sample."""
-    xla_options: dict[str, Union[bool, int, float, str]] = field(default_factory=dict)
+    xla_options: dict[str, Union[bool, int, float, str]] = field(default_factory=dict, metadata=RESUME)
     """XLA compiler options of the train step (e.g. `xla_gpu_enable_triton_gemm: false`), passed to
     `.compile(compiler_options=...)` and shown in the run header; empty: XLA's defaults (no GPU
     measurement has yet shown a faster setting, docs/BENCHMARKS.md)."""
+
+    def check(self) -> None:
+        if self.steps < 1:
+            raise UserError(f"config key 'train.steps' must be >= 1, got {self.steps}")
+        if self.sample_tokens < 0:
+            raise UserError(f"config key 'train.sample_tokens' must be >= 0, got {self.sample_tokens}")
+        if self.loss_chunk < 1 or self.log_every < 1:
+            raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
 
 
 def stream_lanes(cfg: "Config") -> int:
@@ -317,308 +428,38 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata=RESUME)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig, metadata=RESUME)
     init: InitConfig = field(default_factory=InitConfig)
 
 
-# --------------------------------------------------------------------------------------------
-# Building from dicts, with type checks
-
-
-def _suggest(key: str, choices, prefix: str = "") -> str:
-    """A close match spelled as a full dotted key, else the list of valid keys."""
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.5)
-    if close:
-        return f" (did you mean '{_join(prefix, close[0])}'?)"
-    return f" (valid: {', '.join(sorted(choices))})"
-
-
-def _join(prefix: str, key: Any) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
-def _type_name(tp) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp, key: str) -> Any:
-    """Check `value` against the annotation `tp`; convert lossless cases (int -> float, list -> tuple)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise UserError(f"config key '{key}' must be a mapping of {tp.__name__} fields, got {value!r}")
-        return from_dict(tp, value, key)
-    if origin is Literal:
-        if value not in args:
-            raise UserError(f"config key '{key}' must be one of {_type_name(tp)}, got {value!r}"
-                            + (_suggest(str(value), [str(a) for a in args]) if isinstance(value, str) else ""))
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        for i, option in enumerate(inner):  # the first type that takes the value, in the order written
-            try:
-                return _coerce(value, option, key)
-            except UserError:
-                if i == len(inner) - 1:
-                    raise
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise UserError(f"config key '{key}' must be a list, got {value!r}")
-        elem = args[0]
-        return tuple(_coerce(v, elem, _join(key, i)) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise UserError(f"config key '{key}' must be a mapping, got {value!r}")
-        kt, vt = args
-        return {_coerce(k, kt, key): _coerce(v, vt, _join(key, k)) for k, v in value.items()}
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise UserError(f"config key '{key}' must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise UserError(f"config key '{key}' must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UserError(f"config key '{key}' must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise UserError(f"config key '{key}' must be a string, got {value!r}")
-        return str(value)
-    raise TypeError(f"unsupported config annotation {tp!r} for {key}")  # a bug, not a user error
-
-
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def from_dict(cls, data: dict, prefix: str = ""):
-    """Build dataclass `cls` from a (sparse) dict; unknown keys and bad types raise UserError."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise UserError(f"config section '{prefix or '<root>'}' must be a mapping, got {data!r}")
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            raise UserError(f"unknown config key '{_join(prefix, key)}'{_suggest(str(key), names, prefix)}")
-        kwargs[key] = _coerce(value, hints[key], _join(prefix, key))
-    return cls(**kwargs)
-
-
-def to_dict(obj) -> Any:
-    """Plain dict/list form of a config (YAML- and JSON-safe)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, tuple):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    return obj
-
-
-def to_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
-
-
-# --------------------------------------------------------------------------------------------
-# Dotted overrides
-
-
-def _parse_value(text: str) -> Any:
-    try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
-        return text
-
-
-def _set_path(obj, path: list[str], raw: Any, done: str):
-    """Return a copy of `obj` with `path` set to `raw` (type-checked against the field)."""
-    key = path[0]
-    here = _join(done, key)
-    if isinstance(obj, tuple):
-        if not key.lstrip("-").isdigit():
-            raise UserError(f"config key '{here}': '{done}' is a list, index it with a number")
-        i = int(key)
-        if not -len(obj) <= i < len(obj):
-            raise UserError(f"config key '{here}': index {i} out of range, '{done}' has {len(obj)} entries")
-        items = list(obj)
-        if len(path) == 1:
-            raise UserError(f"config key '{here}': set a field of the entry, e.g. '{here}.seq_len=...'")
-        items[i] = _set_path(items[i], path[1:], raw, here)
-        return tuple(items)
-    if isinstance(obj, dict):
-        if len(path) != 1:
-            raise UserError(f"config key '{here}' is nested too deep")
-        return {**obj, key: raw}
-    if not dataclasses.is_dataclass(obj):
-        raise UserError(f"config key '{done}' has no sub-keys")
-    names = {f.name for f in dataclasses.fields(obj)}
-    if key not in names:
-        raise UserError(f"unknown config key '{here}'{_suggest(key, names, done)}")
-    tp = _hints(type(obj))[key]
-    if len(path) == 1:
-        value = _coerce(raw, tp, here)
-    else:
-        current = getattr(obj, key)
-        value = _set_path(current, path[1:], raw, here)
-        if isinstance(current, dict):
-            value = _coerce(value, tp, here)
-    return dataclasses.replace(obj, **{key: value})
-
-
-def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Apply `key.sub=value` strings in order (values parsed as YAML scalars/lists)."""
-    for item in overrides:
-        if "=" not in item:
-            if item.endswith((".yaml", ".yml")):
-                raise UserError(f"'{item}' looks like a config file; did you mean --config {item}?")
-            raise UserError(f"override '{item}' is not of the form key.sub=value")
-        key, _, text = item.partition("=")
-        key = key.strip()
-        if not key:
-            raise UserError(f"override '{item}' names no key")
-        cfg = _set_path(cfg, key.split("."), _parse_value(text), "")
-    return cfg
-
-
-# --------------------------------------------------------------------------------------------
-# Cross-field checks
-
-
 def validate(cfg: Config) -> Config:
-    """Raise UserError naming the key of the first rule the config breaks."""
-    m, f = cfg.model, cfg.fp8
-    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_position"):
-        if getattr(m, key) <= 0:
-            raise UserError(f"config key 'model.{key}' must be positive, got {getattr(m, key)}")
-    if m.vocab_pad_to < 1:
-        raise UserError(f"config key 'model.vocab_pad_to' must be >= 1, got {m.vocab_pad_to}")
-    if m.head_dim < 0 or m.embed_rank < 0:
-        raise UserError("config keys 'model.head_dim' and 'model.embed_rank' must be >= 0")
-    if m.n_heads % m.n_kv_heads:
-        raise UserError(f"config key 'model.n_kv_heads' ({m.n_kv_heads}) must divide model.n_heads ({m.n_heads})")
-    if not m.head_dim and m.d_model % m.n_heads:
-        raise UserError(f"config key 'model.n_heads' ({m.n_heads}) must divide model.d_model ({m.d_model}), "
-                        "or set model.head_dim")
-    if m.resolved_head_dim % 2:
-        raise UserError(f"head dimension {m.resolved_head_dim} must be even for RoPE (model.head_dim / model.n_heads)")
-    if m.head == "factorized" and not m.embed_rank:
-        raise UserError("config key 'model.head' is 'factorized' but model.embed_rank is 0; set embed_rank > 0")
-    if m.norm_eps <= 0 or m.init_std <= 0 or m.rope_theta <= 0:
-        raise UserError("config keys 'model.norm_eps', 'model.init_std', 'model.rope_theta' must be positive")
-    for i, t in enumerate(f.targets):
-        if t not in FP8_TARGETS:
-            raise UserError(f"config key 'fp8.targets.{i}': unknown projection '{t}'{_suggest(t, FP8_TARGETS)}")
-    if f.amax_history_len < 1:
-        raise UserError(f"config key 'fp8.amax_history_len' must be >= 1, got {f.amax_history_len}")
-    if f.te_layers and f.backend != "te":
-        raise UserError(f"config key 'fp8.te_layers' is Transformer Engine's fused layers, but fp8.backend is "
-                        f"'{f.backend}'; set fp8.backend=te or fp8.te_layers=false")
-    missing = [t for t in FUSED_TARGETS if t not in f.targets]
-    if f.te_layers and missing:
-        raise UserError(f"config key 'fp8.te_layers' fuses q, k, v and gate, up, down, but fp8.targets lacks "
-                        f"{','.join(missing)}; add them or set fp8.te_layers=false")
-    if f.margin < 0:
-        raise UserError(f"config key 'fp8.margin' must be >= 0, got {f.margin}")
-    if not cfg.curriculum:
-        raise UserError("config key 'curriculum' is empty; give at least one stage")
-    if cfg.curriculum[0].start_step != 0:
-        raise UserError(f"config key 'curriculum.0.start_step' must be 0, got {cfg.curriculum[0].start_step}")
-    prev = -1
-    for i, s in enumerate(cfg.curriculum):
-        if s.start_step <= prev:
-            raise UserError(f"config key 'curriculum.{i}.start_step' ({s.start_step}) must be greater than "
-                            f"the previous stage's ({prev}); stages run in order")
-        prev = s.start_step
-        for key in ("seq_len", "batch_size", "grad_accum_steps"):
-            if getattr(s, key) < 1:
-                raise UserError(f"config key 'curriculum.{i}.{key}' must be >= 1, got {getattr(s, key)}")
-        if s.seq_len > m.max_position:
-            raise UserError(f"config key 'curriculum.{i}.seq_len' ({s.seq_len}) exceeds model.max_position "
-                            f"({m.max_position}); raise max_position or shorten the stage")
-        if s.lr_scale < 0 or s.grad_clip < 0 or s.warmup_steps < 0:
-            raise UserError(f"config keys 'curriculum.{i}.lr_scale/grad_clip/warmup_steps' must be >= 0")
-    if cfg.data.lanes < 0:
-        raise UserError(f"config key 'data.lanes' must be >= 0 (0: automatic), got {cfg.data.lanes}")
-    for i, s in enumerate(cfg.curriculum):
-        if cfg.data.lanes and s.batch_size * s.grad_accum_steps % cfg.data.lanes:
-            raise UserError(f"config key 'data.lanes' ({cfg.data.lanes}) must divide curriculum.{i}'s rows per "
-                            f"step ({s.batch_size} x {s.grad_accum_steps}); set data.lanes=0 (automatic) or "
-                            f"{stream_lanes(replace(cfg, data=replace(cfg.data, lanes=0)))}")
-    if cfg.eval.seq_len < 0 or cfg.eval.seq_len > m.max_position:
-        raise UserError(f"config key 'eval.seq_len' ({cfg.eval.seq_len}) must be in [0, model.max_position "
-                        f"({m.max_position})]; 0 validates at each stage's seq_len")
-    o = cfg.optim
-    if o.lr <= 0:
-        raise UserError(f"config key 'optim.lr' must be positive, got {o.lr}")
-    if not 0 <= o.min_lr_ratio <= 1:
-        raise UserError(f"config key 'optim.min_lr_ratio' must be in [0, 1], got {o.min_lr_ratio}")
-    if not 0 < o.decay_fraction <= 1:
-        raise UserError(f"config key 'optim.decay_fraction' must be in (0, 1], got {o.decay_fraction}")
-    if o.warmup_steps < 0 or o.weight_decay < 0:
-        raise UserError("config keys 'optim.warmup_steps' and 'optim.weight_decay' must be >= 0")
-    if not (0 <= o.b1 < 1 and 0 <= o.b2 < 1):
-        raise UserError("config keys 'optim.b1' and 'optim.b2' must be in [0, 1)")
-    t = cfg.train
-    if t.steps < 1:
-        raise UserError(f"config key 'train.steps' must be >= 1, got {t.steps}")
-    if t.sample_tokens < 0:
-        raise UserError(f"config key 'train.sample_tokens' must be >= 0, got {t.sample_tokens}")
-    if t.loss_chunk < 1 or t.log_every < 1:
-        raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
-    if cfg.mesh.data == 0 or cfg.mesh.fsdp == 0 or cfg.mesh.data < -1 or cfg.mesh.fsdp < -1:
-        raise UserError("config keys 'mesh.data' and 'mesh.fsdp' must be positive or -1 (all remaining devices)")
-    if cfg.mesh.data == -1 and cfg.mesh.fsdp == -1:
-        raise UserError("only one of 'mesh.data' and 'mesh.fsdp' may be -1")
-    if cfg.checkpoint.max_to_keep < 1:
-        raise UserError(f"config key 'checkpoint.max_to_keep' must be >= 1, got {cfg.checkpoint.max_to_keep}")
+    """Raise UserError naming the key of the first rule the config breaks (the sections' rules in schema order)."""
+    cfg.model.check()
+    cfg.fp8.check()
+    check_curriculum(cfg.curriculum, cfg.model.max_position)
+    cfg.data.check(cfg.curriculum)
+    cfg.eval.check(cfg.model.max_position)
+    for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint):
+        section.check()
     return cfg
 
 
-# --------------------------------------------------------------------------------------------
-# Loading
-
-
-def read_yaml(path: str) -> dict:
-    if not os.path.exists(path):
-        raise UserError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
-    if os.path.isdir(path):
-        raise UserError(f"config file '{path}' is a directory; pass a YAML file in it (see configs/)")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"config file '{path}' is not valid YAML: {one_line(e)}")
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"config file '{path}' must hold a mapping of sections (model:, fp8:, ...)")
-    return data
+def resumable(key: str) -> bool:
+    """Whether a resumed run may change the dotted config `key`: it, or a section above it, carries
+    `metadata=RESUME`. Keys inside a list (`curriculum.0.seq_len`) and unknown keys are not resumable."""
+    cls, marked = Config, False
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            break  # inside a dict value (eval.domains.web, train.xla_options.x): its field decides
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields:
+            return False
+        marked = marked or bool(fields[part].metadata.get("resumable"))
+        cls = typing.get_type_hints(cls)[part]
+    return marked
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> Config:
@@ -627,25 +468,3 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     cfg = apply_overrides(cfg, list(overrides or []))
     return validate(cfg)
 
-
-def keys_named(name: str, cls=None, prefix: str = "") -> list[str]:
-    """The dotted config keys whose last part is `name` ("steps" -> ["train.steps"]), for hints."""
-    found = []
-    for f in dataclasses.fields(cls or Config):
-        key = _join(prefix, f.name)
-        tp = _hints(cls or Config)[f.name]
-        if dataclasses.is_dataclass(tp):
-            found += keys_named(name, tp, key)
-        elif f.name == name:
-            found.append(key)
-    return found
-
-
-def add_config_args(parser) -> None:
-    """The `--config FILE` and trailing `key=value` arguments every command shares."""
-    parser.add_argument("--config", default=None, help="YAML file overriding the defaults (see configs/)")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
-
-
-def config_from_args(args) -> Config:
-    return load_config(args.config, args.overrides)

@@ -32,7 +32,8 @@ from typing import Any, Iterator
 import yaml
 
 from yxanul_jax.core import console
-from yxanul_jax.core.config import Config, to_yaml
+from yxanul_jax.core.coerce import to_yaml
+from yxanul_jax.core.config import Config, resumable
 from yxanul_jax.core.errors import UserError
 
 CACHE_ENV = "YXANUL_CACHE"
@@ -157,12 +158,6 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"
 LOCK_FILE = ".lock"
-# Config fields a resumed run may change: they neither change the model nor the data stream. The rest
-# (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused; optim.lr is allowed (the
-# NaN advice says to lower it) and recorded.
-RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sample_tokens", "train.xla_options",
-             "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
-             "optim.lr", "data.num_workers", "data.prefetch")
 
 
 def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
@@ -180,10 +175,6 @@ def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [d for i, (a, b) in enumerate(zip(old, new)) for d in differences(a, b, f"{key}.{i}" if key else str(i))]
     return [] if old == new else [(key or "<root>", old, new)]
-
-
-def _resumable(key: str) -> bool:
-    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -243,7 +234,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
                             "pass a new --run-dir, or --overwrite to start over")
         diffs = differences(old, yaml.safe_load(text))
-        fixed = [d for d in diffs if not _resumable(d[0])]
+        fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
         if fixed and checkpoint_steps(ckpt_dir):
             key, was, now = fixed[0]
             raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "

@@ -68,9 +68,10 @@ def _request(vocab_size: int, max_bytes: int) -> dict:
 
 
 def _ready(out: Path, vocab_size: int) -> bool:
-    from yxanul_jax.data.loader import open_dataset
+    from yxanul_jax.data.dataset import open_dataset
+    from yxanul_jax.data.layout import is_prepared
 
-    if not (out / "manifest.json").is_file():
+    if not is_prepared(out):
         return False
     manifest = open_dataset(out).manifest
     req = manifest.get("request", {})

@@ -1,13 +1,14 @@
 """Corpus preparation: tokenize documents once into memory-mappable token shards plus a manifest
 (the `prepare` command is `yxanul_jax/prepare.py`).
 
-Output (written into a hidden temp dir next to DIR, renamed to DIR only when complete):
+Output (written into a hidden temp dir next to DIR, renamed to DIR only when complete; the file
+names are `yxanul_jax.data.layout`'s):
 
-    DIR/manifest.json                 what is inside (see `prepare_documents`), format version 1
-    DIR/tokenizer.json                a copy of the tokenizer used (self-contained dataset)
-    DIR/{train,val}/NNNNN.tokens.npy  uint16 (vocab <= 65,536) or uint32 [n_tokens]: the documents'
+    layout.MANIFEST                   what is inside (see `prepare_documents`), format version 1
+    layout.TOKENIZER                  a copy of the tokenizer used (self-contained dataset)
+    {train,val}/NNNNN.tokens.npy      uint16 (vocab <= 65,536) or uint32 [n_tokens]: the documents'
                                       tokens back to back, no EOS (the reader inserts it)
-    DIR/{train,val}/NNNNN.offsets.npy int64 [n_docs + 1]: document i is tokens[off[i]:off[i+1]]
+    {train,val}/NNNNN.offsets.npy     int64 [n_docs + 1]: document i is tokens[off[i]:off[i+1]]
 
 The split is by document content: a document goes to `val` when the first 8 bytes of the BLAKE2b
 hash of its UTF-8 text, read as a fraction of 2**64, are below `val_fraction`. It does not depend
@@ -34,13 +35,13 @@ from tqdm import tqdm
 from yxanul_jax.core import console
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import staged_dir
-from yxanul_jax.data.loader import FORMAT
+from yxanul_jax.data.dataset import FORMAT
+from yxanul_jax.data.layout import SPLITS, TOKENIZER, manifest_path, offsets_file, tokens_file
 from yxanul_jax.data.sources import DocumentSource
 from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
 
 VERSION = 1
 SHARD_TOKENS = 1 << 25  # 32 Mi tokens (128 MiB as uint32) per shard file
-SPLITS = ("train", "val")
 
 
 def split_of(text: str, val_fraction: float) -> str:
@@ -72,12 +73,13 @@ class _ShardWriter:
         if not self._arrays:
             return
         (self.root / self.split).mkdir(exist_ok=True)
-        name = f"{self.split}/{len(self.shards):05d}"
+        k = len(self.shards)
+        tokens_name, offsets_name = tokens_file(self.split, k), offsets_file(self.split, k)
         lengths = np.fromiter((len(a) for a in self._arrays), dtype=np.int64, count=len(self._arrays))
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        np.save(self.root / f"{name}.tokens.npy", np.concatenate(self._arrays).astype(self.dtype, copy=False))
-        np.save(self.root / f"{name}.offsets.npy", offsets)
-        self.shards.append({"tokens": f"{name}.tokens.npy", "offsets": f"{name}.offsets.npy",
+        np.save(self.root / tokens_name, np.concatenate(self._arrays).astype(self.dtype, copy=False))
+        np.save(self.root / offsets_name, offsets)
+        self.shards.append({"tokens": tokens_name, "offsets": offsets_name,
                             "documents": len(self._arrays), "num_tokens": int(offsets[-1])})
         self._arrays, self._pending = [], 0
 
@@ -96,7 +98,7 @@ def _existing(output: Path, request: dict) -> dict | None:
     """The manifest of a finished identical preparation at `output`, None if `output` is free."""
     if not output.exists() or (output.is_dir() and not any(output.iterdir())):
         return None
-    manifest = output / "manifest.json"
+    manifest = manifest_path(output)
     if manifest.is_file():
         try:
             old = json.loads(manifest.read_text())
@@ -131,7 +133,7 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
     start = time.perf_counter()
     try:
         with staged_dir(output) as tmp:
-            tokenizer.save(tmp / "tokenizer.json")
+            tokenizer.save(tmp / TOKENIZER)
             writers = {s: _ShardWriter(tmp, s, dtype, shard_tokens) for s in SPLITS}
             bar = tqdm(total=documents_hint, unit="doc", disable=not progress, desc="tokenizing", file=sys.stderr)
             console.set_live(bar)  # an error ends the bar's line first, never lands at its tail
@@ -163,7 +165,7 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
                 "format": FORMAT, "version": VERSION,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "vocab_size": tokenizer.vocab_size, "eos_id": tokenizer.eos_id, "dtype": dtype.name,
-                "tokenizer": {"file": "tokenizer.json", **tokenizer.describe()},
+                "tokenizer": {"file": TOKENIZER, **tokenizer.describe()},
                 "val_fraction": val_fraction,
                 "split_rule": "val iff blake2b-64(utf8 text) / 2**64 < val_fraction",
                 "splits": splits,
@@ -174,7 +176,7 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
                 "request": request,
             }
             manifest["chars_per_token"] = manifest["characters"] / max(tokens, 1)
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            manifest_path(tmp).write_text(json.dumps(manifest, indent=1))
     except FileExistsError:
         if (old := _existing(output, request)) is not None:  # a racing identical run finished first
             return old

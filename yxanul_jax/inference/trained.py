@@ -15,7 +15,8 @@ import os
 import jax
 import yaml
 
-from yxanul_jax.core.config import Config, from_dict, validate
+from yxanul_jax.core.coerce import from_dict
+from yxanul_jax.core.config import Config, validate
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_FILE
 from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
@@ -48,7 +49,7 @@ def _config_from_file(path: str) -> Config:
 def tokenizer_path_of(cfg: Config, run_dir: str | None = None) -> str:
     """The tokenizer.json the run trained with: the run directory's copy, else its prepared dataset's,
     or the demo corpus's."""
-    from yxanul_jax.data.loader import open_dataset
+    from yxanul_jax.data.dataset import open_dataset
 
     if run_dir and os.path.isfile(os.path.join(run_dir, TOKENIZER_FILE)):
         return os.path.join(run_dir, TOKENIZER_FILE)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from yxanul_jax.core.config import FP8Config, ModelConfig
 from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.model.backends import PLAIN, dense_backend
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -138,60 +139,45 @@ def apply_rope(x_BxLxHxK, sin, cos):
 
 
 class Matmul(nn.Module):
-    """x[..., I] @ w[I, O] through the configured dense backend; owns the FP8 state of this GEMM.
+    """x[..., I] @ w[I, O] through the dense `backend` (`backends.dense_backend`); owns this GEMM's FP8 state.
 
     The FP8 state changes only through differentiation: take gradients with `fp8.value_and_grad`
-    (the new state comes back as the state's "gradient"), not w.r.t. the params alone. An FP8 target whose I or O is not a multiple of 16 (what FP8 tensor-core GEMMs need) runs in
-    BF16, with one warning; the decision depends on static shapes only, so init and apply agree.
+    (the new state comes back as the state's "gradient"), not w.r.t. the params alone. An FP8 GEMM
+    whose I or O is not a multiple of 16 (what FP8 tensor-core GEMMs need) runs plain, with one
+    warning; the decision depends on static shapes only, so init and apply agree.
     """
 
-    use_fp8: bool
-    fp8: FP8Config
+    backend: Any
     dtype: Any
     target: str = ""
 
     @nn.compact
     def __call__(self, x, w_IxO):
-        use_fp8 = self.use_fp8 and fp8_lib.gemm_aligned(*w_IxO.shape)
-        if self.use_fp8 and not use_fp8:
+        backend = self.backend
+        if backend.is_fp8 and not fp8_lib.gemm_aligned(*w_IxO.shape):
             fp8_lib.warn_unaligned(self.target or self.name, tuple(w_IxO.shape))
-        if not use_fp8:
-            return jax.lax.dot_general(x.astype(self.dtype), w_IxO.astype(self.dtype),
-                                       (((x.ndim - 1,), (0,)), ((), ())),
-                                       preferred_element_type=jnp.float32).astype(self.dtype)
-        if self.fp8.backend == "te":
-            _, te_flax, _ = fp8_lib.import_te()
-            dot_general = te_flax.make_dot_general_cls(fp8_lib.te_recipe(self.fp8))()
-            return dot_general(x.astype(self.dtype), w_IxO.astype(self.dtype),
-                               (((x.ndim - 1,), (0,)), ((), ()))).astype(self.dtype)
-        h = self.fp8.amax_history_len
-        metas = [self.variable(fp8_lib.FP8_COLLECTION, op, fp8_lib.init_meta, h).value
-                 for op in fp8_lib.OPERANDS]
-        spec = fp8_lib.Fp8Spec(self.dtype, self.fp8.margin, self.fp8.amax_compute_algo, self.fp8.scaling,
-                               underflow_stats=self.fp8.underflow_stats)
-        return fp8_lib.fp8_dot(x, w_IxO, *metas, spec)
+            backend = PLAIN
+        return backend.dot(self, x, w_IxO, self.dtype, self.target)
 
 
 class Dense(nn.Module):
-    """A bias-free projection with a float32 kernel [I, O] named by logical axes (FP8 when `use_fp8`
-    and `fp8` say so: train it through `fp8.value_and_grad`, see `Matmul`)."""
+    """A bias-free projection with a float32 kernel [I, O] named by logical axes, run by `backend`
+    (FP8 for an FP8 backend: train it through `fp8.value_and_grad`, see `Matmul`)."""
 
     features: int
     axes: tuple[str, str]
     std: float
-    use_fp8: bool
-    fp8: FP8Config
+    backend: Any
     dtype: Any
 
     @nn.compact
     def __call__(self, x):
         kernel_IxO = _kernel(self, x.shape[-1], self.features, self.axes, self.std)
-        return Matmul(self.use_fp8, self.fp8, self.dtype, self.name, name="gemm")(x, kernel_IxO)
+        return Matmul(self.backend, self.dtype, self.name, name="gemm")(x, kernel_IxO)
 
 
-def _dense(cfg: ModelConfig, fp8: FP8Config, target: str, features: int, axes, std: float):
-    use = fp8.active and target in fp8.targets
-    return Dense(features, axes, std, use, fp8, DTYPES[cfg.dtype], name=target)
+def _dense(cfg: ModelConfig, backend, target: str, features: int, axes, std: float):
+    return Dense(features, axes, std, backend.for_target(target), DTYPES[cfg.dtype], name=target)
 
 
 def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> str:
@@ -213,28 +199,26 @@ class Attention(nn.Module):
     """
 
     cfg: ModelConfig
-    fp8: FP8Config
+    backend: Any
 
     @nn.compact
     def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None, norm_scale_D=None):
-        """`norm_scale_D` given (`fp8.te_layers`): x is the block's un-normalized input, and TE's fused
-        RMSNorm + FP8 GEMM computes q, k, v in one (their kernels side by side, names unchanged)."""
+        """`norm_scale_D` given (the backend fuses norms): x is the block's un-normalized input, and the
+        backend's fused RMSNorm + GEMM computes q, k, v in one (their kernels side by side, names unchanged)."""
         c = self.cfg
         B, L, D = x_BxLxD.shape
         H, G, K = c.n_heads, c.n_kv_heads, c.resolved_head_dim
         out_std = c.init_std / math.sqrt(2 * c.n_layers)
         if norm_scale_D is not None:
-            from yxanul_jax.model import te_layers
-
             kernels = [Kernel(D, n * K, ("embed", axis), c.init_std, name=t)()
                        for t, n, axis in (("q", H, "heads"), ("k", G, "kv_heads"), ("v", G, "kv_heads"))]
-            qkv_BxLxO = te_layers.NormDense(self.fp8, c.norm_eps, name="qkv")(x_BxLxD, norm_scale_D, kernels)
+            qkv_BxLxO = self.backend.norm_dense(c.norm_eps, name="qkv")(x_BxLxD, norm_scale_D, kernels)
             q, k, v = jnp.split(qkv_BxLxO, [H * K, (H + G) * K], axis=-1)
             q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = q.reshape(B, L, H, K), k.reshape(B, L, G, K), v.reshape(B, L, G, K)
         else:
-            q_BxLxHxK = _dense(c, self.fp8, "q", H * K, ("embed", "heads"), c.init_std)(x_BxLxD).reshape(B, L, H, K)
-            k_BxLxGxK = _dense(c, self.fp8, "k", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
-            v_BxLxGxK = _dense(c, self.fp8, "v", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
+            q_BxLxHxK = _dense(c, self.backend, "q", H * K, ("embed", "heads"), c.init_std)(x_BxLxD).reshape(B, L, H, K)
+            k_BxLxGxK = _dense(c, self.backend, "k", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
+            v_BxLxGxK = _dense(c, self.backend, "v", G * K, ("embed", "kv_heads"), c.init_std)(x_BxLxD).reshape(B, L, G, K)
         q_BxLxHxK = apply_rope(q_BxLxHxK, sin_LxK2, cos_LxK2)
         k_BxLxGxK = apply_rope(k_BxLxGxK, sin_LxK2, cos_LxK2)
         if cache is None:
@@ -251,7 +235,7 @@ class Attention(nn.Module):
             o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxSxGxK.astype(q_BxLxHxK.dtype),
                                                      v_BxSxGxK.astype(q_BxLxHxK.dtype),
                                                      mask=visible_BxLxS[:, None, :, :], implementation="xla")
-        out = _dense(c, self.fp8, "o", D, ("heads", "embed"), out_std)(o_BxLxHxK.reshape(B, L, H * K))
+        out = _dense(c, self.backend, "o", D, ("heads", "embed"), out_std)(o_BxLxHxK.reshape(B, L, H * K))
         return out, cache
 
 
@@ -259,27 +243,25 @@ class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x))."""
 
     cfg: ModelConfig
-    fp8: FP8Config
+    backend: Any
 
     @nn.compact
     def __call__(self, x_BxLxD, norm_scale_D=None):
-        """`norm_scale_D` given (`fp8.te_layers`): x is un-normalized, and TE's LayerNormMLP runs RMSNorm,
-        gate/up (one FP8 GEMM), SwiGLU and down (FP8) on these same kernels."""
+        """`norm_scale_D` given (the backend fuses norms): x is un-normalized, and the backend's fused layer
+        runs RMSNorm, gate/up, SwiGLU and down on these same kernels."""
         c = self.cfg
         out_std = c.init_std / math.sqrt(2 * c.n_layers)
         if norm_scale_D is not None:
-            from yxanul_jax.model import te_layers
-
             D, F = x_BxLxD.shape[-1], c.ffn_dim
             gate_DxF = Kernel(D, F, ("embed", "mlp"), c.init_std, name="gate")()
             up_DxF = Kernel(D, F, ("embed", "mlp"), c.init_std, name="up")()
             down_FxD = Kernel(F, D, ("mlp", "embed"), out_std, name="down")()
-            return te_layers.NormSwiGLU(self.fp8, c.norm_eps, name="fused")(x_BxLxD, norm_scale_D, gate_DxF, up_DxF,
-                                                                            down_FxD)
-        gate_BxLxF = _dense(c, self.fp8, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
-        up_BxLxF = _dense(c, self.fp8, "up", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
+            return self.backend.norm_swiglu(c.norm_eps, name="fused")(x_BxLxD, norm_scale_D, gate_DxF, up_DxF,
+                                                                      down_FxD)
+        gate_BxLxF = _dense(c, self.backend, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
+        up_BxLxF = _dense(c, self.backend, "up", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
         h_BxLxF = nn.silu(gate_BxLxF) * up_BxLxF
-        return _dense(c, self.fp8, "down", c.d_model, ("mlp", "embed"), out_std)(h_BxLxF)
+        return _dense(c, self.backend, "down", c.d_model, ("mlp", "embed"), out_std)(h_BxLxF)
 
 
 class Block(nn.Module):
@@ -287,22 +269,41 @@ class Block(nn.Module):
     (the cache is this layer's slice when decoding, None in training)."""
 
     cfg: ModelConfig
-    fp8: FP8Config
+    backend: Any
 
     @nn.compact
     def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None):
         c, dt = self.cfg, DTYPES[self.cfg.dtype]
-        if self.fp8.fused and fp8_lib.fused_aligned(c):  # TE fuses each norm into the layer after it: same parameters
+        if self.backend.fuses_norms(c):  # each norm fused into the layer after it: same parameters
             D = x_BxLxD.shape[-1]
-            attn_BxLxD, cache = Attention(c, self.fp8, name="attn")(x_BxLxD, sin_LxK2, cos_LxK2, cache, positions_BxL,
+            attn_BxLxD, cache = Attention(c, self.backend, name="attn")(x_BxLxD, sin_LxK2, cos_LxK2, cache, positions_BxL,
                                                                      NormScale(D, name="attn_norm")())
             x_BxLxD = x_BxLxD + attn_BxLxD
-            return x_BxLxD + SwiGLU(c, self.fp8, name="mlp")(x_BxLxD, NormScale(D, name="mlp_norm")()), cache
-        attn_BxLxD, cache = Attention(c, self.fp8, name="attn")(RMSNorm(c.norm_eps, dt, name="attn_norm")(x_BxLxD),
+            return x_BxLxD + SwiGLU(c, self.backend, name="mlp")(x_BxLxD, NormScale(D, name="mlp_norm")()), cache
+        attn_BxLxD, cache = Attention(c, self.backend, name="attn")(RMSNorm(c.norm_eps, dt, name="attn_norm")(x_BxLxD),
                                                                  sin_LxK2, cos_LxK2, cache, positions_BxL)
         x_BxLxD = x_BxLxD + attn_BxLxD
-        x_BxLxD = x_BxLxD + SwiGLU(c, self.fp8, name="mlp")(RMSNorm(c.norm_eps, dt, name="mlp_norm")(x_BxLxD))
+        x_BxLxD = x_BxLxD + SwiGLU(c, self.backend, name="mlp")(RMSNorm(c.norm_eps, dt, name="mlp_norm")(x_BxLxD))
         return x_BxLxD, cache
+
+
+HEAD_MODULE = "head_gemm"
+"""The output head's GEMM module: its FP8 state sits under this name in every FP8 collection (ours or TE's)."""
+
+
+def split_head_state(fp8_state: dict) -> tuple[dict, dict | None]:
+    """(FP8 state of the body, {collection: the head's state} or None when the head has none): the loss
+    runs the head once per chunk, each with its own copy of the head's state."""
+    body = {c: {k: v for k, v in tree.items() if k != HEAD_MODULE} for c, tree in fp8_state.items()}
+    head = {c: tree[HEAD_MODULE] for c, tree in fp8_state.items() if HEAD_MODULE in tree}
+    return body, head or None
+
+
+def join_head_state(body: dict, head: dict | None) -> dict:
+    """The inverse of `split_head_state`."""
+    if head is None:
+        return body
+    return {c: {**tree, **({HEAD_MODULE: head[c]} if c in head else {})} for c, tree in body.items()}
 
 
 REMAT_POLICIES = {
@@ -319,6 +320,7 @@ class Yxanul(nn.Module):
 
     def setup(self):
         c = self.cfg
+        backend = dense_backend(self.fp8)  # chosen once; the layers receive it
         V, D, R = c.padded_vocab, c.d_model, c.embed_rank
         if R:
             self.embedding = _logical_param(self, "embedding", _normal(c.init_std), (V, R), ("vocab", "embed_rank"))
@@ -337,11 +339,11 @@ class Yxanul(nn.Module):
         if c.scan_layers:
             self.layers = nn.scan(block, variable_axes={True: 0}, split_rngs={"params": True},
                                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=c.n_layers,
-                                  metadata_params={nn.PARTITION_NAME: "layers"})(c, self.fp8, name="layers")
+                                  metadata_params={nn.PARTITION_NAME: "layers"})(c, backend, name="layers")
         else:
-            self.layers = [block(c, self.fp8, name=f"layer_{i}") for i in range(c.n_layers)]
+            self.layers = [block(c, backend, name=f"layer_{i}") for i in range(c.n_layers)]
         self.final_norm = RMSNorm(c.norm_eps, DTYPES[c.dtype], head_gain(c))
-        self.head_gemm = Matmul(self.fp8.active and "head" in self.fp8.targets, self.fp8, DTYPES[c.dtype], "head")
+        self.head_gemm = Matmul(backend.for_target("head"), DTYPES[c.dtype], "head")  # named HEAD_MODULE
 
     def embed(self, tokens_BxL):
         """Token ids -> residual stream x_BxLxD (compute dtype)."""
@@ -411,47 +413,12 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) ->
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
 
-# ------------------------------------------------------------------------------------------
-# Parameter accounting
-
-COMPONENTS = ("embedding", "attention", "mlp", "norms", "head")
-
-
-def component_of(path: tuple[str, ...]) -> str:
-    """Which component a parameter path belongs to (for the plan's breakdown)."""
-    names = set(path)
-    if names & {"attn"} and "attn_norm" not in names:
-        return "attention"
-    if "mlp" in names:
-        return "mlp"
-    if names & {"attn_norm", "mlp_norm", "final_norm"}:
-        return "norms"
-    if names & {"head_proj", "head_kernel"}:
-        return "head"
-    if names & {"embedding", "embed_proj"}:
-        return "embedding"
-    raise ValueError(f"unclassified parameter {'/'.join(path)}")
-
-
 def abstract_variables(cfg: ModelConfig, fp8: FP8Config, seq_len: int = 8) -> dict:
     """Shapes/dtypes of all variables (no memory allocated), with logical-partitioning boxes removed."""
     model = Yxanul(cfg, fp8)
     tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
     boxed = jax.eval_shape(model.init, jax.random.key(0), tokens)
     return nn.meta.unbox(boxed)
-
-
-def param_breakdown(params, cfg: ModelConfig | None = None) -> dict[str, int]:
-    """Parameter count per component (embedding, attention, mlp, norms, head). With `cfg`, the
-    padded vocabulary rows (`model.vocab_pad_to`) are left out: they are allocated, never trained."""
-    out = {k: 0 for k in COMPONENTS}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        keys = tuple(str(getattr(p, "key", p)) for p in path)
-        n = int(math.prod(leaf.shape))
-        if cfg is not None and keys[-1] in ("embedding", "head_kernel"):
-            n = n // cfg.padded_vocab * cfg.vocab_size
-        out[component_of(keys)] += n
-    return out
 
 
 def init_variables(cfg: ModelConfig, fp8: FP8Config, key: jax.Array, seq_len: int = 8) -> dict:

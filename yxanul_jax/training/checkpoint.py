@@ -1,5 +1,5 @@
 """Orbax checkpoints for training: keep the latest N plus the best by validation perplexity, save
-asynchronously, restore with fallback past damaged checkpoints, and turn SIGTERM/SIGINT into a flag.
+asynchronously, and restore with fallback past damaged checkpoints.
 
 One checkpoint is one Orbax step directory `<dir>/<step>/` holding two items written together:
 
@@ -7,7 +7,7 @@ One checkpoint is one Orbax step directory `<dir>/<step>/` holding two items wri
   `StandardSave` (tensorstore/OCDBT) and restored bit-exactly into a template;
 * `meta`: a JSON dict (data-iterator state, curriculum position, the resolved config, ...) and
   `checksums`: per array, two wrap-around sums of its raw bits (plain and position-weighted),
-  computed on device at save.
+  computed on device at save (`yxanul_jax.training.integrity`).
 
 A restore verifies what it read: checksums equal, every float finite. A checkpoint that fails that,
 or whose metadata or arrays cannot be read, is moved aside into `<dir>/corrupt/<step>-<UTC time>/`
@@ -22,25 +22,21 @@ the half-written directory is removed and the complete checkpoints stay.
 Retention combines Orbax's `LatestN(max_to_keep)` with `BestN(n=1)` over the metric `val_ppl`
 (lower is better): exactly the `max_to_keep` most recent steps survive, plus the best one when it is
 older. A step saved without a (finite) perplexity is never "best", but is kept while it is recent.
+
+While a Checkpointer is open, Orbax's log noise is filtered (`yxanul_jax.training.orbax_logs`); the
+signal guard that asks for a last checkpoint is `yxanul_jax.training.preemption`.
 """
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import re
 import shutil
-import signal
-import sys
-import threading
-import warnings
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
@@ -48,13 +44,12 @@ from yxanul_jax.core import console
 from yxanul_jax.core.config import CheckpointConfig
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
+from yxanul_jax.training.integrity import CHECKSUMS, leaf_specs, mismatch, tree_checksums, verify
+from yxanul_jax.training.orbax_logs import keep_quiet_until_exit, quiet_orbax, write_failure
 
 
 METRIC = "val_ppl"
 """Name of the metric that Orbax stores with each step and ranks by (lower is better)."""
-CHECKSUMS = "checksums"
-"""The meta key holding `tree_checksums` of the saved state."""
-
 
 
 def _val_ppl(metrics: dict) -> float:
@@ -77,7 +72,6 @@ class _Manager(ocp.CheckpointManager):
             return None
 
 
-_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 _TENSORSTORE_DETAILS = re.compile(r"\s*See full TensorStore details:.*$")
 
 
@@ -87,69 +81,8 @@ def _unreadable(e: BaseException) -> str:
     return f"{type(e).__name__}: {_TENSORSTORE_DETAILS.sub('', one_line(e))[:300]}"
 
 
-def _write_failure(e: BaseException) -> str | None:
-    """The operating system's reason ("No space left on device", "Read-only file system", ...) when
-    `e` is a failed write, else None. TensorStore reports these as ValueError carrying the errno."""
-    if isinstance(e, OSError):
-        return e.strerror or one_line(e)
-    m = _OS_ERROR_CODE.search(str(e))
-    return os.strerror(int(m.group(1))) if m else None
-
-
-_ORBAX_NOISE = ("did not provide metrics", "read_only=True, setting save_interval_steps", "Given directory is read only")
-"""Orbax warnings about what is normal here: a save without metrics once best-tracking is on, and a
-read-only manager (a reader beside a run) being read-only."""
-
-
-class _OrbaxLogFilter(logging.Filter):
-    """Drops two kinds of Orbax log records: its warnings about normal use (`_ORBAX_NOISE`), and the
-    tracebacks its background threads and tasks log for a failed write (the Checkpointer reports that
-    failure itself, in one line)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if any(noise in message for noise in _ORBAX_NOISE):
-            return False
-        return not (record.exc_info and record.exc_info[1] is not None and _write_failure(record.exc_info[1]))
-
-
-_LOG_FILTER = _OrbaxLogFilter()
-
-
-def _install_quiet_hooks() -> None:
-    """Silence what a failed async write leaves behind: Orbax's logged tracebacks (one filter object;
-    adding it again does nothing) and TensorStore's callbacks that find Orbax's event loop already
-    closed (hundreds of "unraisable" RuntimeErrors). Everything else passes to the previous hook."""
-    for name in ("absl", "asyncio"):  # Orbax's threads log to absl; its unawaited write tasks to asyncio
-        logging.getLogger(name).addFilter(_LOG_FILTER)
-    previous = sys.unraisablehook
-    if getattr(previous, "_yxanul", False):
-        return
-
-    def hook(unraisable):
-        exc = unraisable.exc_value
-        if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
-            previous(unraisable)
-
-    hook._yxanul = True
-    sys.unraisablehook = hook
-
-
 class CheckpointWriteError(UserError):
     """A checkpoint could not be written (disk full, read-only or unwritable folder)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Checking a checkpoint against the state it is restored into
-
-
-def _key_name(key) -> str:
-    # DictKey.key / GetAttrKey.name / SequenceKey.idx: a namedtuple field saved by Orbax comes
-    # back as a dict key, so paths are compared by name only.
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
 
 
 def _restore_args(abstract: Any) -> Any:
@@ -159,85 +92,6 @@ def _restore_args(abstract: Any) -> Any:
     placed = jax.tree.map(lambda a: a if getattr(a, "sharding", None) is not None
                           else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=default), abstract)
     return ocp.checkpoint_utils.construct_restore_args(placed)
-
-
-def _leaf_specs(tree) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Dotted path -> (shape, dtype name) for every array leaf; typed PRNG keys as their key data."""
-    specs = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-            continue
-        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            leaf = jax.eval_shape(jax.random.key_data, leaf)
-        specs[".".join(_key_name(k) for k in path)] = (tuple(leaf.shape), np.dtype(leaf.dtype).name)
-    return specs
-
-
-def _bits_u32(x) -> jax.Array:
-    """The raw bits of an array as uint32 words (1-, 2-, 4- and 8-byte element types)."""
-    size = jnp.dtype(x.dtype).itemsize
-    if size == 8:
-        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[size]
-    return jax.lax.bitcast_convert_type(x, unsigned).reshape(-1).astype(jnp.uint32)
-
-
-@jax.jit
-def _sums(leaves: list) -> list:
-    out = []
-    for x in leaves:
-        w = _bits_u32(x)
-        weights = (jnp.arange(w.size, dtype=jnp.uint32) % jnp.uint32(65521)) + jnp.uint32(1)
-        out.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weights, dtype=jnp.uint32)]))
-    return out
-
-
-def tree_checksums(tree: Any) -> dict[str, list[int]]:
-    """Dotted path -> [sum, position-weighted sum] (mod 2**32) of every array's bits. Integer sums
-    are order-independent, so the same values give the same checksums on any device or sharding."""
-    named = [(".".join(_key_name(k) for k in path), leaf)
-             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-             if hasattr(leaf, "dtype") and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-             and jnp.dtype(leaf.dtype).itemsize in (1, 2, 4, 8)]
-    sums = jax.device_get(_sums([leaf for _, leaf in named]))
-    return {name: [int(v) for v in s] for (name, _), s in zip(named, sums)}
-
-
-def _trained_parts(state: Any) -> list:
-    """The parameters and optimizer state of a train state (a TrainState or a dict holding them)."""
-    get = state.get if isinstance(state, dict) else lambda k: getattr(state, k, None)
-    return [part for part in (get("params"), get("opt_state")) if part is not None]
-
-
-def verify(state: Any, meta: dict) -> str | None:
-    """Why a restored `state` cannot be trusted, or None: an array whose checksum differs from the
-    saved one, or a NaN/inf in the parameters or optimizer state (the FP8 state and others may
-    hold any value)."""
-    saved = meta.get(CHECKSUMS)
-    if saved is not None:
-        got = tree_checksums(state)  # every restored array: all of the saved ones, or a part of them
-        bad = sorted(k for k in got if saved.get(k) != got[k])
-        if bad:
-            return f"array '{bad[0]}' does not match its checksum ({len(bad)} array(s) damaged)"
-    if not tree_is_finite(_trained_parts(state)):
-        return "its parameters or optimizer state hold NaN or inf"
-    return None
-
-
-def _mismatch(saved_specs: dict, wanted_specs: dict, partial: bool = False) -> str | None:
-    """First difference between a checkpoint's arrays and the template's, or None (`partial`: the
-    checkpoint may hold more than the template)."""
-    for path, want in wanted_specs.items():
-        if path not in saved_specs:
-            return f"'{path}' is missing from the checkpoint"
-        have = saved_specs[path]
-        if have != want:
-            return (f"'{path}' is {have[1]}{list(have[0])} in the checkpoint "
-                    f"but {want[1]}{list(want[0])} in the state being restored")
-    extra = sorted(set(saved_specs) - set(wanted_specs))
-    if extra and not partial:
-        return f"the checkpoint has '{extra[0]}' which the state being restored lacks"
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,7 +107,7 @@ class Checkpointer:
         if ckpt.latest_step() is not None:
             step, state, meta = ckpt.restore(abstract_state)
         ...
-        if ckpt.should_save(step) and tree_is_finite(state):
+        if ckpt.should_save(step) and tree_is_finite(state):   # integrity.tree_is_finite
             ckpt.save(step, state, meta, val_ppl=ppl_or_None)
         ...
         ckpt.close()   # waits for the last async save
@@ -264,10 +118,23 @@ class Checkpointer:
         nothing in `directory` is written, removed or moved, so a live run's half-written save stays
         untouched and a damaged step is skipped in place; `save` raises."""
         self.directory = os.path.abspath(os.path.expanduser(directory))
-        self.cfg = cfg = cfg or CheckpointConfig()
+        self.cfg = cfg or CheckpointConfig()
         self.read_only = read_only
-        _install_quiet_hooks()
-        if read_only:
+        # Orbax's log noise is filtered until close(); the filter is shared with other open Checkpointers
+        self._quiet = contextlib.ExitStack()
+        self._quiet.enter_context(quiet_orbax())
+        try:
+            self._mngr = self._open_manager()
+        except BaseException:
+            self._quiet.close()
+            raise
+        self._pending: int | None = None  # the step whose async save may still be running
+        self._failed: CheckpointWriteError | None = None
+
+    def _open_manager(self) -> "_Manager":
+        """The Orbax manager: retention and async saving from `cfg`, or a reader that changes nothing."""
+        cfg = self.cfg
+        if self.read_only:
             options = ocp.CheckpointManagerOptions(read_only=True, create=False, best_fn=_val_ppl, best_mode="min",
                                                    enable_async_checkpointing=False, cleanup_tmp_directories=False)
         else:
@@ -294,9 +161,7 @@ class Checkpointer:
         registry.add("state", ocp.args.PyTreeRestore, ocp.PyTreeCheckpointHandler())
         registry.add("meta", ocp.args.JsonSave, meta_handler)
         registry.add("meta", ocp.args.JsonRestore, meta_handler)
-        self._mngr = _Manager(self.directory, options=options, handler_registry=registry)
-        self._pending: int | None = None  # the step whose async save may still be running
-        self._failed: CheckpointWriteError | None = None
+        return _Manager(self.directory, options=options, handler_registry=registry)
 
     # ---- queries
 
@@ -376,12 +241,12 @@ class Checkpointer:
         try:
             yield
         except Exception as e:  # noqa: BLE001 - only write failures are translated; the rest re-raised
-            reason = _write_failure(e)
+            reason = write_failure(e)
             if reason is None:
                 raise
             self._remove_partial()
-            # the writes Orbax had queued are abandoned: Python would name each at exit
-            warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+            # Orbax's abandoned writes go on failing after close(), until the process exits
+            keep_quiet_until_exit()
             done = checkpoint_steps(self.directory)
             resume = (f"run the same command again to resume from step {done[-1]}, the last complete checkpoint"
                       if done else "run the same command again (no checkpoint was completed)")
@@ -431,19 +296,19 @@ class Checkpointer:
                 raise UserError(f"no checkpoint in '{self.directory}'; pass --checkpoint with a "
                                 "checkpoint directory or step directory")
             candidates = present[::-1]
-        wanted = _leaf_specs(abstract_state)
+        wanted = leaf_specs(abstract_state)
         failures = []
         for i, s in enumerate(candidates):
             reason = None
             try:
-                saved = _leaf_specs(self._mngr.item_metadata(s)["state"])
+                saved = leaf_specs(self._mngr.item_metadata(s)["state"])
             except Exception as e:  # noqa: BLE001 - anything unreadable means "try the previous one"
                 reason = _unreadable(e)
             else:
                 if not saved:  # no state metadata: a damaged checkpoint, not a different config
                     reason = "its array metadata (state/_METADATA) is missing"
             if reason is None:
-                diff = _mismatch(saved, wanted, partial)
+                diff = mismatch(saved, wanted, partial)
                 if diff:
                     raise UserError(f"checkpoint step {s} in '{self.directory}' does not match the state "
                                     f"being restored: {diff}; resume with the config it was saved with "
@@ -526,26 +391,23 @@ class Checkpointer:
             self._pending = None
 
     def close(self) -> None:
-        """Wait for pending saves and release Orbax's threads (after a failed write: only release)."""
-        if self._failed is None:
-            with self._writing(self._pending):
-                self._mngr.close()
-        else:
-            with contextlib.suppress(Exception):
-                self._mngr.close()
+        """Wait for pending saves and release Orbax's threads (after a failed write: only release), then
+        stop filtering Orbax's log noise (`orbax_logs.quiet_orbax`, shared with other open Checkpointers)."""
+        try:
+            if self._failed is None:
+                with self._writing(self._pending):
+                    self._mngr.close()
+            else:
+                with contextlib.suppress(Exception):
+                    self._mngr.close()
+        finally:
+            self._quiet.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def tree_is_finite(tree: Any) -> bool:
-    """True if no floating-point leaf of `tree` holds NaN or inf (one device sync in all)."""
-    checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
-    return bool(jnp.all(jnp.stack(checks))) if checks else True
 
 
 def read_checkpoint(path: str, abstract_state: Any, *, partial: bool = False) -> tuple[int, Any, dict]:
@@ -579,54 +441,3 @@ def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
         return os.path.dirname(full), int(name)
     raise UserError(f"--checkpoint '{path}' holds no checkpoint (no step directories such as "
                     f"'{os.path.join(path, '1000')}'); pass a checkpoint directory or a step directory")
-
-
-# --------------------------------------------------------------------------------------------
-# Signals
-
-
-class SignalGuard:
-    """Context manager that turns SIGTERM/SIGINT into a flag the training loop polls.
-
-    Inside the guard the first signal only sets `.requested` (and `.signal_name`, e.g.
-    "SIGTERM"); the loop then saves a checkpoint and exits cleanly. A second signal runs the
-    handler that was installed before the guard (Ctrl-C twice still interrupts). On exit the
-    previous handlers are restored. Outside the main thread (where Python cannot install signal
-    handlers) the guard does nothing and the flag stays False.
-    """
-
-    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
-        self.signals = signals
-        self.requested = False
-        self.signal_name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "SignalGuard":
-        if threading.current_thread() is not threading.main_thread():
-            console.warn("SignalGuard used outside the main thread; signals will not be caught")
-            return self
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
-
-    def _handle(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
-        if not self.requested:
-            self.requested, self.signal_name = True, name
-            console.note(f"{name} received: saving a checkpoint and stopping after this step "
-                         "(send it again to stop at once)")
-            return
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        self._restore()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            signal.raise_signal(signum)

@@ -14,12 +14,13 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import cache_root
-from yxanul_jax.data.loader import PreparedDataset, eval_batches, open_dataset
+from yxanul_jax.data.dataset import PreparedDataset, open_dataset
+from yxanul_jax.data.layout import TOKENIZER, is_prepared
+from yxanul_jax.data.loader import eval_batches
 
 
 @dataclass
@@ -34,13 +35,13 @@ def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedD
     from yxanul_jax.data.sources import DocumentSource
 
     if train_ds.tokenizer_path is None:
-        raise UserError(f"eval domain '{name}': dataset '{train_ds.path}' has no tokenizer.json to tokenize "
+        raise UserError(f"eval domain '{name}': dataset '{train_ds.path}' has no {TOKENIZER} to tokenize "
                         f"'{path}' with; point eval.domains.{name} at a prepared dataset instead")
     st = os.stat(path)
     key = json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns, template,
                       train_ds.manifest.get("tokenizer", {}).get("sha256"), train_ds.vocab_size])
     out = cache_root() / "eval" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if not (out / "manifest.json").exists():
+    if not is_prepared(out):
         fix = (f"name its text with a template in the config: eval.domains.{name}={path}::{{column}} "
                "(several columns: ::{question}\\n{answer})")
         source = DocumentSource([path], text_template=template, fix=fix)
@@ -57,7 +58,7 @@ def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[
         if not os.path.exists(path):
             raise UserError(f"eval domain '{name}': '{path}' does not exist; fix eval.domains.{name} or remove it "
                             "(a run never validates on something other than what it was told)")
-        if Path(path, "manifest.json").exists():
+        if is_prepared(path):
             ds = open_dataset(path)
         else:
             ds = _prepare_raw(name, path, template, train_ds)

@@ -16,7 +16,8 @@ from importlib import metadata
 from typing import Any, Callable, TextIO
 
 from yxanul_jax.core import console
-from yxanul_jax.core.config import Config, to_yaml
+from yxanul_jax.core.coerce import to_yaml
+from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import METRICS_FILE, TB_DIR, atomic_write
 

@@ -12,10 +12,10 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
-import jax.numpy as jnp
 
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.rundir import HLO_DIR, cache_root
+from yxanul_jax.training.batch import BatchSpec
 from yxanul_jax.training.steps import abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step
 
 
@@ -26,18 +26,13 @@ def stage_index(cfg: Config, step: int) -> int:
 
 
 def abstract_batch(stage: StageConfig, sharding=None) -> dict:
-    """Shapes of one stage's global [A, B, L] batch as the step sees it."""
-    shape = (stage.grad_accum_steps, stage.batch_size, stage.seq_len)
-    return {k: jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
-            for k, dt in (("inputs", jnp.int32), ("targets", jnp.int32), ("mask", jnp.float32))}
+    """Shapes of one stage's global [A, B, L] batch as the step sees it (`BatchSpec.abstract`)."""
+    return BatchSpec.of(stage).abstract(sharding)
 
 
 def synthetic_batch(cfg: Config, stage: StageConfig, seed: int = 1) -> dict:
-    """A stage's global [A, B, L] batch of uniform random tokens (benchmarks and profiles: speed does
-    not depend on the text)."""
-    shape = (stage.grad_accum_steps, stage.batch_size, stage.seq_len + 1)
-    tokens = jax.random.randint(jax.random.key(seed), shape, 0, cfg.model.vocab_size)
-    return {"inputs": tokens[..., :-1], "targets": tokens[..., 1:], "mask": jnp.ones(shape[:-1] + (stage.seq_len,), jnp.float32)}
+    """A stage's batch of uniform random tokens (`BatchSpec.synthetic`)."""
+    return BatchSpec.of(stage).synthetic(cfg.model.vocab_size, seed)
 
 
 def synthetic_inputs(cfg: Config, stage: StageConfig) -> tuple:

@@ -3,8 +3,7 @@
 The train state is `TrainState`, defined here once (a pytree; what Orbax saves, what the mesh
 shards, what every step takes and returns).
 
-A batch is a dict of arrays shaped [A, B, L]: A micro-batches (gradient accumulation inside the
-jitted step, by `lax.scan`) of B rows of L tokens: `inputs`, `targets` (int32) and `mask` (float32).
+A batch is `batch.BatchSpec`'s dict of [A, B, L] arrays (A micro-batches accumulated by `lax.scan`).
 Losses and gradients are sums over tokens until the very end, so 4 x 2 accumulation equals one
 batch of 8 up to float rounding.
 """
@@ -20,11 +19,10 @@ from flax import struct
 
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.model.backends import dense_backend
 from yxanul_jax.model.loss import chunked_cross_entropy, n_chunks
-from yxanul_jax.model.transformer import Yxanul, init_variables
+from yxanul_jax.model.transformer import Yxanul, init_variables, join_head_state, split_head_state
 from yxanul_jax.training.optim import clip_by_global_norm, lr_schedule, make_optimizer
-
-HEAD_STATE = "head_gemm"
 
 
 @struct.dataclass
@@ -61,20 +59,6 @@ def abstract_train_state(cfg: Config) -> TrainState:
     return jax.eval_shape(lambda: init_train_state(cfg, jax.random.key(cfg.train.seed)))
 
 
-def _split_head(fp8_state: dict):
-    """(FP8 state of the body, FP8 state of the output head or None). The head is the top-level module
-    `HEAD_STATE` in every FP8 collection (ours, or Transformer Engine's): {collection: its head state}."""
-    body = {c: {k: v for k, v in tree.items() if k != HEAD_STATE} for c, tree in fp8_state.items()}
-    head = {c: tree[HEAD_STATE] for c, tree in fp8_state.items() if HEAD_STATE in tree}
-    return body, head or None
-
-
-def _join_head(body: dict, head) -> dict:
-    if head is None:
-        return body
-    return {c: {**tree, **({HEAD_STATE: head[c]} if c in head else {})} for c, tree in body.items()}
-
-
 def _head_copies(head, chunks: int):
     """One copy of the head's FP8 state per loss chunk, so each chunk's update stays separate."""
     if head is None:
@@ -88,9 +72,8 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
     h_BxLxD = model.apply({"params": params, **body_fp8}, batch["inputs"], method=Yxanul.hidden)
 
     def logits_fn(h_CxD, head_state):
-        variables = {"params": params}
-        if head_state is not None:
-            variables.update({c: {HEAD_STATE: state} for c, state in head_state.items()})
+        head = {} if head_state is None else join_head_state({c: {} for c in head_state}, head_state)
+        variables = {"params": params, **head}
         return model.apply(variables, h_CxD, method=Yxanul.logits)
 
     d = h_BxLxD.shape[-1]
@@ -106,10 +89,9 @@ def fp8_bootstrap_config(cfg: Config) -> Config | None:
     history and unit scales would flush most gradients to zero). The first step therefore runs once
     with `current` scaling, compiled on its own, which fills every history; None when not needed.
     """
-    f = cfg.fp8
-    if not f.active or f.backend != "xla" or f.scaling != "delayed":
+    if not dense_backend(cfg.fp8).needs_bootstrap:
         return None
-    return dataclasses.replace(cfg, fp8=dataclasses.replace(f, scaling="current"))
+    return dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, scaling="current"))
 
 
 def make_accumulate(cfg: Config, stage: StageConfig):
@@ -122,14 +104,14 @@ def make_accumulate(cfg: Config, stage: StageConfig):
     chunks = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk)
 
     def accumulate(params, fp8_state, batch):
-        body_fp8, head = _split_head(fp8_state)
+        body_fp8, head = split_head_state(fp8_state)
         head_copies = _head_copies(head, chunks)  # their updates are max-merged below
 
         def micro(carry, mb):
             g_acc, fp8_acc, nll_acc, z_acc = carry
             (g_params, g_body, g_head), (nll, z) = grad_fn(params, body_fp8, head_copies, mb)
             new_head = None if head is None else fp8_lib.merge_copies(g_head)
-            new_fp8 = _join_head(g_body, new_head)  # the "gradients" of FP8 state are its new values
+            new_fp8 = join_head_state(g_body, new_head)  # the "gradients" of FP8 state are its new values
             g_acc = jax.tree_util.tree_map(jnp.add, g_acc, g_params)
             return (g_acc, fp8_lib.merge_fp8(fp8_acc, new_fp8), nll_acc + nll, z_acc + z), None
 
@@ -144,9 +126,7 @@ def make_accumulate(cfg: Config, stage: StageConfig):
 
 def make_train_step(cfg: Config, stage: StageConfig):
     """The train step of one stage: `train_step(state, batch) -> (state, metrics)`, a pure function to
-    jit once per stage. `batch` holds inputs / targets int32 and mask float32 of shape
-    [grad_accum_steps, batch_size, seq_len] (the loader's [B, L] rows reshaped, as the train command's
-    `_batch_for` does). `stage` gives the shapes and the clip; the learning rate is `cfg`'s schedule at
+    jit once per stage. `batch` is `BatchSpec.of(stage)`'s dict (`training/batch.py`). `stage` gives the shapes and the clip; the learning rate is `cfg`'s schedule at
     `state.step`, whose per-stage `lr_scale` and warmup come from `cfg.curriculum` by step number, so a
     stage that is not in `cfg.curriculum` changes no lr."""
     optimizer = make_optimizer(cfg)
@@ -168,7 +148,7 @@ def make_train_step(cfg: Config, stage: StageConfig):
             metrics["fp8_nonfinite"] = fp8_lib.nonfinite_total(new_fp8)
             if cfg.fp8.underflow_stats:
                 metrics["fp8_grad_underflow"] = fp8_lib.underflow_mean(new_fp8, "grad")
-            if cfg.fp8.backend == "xla" and cfg.fp8.scaling == "delayed":  # values clipped by a lagging scale
+            if dense_backend(cfg.fp8).reports_saturation:  # values clipped by a lagging delayed scale
                 metrics["fp8_saturation"], metrics["fp8_saturation_at"] = fp8_lib.saturation(state.fp8, new_fp8)
         return new_state, metrics
 
@@ -179,7 +159,7 @@ def make_eval_step(cfg: Config):
     """eval_step(params, fp8, batch[B, L]) -> (NLL sum, token count): no state change."""
 
     def eval_step(params, fp8_state, batch):
-        body, head = _split_head(fp8_state)
+        body, head = split_head_state(fp8_state)
         copies = _head_copies(head, n_chunks(batch["inputs"].size, cfg.train.loss_chunk))
         _, (nll, _) = loss_sums(cfg, params, body, copies, batch)
         return nll, jnp.sum(batch["mask"])

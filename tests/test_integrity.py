@@ -1,0 +1,50 @@
+"""Tests for yxanul_jax.training.integrity: checksums of raw bits, finiteness, template comparison."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from yxanul_jax.training.integrity import CHECKSUMS, leaf_specs, mismatch, tree_checksums, tree_is_finite, verify
+
+
+def test_tree_is_finite():
+    good = {"a": jnp.ones(3, jnp.bfloat16), "b": (np.zeros(2, np.float32), jnp.arange(3))}
+    assert tree_is_finite(good)
+    assert tree_is_finite({"only_ints": jnp.arange(4), "key": jax.random.key(0)})
+    assert not tree_is_finite({**good, "c": {"d": jnp.array([1.0, jnp.inf], jnp.bfloat16)}})
+    assert not tree_is_finite({**good, "e": np.array([np.nan], np.float32)})
+
+
+def test_checksums_see_every_bit_and_the_order():
+    w = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    tree = {"params": {"w": w, "b": jnp.zeros(2, jnp.bfloat16)}, "step": jnp.int32(3), "key": jax.random.key(0)}
+    sums = tree_checksums(tree)
+    assert set(sums) == {"params.w", "params.b", "step"}  # a typed key has no bits of its own to sum
+    assert tree_checksums(jax.tree.map(lambda x: x, tree)) == sums
+    flipped = w.at[1, 2].set(jnp.nextafter(w[1, 2], jnp.float32(100)))  # the lowest bit of one value
+    assert tree_checksums({**tree, "params": {**tree["params"], "w": flipped}})["params.w"] != sums["params.w"]
+    swapped = w.at[0, 0].set(w[0, 1]).at[0, 1].set(w[0, 0])  # same values, another order
+    assert tree_checksums({"w": swapped})["w"][0] == tree_checksums({"w": w})["w"][0]
+    assert tree_checksums({"w": swapped})["w"][1] != tree_checksums({"w": w})["w"][1]
+
+
+def test_verify_names_the_damaged_array_or_the_nan():
+    state = {"params": {"w": jnp.ones((2, 2))}, "opt_state": {"mu": jnp.zeros((2, 2))}, "fp8": {"s": jnp.full(2, jnp.inf)}}
+    meta = {CHECKSUMS: tree_checksums(state)}
+    assert verify(state, meta) is None  # the FP8 state may hold inf
+    damaged = {**state, "params": {"w": jnp.full((2, 2), 2.0)}}
+    assert verify(damaged, meta) == "array 'params.w' does not match its checksum (1 array(s) damaged)"
+    diverged = {**state, "opt_state": {"mu": jnp.full((2, 2), jnp.nan)}}
+    assert verify(diverged, {}) == "its parameters or optimizer state hold NaN or inf"
+
+
+def test_mismatch_compares_shapes_dtypes_and_names():
+    saved = leaf_specs({"w": jnp.zeros((2, 3)), "k": jax.random.key(1)})
+    assert saved == {"w": ((2, 3), "float32"), "k": ((2,), "uint32")}
+    assert mismatch(saved, dict(saved)) is None
+    assert mismatch(saved, {"w": ((2, 3), "bfloat16")}) == \
+        "'w' is float32[2, 3] in the checkpoint but bfloat16[2, 3] in the state being restored"
+    assert mismatch(saved, {"w": ((2, 3), "float32")}) == "the checkpoint has 'k' which the state being restored lacks"
+    assert mismatch(saved, {"w": ((2, 3), "float32")}, partial=True) is None
+    assert mismatch(saved, {**saved, "x": ((1,), "float32")}) == "'x' is missing from the checkpoint"

@@ -1,0 +1,229 @@
+"""Typed building of frozen dataclasses from YAML files, plain dicts and dotted `key.sub=value` overrides, and back.
+
+Generic over dataclasses (the config schema lives in `yxanul_jax.core.config`): every key is checked
+against the dataclass fields (unknown keys get a close-match suggestion) and every value against the
+field's annotation; lossless conversions (int -> float, list -> tuple, "a,b" -> tuple) are made. Any
+failure raises `UserError` with one line naming the dotted key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+
+from yxanul_jax.core.errors import UserError, one_line
+
+
+def suggest(key: str, choices, prefix: str = "") -> str:
+    """A close match spelled as a full dotted key, else the list of valid keys."""
+    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.5)
+    if close:
+        return f" (did you mean '{_join(prefix, close[0])}'?)"
+    return f" (valid: {', '.join(sorted(choices))})"
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp, key: str) -> Any:
+    """Check `value` against the annotation `tp`; convert lossless cases (int -> float, list -> tuple)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise UserError(f"config key '{key}' must be a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, key)
+    if origin is Literal:
+        if value not in args:
+            raise UserError(f"config key '{key}' must be one of {_type_name(tp)}, got {value!r}"
+                            + (suggest(str(value), [str(a) for a in args]) if isinstance(value, str) else ""))
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        for i, option in enumerate(inner):  # the first type that takes the value, in the order written
+            try:
+                return _coerce(value, option, key)
+            except UserError:
+                if i == len(inner) - 1:
+                    raise
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"config key '{key}' must be a list, got {value!r}")
+        elem = args[0]
+        return tuple(_coerce(v, elem, _join(key, i)) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"config key '{key}' must be a mapping, got {value!r}")
+        kt, vt = args
+        return {_coerce(k, kt, key): _coerce(v, vt, _join(key, k)) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise UserError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"config key '{key}' must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise UserError(f"config key '{key}' must be a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")  # a bug, not a user error
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def from_dict(cls, data: dict, prefix: str = ""):
+    """Build dataclass `cls` from a (sparse) dict; unknown keys and bad types raise UserError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"config section '{prefix or '<root>'}' must be a mapping, got {data!r}")
+    types_ = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            raise UserError(f"unknown config key '{_join(prefix, key)}'{suggest(str(key), names, prefix)}")
+        kwargs[key] = _coerce(value, types_[key], _join(prefix, key))
+    return cls(**kwargs)
+
+
+def to_dict(obj) -> Any:
+    """Plain dict/list form of a dataclass tree (YAML- and JSON-safe)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Dotted overrides
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _set_path(obj, path: list[str], raw: Any, done: str):
+    """Return a copy of `obj` with `path` set to `raw` (type-checked against the field)."""
+    key = path[0]
+    here = _join(done, key)
+    if isinstance(obj, tuple):
+        if not key.lstrip("-").isdigit():
+            raise UserError(f"config key '{here}': '{done}' is a list, index it with a number")
+        i = int(key)
+        if not -len(obj) <= i < len(obj):
+            raise UserError(f"config key '{here}': index {i} out of range, '{done}' has {len(obj)} entries")
+        items = list(obj)
+        if len(path) == 1:
+            raise UserError(f"config key '{here}': set a field of the entry, e.g. '{here}.seq_len=...'")
+        items[i] = _set_path(items[i], path[1:], raw, here)
+        return tuple(items)
+    if isinstance(obj, dict):
+        if len(path) != 1:
+            raise UserError(f"config key '{here}' is nested too deep")
+        return {**obj, key: raw}
+    if not dataclasses.is_dataclass(obj):
+        raise UserError(f"config key '{done}' has no sub-keys")
+    names = {f.name for f in dataclasses.fields(obj)}
+    if key not in names:
+        raise UserError(f"unknown config key '{here}'{suggest(key, names, done)}")
+    tp = _hints(type(obj))[key]
+    if len(path) == 1:
+        value = _coerce(raw, tp, here)
+    else:
+        current = getattr(obj, key)
+        value = _set_path(current, path[1:], raw, here)
+        if isinstance(current, dict):
+            value = _coerce(value, tp, here)
+    return dataclasses.replace(obj, **{key: value})
+
+
+def apply_overrides(obj, overrides: list[str]):
+    """Apply `key.sub=value` strings in order to dataclass `obj` (values parsed as YAML scalars/lists)."""
+    for item in overrides:
+        if "=" not in item:
+            if item.endswith((".yaml", ".yml")):
+                raise UserError(f"'{item}' looks like a config file; did you mean --config {item}?")
+            raise UserError(f"override '{item}' is not of the form key.sub=value")
+        key, _, text = item.partition("=")
+        key = key.strip()
+        if not key:
+            raise UserError(f"override '{item}' names no key")
+        obj = _set_path(obj, key.split("."), _parse_value(text), "")
+    return obj
+
+
+def keys_named(name: str, cls, prefix: str = "") -> list[str]:
+    """The dotted keys of dataclass `cls` whose last part is `name` ("steps" -> ["train.steps"]), for hints."""
+    found = []
+    types_ = _hints(cls)
+    for f in dataclasses.fields(cls):
+        key = _join(prefix, f.name)
+        if dataclasses.is_dataclass(types_[f.name]):
+            found += keys_named(name, types_[f.name], key)
+        elif f.name == name:
+            found.append(key)
+    return found
+
+
+def to_yaml(obj) -> str:
+    """YAML text of a dataclass (its `to_dict`), fields in schema order."""
+    return yaml.safe_dump(to_dict(obj), sort_keys=False)
+
+
+def read_yaml(path: str) -> dict:
+    """The mapping in a YAML config file ({} for an empty one); UserError naming the file otherwise."""
+    if not os.path.exists(path):
+        raise UserError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
+    if os.path.isdir(path):
+        raise UserError(f"config file '{path}' is a directory; pass a YAML file in it (see configs/)")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UserError(f"config file '{path}' is not valid YAML: {one_line(e)}")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file '{path}' must hold a mapping of sections (model:, fp8:, ...)")
+    return data

@@ -1,0 +1,138 @@
+"""Opening a prepared dataset directory: the manifest checked, each split's document table, memory maps.
+
+Written by `yxanul_jax.data.prepare`; the file names are `yxanul_jax.data.layout`'s. The manifest
+(`layout.MANIFEST`) names the format (`FORMAT`, version in `SUPPORTED_VERSIONS`), the vocabulary and
+EOS id, the tokenizer copy (`layout.TOKENIZER`) and per split its shards: each a token file (uint16
+or uint32, documents back to back, no EOS) and an offsets file (int64 [docs + 1]). Token files are
+memory-mapped; only the per-document offsets are held in memory, never the corpus.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from yxanul_jax.core.errors import UserError, one_line
+from yxanul_jax.data.layout import MANIFEST, TOKENIZER, manifest_path
+
+FORMAT = "yxanul-tokens"
+SUPPORTED_VERSIONS = (1,)
+
+
+class SplitIndex:
+    """One split's document table; token shards are memory-mapped on first use (per process)."""
+
+    def __init__(self, root: Path, split: str, info: dict):
+        self.split = split
+        self.paths = [str(root / s["tokens"]) for s in info["shards"]]
+        doc_lengths, shard_of, start_in = [], [], []
+        for k, s in enumerate(info["shards"]):
+            path = root / s["offsets"]
+            if not path.is_file() or not (root / s["tokens"]).is_file():
+                raise UserError(f"prepared dataset '{root}' is missing '{s['offsets']}' or '{s['tokens']}'; "
+                                "it is incomplete: prepare it again into a new directory")
+            try:
+                offsets = np.load(path)
+                tokens = np.load(root / s["tokens"], mmap_mode="r")  # maps only: the header and the size
+            except (ValueError, OSError, EOFError) as e:  # e.g. a shard cut short by a full disk or a copy
+                raise UserError(f"prepared dataset '{root}': shard '{s['tokens']}' or its offsets cannot be read "
+                                f"({one_line(e)}); it is damaged: prepare the dataset again")
+            if offsets.ndim != 1 or len(offsets) != s["documents"] + 1 or offsets[-1] != s["num_tokens"] \
+                    or tokens.shape != (s["num_tokens"],):
+                raise UserError(f"'{path}' or its token shard does not match {MANIFEST}; prepare the dataset again")
+            del tokens
+            doc_lengths.append(np.diff(offsets))
+            shard_of.append(np.full(len(offsets) - 1, k, dtype=np.int32))
+            start_in.append(offsets[:-1])
+        empty = np.zeros(0, np.int64)
+        self.lengths = np.concatenate(doc_lengths) if doc_lengths else empty
+        self.shard_of = np.concatenate(shard_of) if shard_of else np.zeros(0, np.int32)
+        self.start_in_shard = np.concatenate(start_in) if start_in else empty
+        self.num_documents = len(self.lengths)
+        self.num_tokens = int(self.lengths.sum())
+        self._maps: list[np.ndarray] | None = None
+
+    def __getstate__(self):  # never pickle memory maps (that would copy the shards)
+        return {**self.__dict__, "_maps": None}
+
+    def doc_slice(self, doc: int, a: int, b: int) -> np.ndarray:
+        """Tokens [a, b) of document `doc` (a view into a memory-mapped shard)."""
+        if self._maps is None:
+            self._maps = [np.load(p, mmap_mode="r") for p in self.paths]
+        base = self.start_in_shard[doc]
+        return self._maps[self.shard_of[doc]][base + a:base + b]
+
+
+class PreparedDataset:
+    """A prepared dataset directory: manifest, tokenizer identity and lazily opened splits."""
+
+    def __init__(self, path: str | os.PathLike, manifest: dict):
+        self.path = str(path)
+        self.manifest = manifest
+        self.vocab_size: int = int(manifest["vocab_size"])
+        self.eos_id: int = int(manifest["eos_id"])
+        tok = Path(path) / manifest.get("tokenizer", {}).get("file", TOKENIZER)
+        self.tokenizer_path: str | None = str(tok) if tok.is_file() else None
+        self._splits: dict[str, SplitIndex] = {}
+
+    def __repr__(self) -> str:
+        return f"PreparedDataset({self.path!r}, vocab={self.vocab_size}, eos={self.eos_id})"
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """UserError unless the model's embedding has exactly the dataset tokenizer's vocabulary."""
+        if model_vocab_size != self.vocab_size:
+            src = self.manifest.get("tokenizer", {}).get("source", "its tokenizer")
+            raise UserError(f"dataset '{self.path}' was tokenized with vocab {self.vocab_size} ({src}) but "
+                            f"model.vocab_size is {model_vocab_size}; set model.vocab_size={self.vocab_size} "
+                            f"or prepare the data with a {model_vocab_size}-entry tokenizer")
+
+    def split(self, name: str) -> SplitIndex:
+        """The document table of split `name` ('train' or 'val'); UserError if it has no documents."""
+        if name not in self._splits:
+            info = self.manifest.get("splits", {}).get(name)
+            if info is None:
+                raise UserError(f"dataset '{self.path}' has no split '{name}' (splits: "
+                                f"{', '.join(self.manifest.get('splits', {}))})")
+            self._splits[name] = SplitIndex(Path(self.path), name, info)
+        index = self._splits[name]
+        if index.num_documents == 0:
+            hint = "--val-fraction > 0" if name == "val" else "--val-fraction < 1"
+            raise UserError(f"dataset '{self.path}' has no '{name}' documents; prepare it with {hint}")
+        return index
+
+    def num_documents(self, split: str) -> int:
+        return int(self.manifest["splits"][split]["documents"])
+
+    def num_tokens(self, split: str) -> int:
+        return int(self.manifest["splits"][split]["tokens"])
+
+    def fingerprint(self, split: str = "train") -> dict:
+        """What a saved stream position is only valid for."""
+        return {"documents": self.num_documents(split), "tokens": self.num_tokens(split),
+                "tokenizer_sha256": self.manifest.get("tokenizer", {}).get("sha256")}
+
+
+def open_dataset(path: str | os.PathLike) -> PreparedDataset:
+    """Open a prepared dataset directory (reads its manifest only); UserError if missing or corrupt."""
+    root = Path(path).expanduser()
+    fix = "prepare one with `python -m yxanul_jax.prepare --input ... --tokenizer ... --output DIR`"
+    if not root.exists():
+        raise UserError(f"dataset '{path}' does not exist; {fix}")
+    manifest_file = manifest_path(root)
+    if not manifest_file.is_file():
+        raise UserError(f"'{path}' is not a prepared dataset (no {MANIFEST}); {fix}")
+    try:
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        ok = (isinstance(manifest, dict) and manifest.get("format") == FORMAT
+              and isinstance(manifest.get("splits"), dict) and "vocab_size" in manifest and "eos_id" in manifest)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise UserError(f"'{manifest_file}' is corrupt or not a yxanul manifest; prepare the dataset again "
+                        "into a new directory")
+    if manifest.get("version") not in SUPPORTED_VERSIONS:
+        raise UserError(f"'{manifest_file}' has format version {manifest.get('version')}, this code reads "
+                        f"{SUPPORTED_VERSIONS}; prepare the dataset again with this version")
+    return PreparedDataset(root, manifest)

@@ -1,0 +1,42 @@
+"""The end-of-run sample: a training-loop hook that prints a short continuation of `train.sample_prompt`.
+
+`python -m yxanul_jax.train` adds it to `fit(..., hooks=[EndOfRunSample()])`, so a finished run ends in
+text written by the model it trained (temperature 0.8, top-k 40, seeded by train.seed; process 0
+only; `train.sample_tokens=0` turns it off).
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+
+from yxanul_jax.core import console
+from yxanul_jax.data.tokenizer import load_tokenizer
+from yxanul_jax.inference.sampling import generate
+from yxanul_jax.inference.trained import tokenizer_path_of
+from yxanul_jax.training.hooks import Hook
+
+
+def print_sample(cfg, state) -> None:
+    """Print a continuation of `train.sample_prompt` by the model in `state` (skipped when it cannot fit)."""
+    tok = load_tokenizer(tokenizer_path_of(cfg))
+    prompt = list(map(int, tok.tokenizer.encode(cfg.train.sample_prompt).ids))
+    if not prompt or len(prompt) + cfg.train.sample_tokens > cfg.model.max_position:
+        return
+    variables = {"params": jax.device_get(state.params), **jax.device_get(state.fp8)}
+    out = generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens, temperature=0.8, top_k=40,
+                   seed=cfg.train.seed, eos_id=tok.eos_id)["tokens"][0]
+    text = tok.tokenizer.decode([t for t in out if t != tok.eos_id])
+    console.info(f"sample (train.sample_prompt, {len(out)} tokens, temperature 0.8, top-k 40):\n"
+                 f"{cfg.train.sample_prompt}{text}")
+
+
+class EndOfRunSample(Hook):
+    """`print_sample` when the run finishes (its seconds go to the loop's `times["sample"]`)."""
+
+    def on_end(self, loop, state, step: int) -> None:
+        if jax.process_index() != 0 or not loop.cfg.train.sample_tokens:
+            return
+        t0 = time.perf_counter()
+        print_sample(loop.cfg, state)
+        loop.times["sample"] = time.perf_counter() - t0

@@ -1,0 +1,176 @@
+"""What the training loop calls around its steps: the `Hook` protocol and the built-in hooks (metrics log,
+profiler, signal stop).
+
+The loop (`training/loop.py`) owns the steps, the data and the validate-then-save points; everything
+else is a hook it calls at fixed moments, in the order given:
+
+    on_start(loop, state, step)       before the first step of this call (after a resume: its step)
+    before_step(loop, step)           before step `step` is dispatched
+    after_step(loop, state, done)     after it is dispatched (`done` = steps taken; the device may still run)
+    on_metrics(loop, info)            a step's metrics as host numbers, one step behind (`StepInfo`)
+    stop_reason(loop, done) -> str    a reason to save and stop after `done` steps, or None
+    on_loop_end(loop)                 the steps are over (finished, stopped or failed), before the final phase
+    on_validation(loop, step, row)    a validation row (at eval.interval and at the end)
+    on_save(loop, step)               a validate-then-save point of `step` saved (or refused non-finite parameters)
+    on_end(loop, state, step)         the run finished (validated and saved); not after a stop or an error
+    close()                           always, last
+
+A researcher's own hook subclasses `Hook`, overrides what it needs and is passed to `fit(..., hooks=[...])`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+
+from yxanul_jax.core import console
+from yxanul_jax.core.rundir import PROFILE_DIR
+from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.training.monitor import MetricsWriter, Progress
+from yxanul_jax.training.preemption import SignalGuard, stop_requested
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """One step's outcome as host numbers: `metrics` is the train step's dict (loss, lr, grad_norm,
+    step_tokens, fp8_*), the rest what the loop measured around it."""
+
+    step: int  # steps taken after this one
+    stage: int
+    seq_len: int
+    metrics: dict
+    tokens: int  # training tokens so far
+    tokens_per_sec: float
+    mfu: float | None
+
+
+class Hook:
+    """Base of the loop's hooks: every method does nothing until overridden (the protocol: module docstring)."""
+
+    def on_start(self, loop, state, step: int) -> None:
+        pass
+
+    def before_step(self, loop, step: int) -> None:
+        pass
+
+    def after_step(self, loop, state, done: int) -> None:
+        pass
+
+    def on_metrics(self, loop, info: StepInfo) -> None:
+        pass
+
+    def stop_reason(self, loop, done: int) -> str | None:
+        return None
+
+    def on_loop_end(self, loop) -> None:
+        pass
+
+    def on_validation(self, loop, step: int, row: dict) -> None:
+        pass
+
+    def on_save(self, loop, step: int) -> None:
+        pass
+
+    def on_end(self, loop, state, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class NullWriter:
+    """Metrics sink of the processes other than 0 (only process 0 writes the run directory)."""
+
+    def write(self, row: dict) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MetricsLog(Hook):
+    """metrics.jsonl + TensorBoard rows (every train.log_every steps and the last), the progress bar, and the
+    FP8 saturation warning (once per stage, again at twice the ratio). `writer` is a `MetricsWriter`, or
+    `NullWriter` on processes other than 0."""
+
+    def __init__(self, cfg, writer: MetricsWriter | NullWriter, progress: Progress):
+        self.cfg, self.writer, self.progress = cfg, writer, progress
+        self._names: list[str] = []
+        self._warned: dict[int, float] = {}  # stage -> the saturation ratio last warned about
+
+    def on_start(self, loop, state, step: int) -> None:
+        self._names = fp8_lib.saturation_names(state.fp8)
+
+    def on_metrics(self, loop, info: StepInfo) -> None:
+        cfg, m = self.cfg, info.metrics
+        self.progress.update(info.step, info.stage, info.seq_len, m["loss"], info.tokens_per_sec, info.mfu)
+        ratio = m.get("fp8_saturation", 0.0)
+        if ratio >= max(fp8_lib.SATURATION_WARN, 2 * self._warned.get(info.stage, 0.0)):
+            self._warned[info.stage] = ratio
+            console.warn(fp8_lib.saturation_warning(info.step, ratio, self._names[int(m["fp8_saturation_at"])]))
+        if info.step % cfg.train.log_every == 0 or info.step == cfg.train.steps:
+            self.writer.write({"step": info.step, "stage": info.stage, "seq_len": info.seq_len, "loss": m["loss"],
+                               "lr": m["lr"], "grad_norm": m["grad_norm"], "tokens": info.tokens,
+                               "tokens_per_sec": info.tokens_per_sec, "mfu": info.mfu,
+                               **({"z_loss": m["z_loss"]} if cfg.train.z_loss else {}),
+                               **({"fp8_nonfinite": int(m["fp8_nonfinite"])} if "fp8_nonfinite" in m else {}),
+                               **{k: float(m[k]) for k in ("fp8_grad_underflow", "fp8_saturation") if k in m}})
+
+    def on_validation(self, loop, step: int, row: dict) -> None:
+        self.writer.write({"step": step, "tokens": loop.tokens, **row})
+
+    def on_loop_end(self, loop) -> None:
+        self.progress.close()  # the progress line ends before the final validation's table
+
+    def on_save(self, loop, step: int) -> None:
+        self.writer.flush()  # TensorBoard loses nothing a checkpoint covers
+
+    def close(self) -> None:
+        self.progress.close()
+        self.writer.close()
+
+
+class Profiler(Hook):
+    """A jax.profiler trace of profile.num_steps steps from profile.start_step, into `<run_dir>/profile/`."""
+
+    def __init__(self, cfg, run_dir: str):
+        self.start, self.num, self.run_dir = cfg.profile.start_step, cfg.profile.num_steps, run_dir
+
+    def before_step(self, loop, step: int) -> None:
+        if step == self.start:
+            jax.profiler.start_trace(os.path.join(self.run_dir, PROFILE_DIR))
+
+    def after_step(self, loop, state, done: int) -> None:
+        if self.start >= 0 and done == self.start + self.num:
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+
+
+class SignalStop(Hook):
+    """SIGTERM / SIGINT (on any process of a multi-host run) save a checkpoint and stop the loop at one step
+    for all processes (`preemption.stop_requested`)."""
+
+    def __init__(self):
+        self.guard = SignalGuard()
+
+    def on_start(self, loop, state, step: int) -> None:
+        self.guard.__enter__()
+
+    def stop_reason(self, loop, done: int) -> str | None:
+        if not stop_requested(self.guard, done):
+            return None
+        return self.guard.signal_name or "a signal to another process"
+
+    @property
+    def signal_name(self) -> str | None:
+        return self.guard.signal_name
+
+    def on_loop_end(self, loop) -> None:
+        self.guard.__exit__(None, None, None)  # the final validation and save run under the usual handlers
+
+    def close(self) -> None:
+        self.guard.__exit__(None, None, None)  # restoring twice is harmless

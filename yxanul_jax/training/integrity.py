@@ -1,0 +1,113 @@
+"""Checkpoint integrity: per-array checksums of a state's raw bits, and the checks a restore must pass.
+
+A checkpoint stores `tree_checksums(state)` in its meta under `CHECKSUMS`: per array, two
+wrap-around sums (mod 2**32) of its raw bits, one plain and one position-weighted, computed on
+device. `verify` recomputes them for the restored state and also refuses NaN/inf in the parameters
+or optimizer state; `leaf_specs` and `mismatch` compare a checkpoint's array shapes and dtypes with
+the template it is restored into (Orbax would otherwise cast silently).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+CHECKSUMS = "checksums"
+"""The meta key holding `tree_checksums` of the saved state."""
+
+
+def _key_name(key) -> str:
+    # DictKey.key / GetAttrKey.name / SequenceKey.idx: a namedtuple field saved by Orbax comes
+    # back as a dict key, so paths are compared by name only.
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def leaf_specs(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Dotted path -> (shape, dtype name) for every array leaf; typed PRNG keys as their key data."""
+    specs = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+            continue
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.eval_shape(jax.random.key_data, leaf)
+        specs[".".join(_key_name(k) for k in path)] = (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+    return specs
+
+
+def mismatch(saved_specs: dict, wanted_specs: dict, partial: bool = False) -> str | None:
+    """First difference between a checkpoint's arrays and the template's (both `leaf_specs`), or None
+    (`partial`: the checkpoint may hold more than the template)."""
+    for path, want in wanted_specs.items():
+        if path not in saved_specs:
+            return f"'{path}' is missing from the checkpoint"
+        have = saved_specs[path]
+        if have != want:
+            return (f"'{path}' is {have[1]}{list(have[0])} in the checkpoint "
+                    f"but {want[1]}{list(want[0])} in the state being restored")
+    extra = sorted(set(saved_specs) - set(wanted_specs))
+    if extra and not partial:
+        return f"the checkpoint has '{extra[0]}' which the state being restored lacks"
+    return None
+
+
+def _bits_u32(x) -> jax.Array:
+    """The raw bits of an array as uint32 words (1-, 2-, 4- and 8-byte element types)."""
+    size = jnp.dtype(x.dtype).itemsize
+    if size == 8:
+        return jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[size]
+    return jax.lax.bitcast_convert_type(x, unsigned).reshape(-1).astype(jnp.uint32)
+
+
+@jax.jit
+def _sums(leaves: list) -> list:
+    out = []
+    for x in leaves:
+        w = _bits_u32(x)
+        weights = (jnp.arange(w.size, dtype=jnp.uint32) % jnp.uint32(65521)) + jnp.uint32(1)
+        out.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * weights, dtype=jnp.uint32)]))
+    return out
+
+
+def tree_checksums(tree: Any) -> dict[str, list[int]]:
+    """Dotted path -> [sum, position-weighted sum] (mod 2**32) of every array's bits. Integer sums
+    are order-independent, so the same values give the same checksums on any device or sharding."""
+    named = [(".".join(_key_name(k) for k in path), leaf)
+             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+             if hasattr(leaf, "dtype") and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+             and jnp.dtype(leaf.dtype).itemsize in (1, 2, 4, 8)]
+    sums = jax.device_get(_sums([leaf for _, leaf in named]))
+    return {name: [int(v) for v in s] for (name, _), s in zip(named, sums)}
+
+
+def tree_is_finite(tree: Any) -> bool:
+    """True if no floating-point leaf of `tree` holds NaN or inf (one device sync in all)."""
+    checks = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+    return bool(jnp.all(jnp.stack(checks))) if checks else True
+
+
+def _trained_parts(state: Any) -> list:
+    """The parameters and optimizer state of a train state (a TrainState or a dict holding them)."""
+    get = state.get if isinstance(state, dict) else lambda k: getattr(state, k, None)
+    return [part for part in (get("params"), get("opt_state")) if part is not None]
+
+
+def verify(state: Any, meta: dict) -> str | None:
+    """Why a restored `state` cannot be trusted, or None: an array whose checksum differs from the
+    saved one (`meta[CHECKSUMS]`), or a NaN/inf in the parameters or optimizer state (the FP8 state
+    and others may hold any value)."""
+    saved = meta.get(CHECKSUMS)
+    if saved is not None:
+        got = tree_checksums(state)  # every restored array: all of the saved ones, or a part of them
+        bad = sorted(k for k in got if saved.get(k) != got[k])
+        if bad:
+            return f"array '{bad[0]}' does not match its checksum ({len(bad)} array(s) damaged)"
+    if not tree_is_finite(_trained_parts(state)):
+        return "its parameters or optimizer state hold NaN or inf"
+    return None

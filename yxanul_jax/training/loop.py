@@ -1,0 +1,314 @@
+"""The training loop as a library call: `fit(cfg, run_dir) -> TrainResult`, what `python -m yxanul_jax.train` runs.
+
+`fit` checks everything (`session.RunContext.open`), locks and prepares the run directory, starts
+from a fresh, restored or imported state, and runs `Loop`: per-stage compiled steps fed by the
+train stream, metrics fetched one step behind (the host never stalls the device), a validate-then-
+save point at eval.interval / checkpoint.interval / a stop, and the final validation and save. The
+rest is hooks (`training/hooks.py`): the metrics log, the profiler, the signal stop, and any the
+caller adds (the command adds the end-of-run sample).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import jax
+
+from yxanul_jax.analysis import accounting
+from yxanul_jax.core import console
+from yxanul_jax.core.coerce import to_dict
+from yxanul_jax.core.config import Config, stream_lanes
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, RunLock, check_run_dir, checkpoint_steps, prepare_run_dir
+from yxanul_jax.data.loader import TrainStream
+from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.model.transformer import attention_implementation
+from yxanul_jax.training import sharding as sh
+from yxanul_jax.training.batch import BatchSpec
+from yxanul_jax.training.checkpoint import Checkpointer, read_checkpoint
+from yxanul_jax.training.evaluate import format_eval
+from yxanul_jax.training.hooks import Hook, MetricsLog, NullWriter, Profiler, SignalStop, StepInfo
+from yxanul_jax.training.integrity import tree_is_finite
+from yxanul_jax.training.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
+from yxanul_jax.training.session import RunContext
+from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; the last good checkpoint (step `last_good_step`) is left as it was."""
+
+    last_good_step: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a `fit` call did: the step it reached, whether a signal stopped it (and which), the final
+    validation row (None when stopped), and seconds spent outside training (`times`: compile_wait,
+    validation, checkpoint, sample; `stage_waits`: per stage, what its first step waited for its compile)."""
+
+    step: int
+    interrupted: bool = False
+    signal: str | None = None
+    validation: dict | None = None
+    times: dict = dataclasses.field(default_factory=dict)
+    stage_waits: dict = dataclasses.field(default_factory=dict)
+
+
+class Loop:
+    """The steps of one run and what outlives a step: stream, compiled stages, checkpointer, counters."""
+
+    def __init__(self, ctx: RunContext, run_dir: str, ckpt: Checkpointer, hooks: list[Hook] = ()):
+        self.ctx, self.cfg, self.run_dir, self.ckpt = ctx, ctx.cfg, run_dir, ckpt
+        self.hooks = list(hooks)
+        self.compiler = StageCompiler(self.cfg, run_dir if self.cfg.profile.dump_hlo else None, ctx.layout)
+        self.stream = TrainStream(ctx.ds, seed=self.cfg.data.shuffle_seed, lanes=stream_lanes(self.cfg),
+                                  process_index=jax.process_index(), process_count=jax.process_count(),
+                                  num_workers=self.cfg.data.num_workers, prefetch=self.cfg.data.prefetch)
+        self.peak = peak_flops_per_device(jax.devices()[0])
+        self.tokens = 0
+        self.times = {"compile_wait": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds outside training
+        self.stage_waits: dict[int, float] = {}  # stage -> seconds its first step waited for its compile
+        self._pending = None  # (steps done, stage, device metrics) of the last dispatched step
+        self._last_time, self._paused = 0.0, 0.0  # seconds since _last_time spent outside training
+
+    def call_hooks(self, name: str, *args) -> None:
+        """Call `name` on every hook in order (`Hook`'s protocol)."""
+        for hook in self.hooks:
+            getattr(hook, name)(self, *args)
+
+    def meta(self, stage: int) -> dict:
+        """The checkpoint's JSON beside the arrays: data position, stage, tokens, resolved config."""
+        return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
+
+    def resume_from(self, meta: dict) -> None:
+        self.stream.set_state(meta["data"])
+        self.tokens = int(meta.get("tokens", 0))
+
+    # ---- the validate-then-save point
+
+    def validate(self, state, step: int) -> dict:
+        t0 = time.perf_counter()
+        row = self.ctx.validate(state.params, state.fp8, step)
+        self.times["validation"] += time.perf_counter() - t0
+        self.call_hooks("on_validation", step, row)
+        return row
+
+    def save(self, state, step: int, val_ppl: float | None = None) -> bool:
+        t0 = time.perf_counter()
+        try:
+            if not tree_is_finite(state.params):
+                console.warn(f"parameters are not finite at step {step}; not saving")
+                return False
+            meta = {**self.meta(stage_index(self.cfg, max(step - 1, 0))), "validated": val_ppl is not None}
+            return self.ckpt.save(step, state, meta, val_ppl=val_ppl, force=True)
+        finally:
+            self.times["checkpoint"] += time.perf_counter() - t0
+
+    def point(self, state, step: int, validate: bool, final: bool = False) -> dict | None:
+        """Validate (if asked) and save `step`, the perplexity attached to the checkpoint; the final point
+        also waits for the save to be written. Returns the validation row, or None."""
+        t0 = time.perf_counter()
+        row = self.validate(state, step) if validate else None
+        if row is not None:
+            console.info((f"validation at step {step}" if final else f"step {step} validation") + f"\n{format_eval(row)}")
+        self.save(state, step, None if row is None else row["val/mean/ppl"])
+        self.call_hooks("on_save", step)
+        if final:
+            t1 = time.perf_counter()
+            self.ckpt.wait()
+            self.times["checkpoint"] += time.perf_counter() - t1
+        self._paused += time.perf_counter() - t0
+        return row
+
+    # ---- the steps
+
+    def _flush(self) -> None:
+        """Fetch the last dispatched step's metrics (the next one is already queued) and hand them to the hooks."""
+        if self._pending is None:
+            return
+        done, si, metrics = self._pending
+        self._pending = None
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        stage = self.cfg.curriculum[si]
+        # Throughput and MFU count training only; compile waits, validation and saves are timed apart.
+        tps = m["step_tokens"] / max(now - self._last_time - self._paused, 1e-9)
+        self._last_time, self._paused = now, 0.0
+        if not math.isfinite(m["loss"]):
+            raise TrainingDiverged(f"loss became {m['loss']} at step {done}")
+        self.tokens += int(m["step_tokens"])
+        util = mfu(tps, accounting.flops_per_token(self.cfg.model, stage.seq_len), jax.device_count(), self.peak)
+        self.call_hooks("on_metrics", StepInfo(done, si, stage.seq_len, m, self.tokens, tps, util))
+
+    def _enter_stage(self, si: int, step: int) -> None:
+        cfg, stage = self.cfg, self.cfg.curriculum[si]
+        console.info(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} "
+                     f"x accum {stage.grad_accum_steps}" + (f" ({stage.description})" if stage.description else ""))
+        if si + 1 < len(cfg.curriculum) and cfg.curriculum[si + 1].start_step < cfg.train.steps:
+            self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
+
+    def _compiled(self, si: int, step: int, entering: bool):
+        t0 = time.perf_counter()
+        compiled = (self.compiler.first_step(si) if step == 0 else None) or self.compiler.get(si)
+        waited = time.perf_counter() - t0
+        self._paused += waited
+        self.times["compile_wait"] += waited
+        if entering:
+            self.stage_waits[si] = waited
+        return compiled
+
+    def run(self, state, start_step: int) -> tuple:
+        """Train from `start_step` to train.steps: (state, step reached, the stop reason or None)."""
+        cfg, total = self.cfg, self.cfg.train.steps
+        self._last_time, self._paused = time.perf_counter(), 0.0
+        stage_i = stage_index(cfg, start_step)
+        self.compiler.prefetch(stage_i)
+        self.call_hooks("on_start", state, start_step)
+        try:
+            for step in range(start_step, total):
+                si = stage_index(cfg, step)
+                entering = si != stage_i or step == start_step
+                if entering:
+                    stage_i = si
+                    self._enter_stage(si, step)
+                compiled = self._compiled(si, step, entering)
+                spec = BatchSpec.of(cfg.curriculum[si])
+                rows = self.stream.next_batch(spec.seq_len, spec.rows_per_step)
+                batch = sh.global_batch(spec.from_rows(rows), self.ctx.layout.batch)
+                self.call_hooks("before_step", step)
+                state, metrics = compiled(state, batch)
+                self._flush()
+                self.ckpt.check()  # a full disk stops the run here, not one interval later
+                done = step + 1
+                self._pending = (done, si, metrics)
+                self.call_hooks("after_step", state, done)
+                stop = next((r for r in (h.stop_reason(self, done) for h in self.hooks) if r), None)
+                do_eval = cfg.eval.interval > 0 and done % cfg.eval.interval == 0 and done < total
+                # the last step is saved once, after the final validation, with its perplexity
+                if do_eval or (self.ckpt.should_save(done) and done < total) or stop:
+                    self._flush()
+                    self.point(state, done, validate=do_eval)
+                if stop:
+                    self.ckpt.wait()
+                    console.info(f"stopped by {stop} at step {done}; checkpoint saved. "
+                                 "Run the same command again to resume.")
+                    return state, done, stop
+            self._flush()
+            return state, total, None
+        finally:
+            self.call_hooks("on_loop_end")
+
+
+def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
+        mesh=None, hooks: list[Hook] = ()) -> TrainResult:
+    """Train `cfg` in `run_dir` (default `runs/<model.name>`), resuming from its checkpoints (or starting
+    from `checkpoint`), and return a `TrainResult`. `hooks` run after the built-in ones (metrics log,
+    profiler, signal stop); `python -m yxanul_jax.train` adds the end-of-run sample
+    (`inference.run_sample.EndOfRunSample`).
+
+    Raises UserError for a user mistake (found before anything is written to the run directory) and
+    TrainingDiverged when the loss becomes NaN/inf; the last good checkpoint is left intact either
+    way. The run directory is locked while it trains.
+    """
+    fp8_lib.check_backend(cfg.fp8)
+    if cfg.init.from_hf:
+        from yxanul_jax.model.hf import resolve_init
+        cfg = resolve_init(cfg)  # the model's sizes are the checkpoint's
+    sh.maybe_initialize_distributed(cfg.mesh)
+    lead = jax.process_index() == 0
+    run_dir = run_dir or os.path.join("runs", cfg.model.name)
+    check_run_dir(run_dir)
+    ctx = RunContext.open(cfg, mesh)
+    # a missing, damaged or mismatched --checkpoint is refused before the run directory is touched
+    explicit = read_checkpoint(checkpoint, ctx.layout.abstract) if checkpoint else None
+    enable_compilation_cache()
+    lock = RunLock(run_dir).acquire() if lead else None
+    try:
+        return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks))
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _describe(ctx: RunContext, run_dir: str) -> str:
+    cfg = ctx.cfg
+    attention = attention_implementation(cfg.model) + (" (auto)" if cfg.model.attention == "auto" else "")
+    fp8 = f"{cfg.fp8.backend} ({cfg.fp8.scaling})" if cfg.fp8.active else "off"
+    return (f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters, attention {attention}; data "
+            f"{cfg.data.train or 'demo corpus'}; FP8 {fp8}; {len(cfg.curriculum)} stage(s); {cfg.train.steps} "
+            f"steps; mesh data={ctx.mesh.shape['data']} x fsdp={ctx.mesh.shape['fsdp']}; "
+            f"run dir {run_dir} (resolved config in {CONFIG_FILE})")
+
+
+def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: bool, extra: list[Hook]) -> TrainResult:
+    cfg = ctx.cfg
+    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    saved = checkpoint_steps(ckpt_dir)
+    # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
+    finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
+    if lead:
+        prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ctx.ds.tokenizer_path, record=not finished)
+        console.info(run_header(cfg, with_config=False))
+    with Checkpointer(ckpt_dir, cfg.checkpoint) as ckpt:  # closed (its last save waited for) however this ends
+        state, meta, restored = ctx.restore_or_init(ckpt, explicit)
+        start = int(state.step)
+        if finished and start < cfg.train.steps and lead:  # its latest checkpoint was unusable: it trains after all
+            prepare_run_dir(run_dir, cfg, tokenizer=ctx.ds.tokenizer_path)
+        # Every start cuts metrics.jsonl (and TensorBoard, by a purge marker) back to the step it starts
+        # from: rows of steps a killed run logged after its last checkpoint would otherwise appear twice.
+        nothing_to_log = start >= cfg.train.steps and meta.get("validated")  # finished and validated: no writes
+        writer = MetricsWriter(run_dir, resume_step=start) if lead and not nothing_to_log else NullWriter()
+        progress = Progress(cfg.train.steps, stream=None if lead else open(os.devnull, "w"))
+        signals = SignalStop()
+        loop = Loop(ctx, run_dir, ckpt, [MetricsLog(cfg, writer, progress), Profiler(cfg, run_dir), signals, *extra])
+        try:
+            if restored is not None:
+                loop.resume_from(meta)
+                console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
+            console.info(_describe(ctx, run_dir))
+            return _run(loop, state, start, meta, signals)
+        except TrainingDiverged as e:
+            e.last_good_step = ckpt.latest_step()
+            raise
+        finally:
+            for hook in loop.hooks:
+                hook.close()
+            loop.stream.close()
+
+
+def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> TrainResult:
+    """From `start`: nothing (a finished run; validated now if it was not), or the steps, the final
+    validate-then-save point and the `on_end` hooks."""
+    cfg, started = loop.cfg, time.perf_counter()
+    if start >= cfg.train.steps:
+        console.info(f"this run already finished: step {start} of train.steps={cfg.train.steps}; raise "
+                     "train.steps to train on")
+        row = None
+        if not meta.get("validated"):  # stopped at its last step before validating: do it now
+            row = loop.validate(state, start)
+            report_validation(row, start)
+        return TrainResult(start, validation=row)
+    state, step, stop = loop.run(state, start)
+    if stop:
+        return TrainResult(step, True, signals.signal_name, None, dict(loop.times), dict(loop.stage_waits))
+    row = loop.point(state, step, validate=True, final=True)
+    console.info(_json_line(row, step))  # every process: the values are global, so they must agree
+    loop.call_hooks("on_end", state, step)
+    elapsed, t = time.perf_counter() - started, loop.times
+    console.info(f"time: {elapsed:.1f} s in all, {elapsed - sum(t.values()):.1f} s training; outside it compile "
+                 f"waits {t['compile_wait']:.1f} s, validation {t['validation']:.1f} s, checkpoints "
+                 f"{t['checkpoint']:.1f} s" + (f", sample {t['sample']:.1f} s" if "sample" in t else ""))
+    return TrainResult(step, False, None, row, dict(loop.times), dict(loop.stage_waits))
+
+
+def _json_line(row: dict, step: int) -> str:
+    import json
+
+    return json.dumps({"step": step, **row})
+
+
+def report_validation(row: dict, step: int) -> None:
+    """The validation row on the console: a table, then one JSON line (what scripts parse)."""
+    console.info(f"validation at step {step}\n{format_eval(row)}")
+    console.info(_json_line(row, step))

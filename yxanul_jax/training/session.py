@@ -1,0 +1,137 @@
+"""What a run builds once before its first step: data, mesh, state layout, validation domains; and the state
+it starts from (fresh, restored, or imported from Hugging Face).
+
+`RunContext.open(cfg)` runs every check that can fail before anything is written (mesh and batch
+divisibility, enough tokens for the stream's lanes, evaluation domains and their batches) and keeps
+what it built, so the loop, validation and `--eval-only` use one mesh, one layout and one list of
+domains. `evaluate_checkpoint` is `--eval-only` as a library call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import jax
+
+from yxanul_jax.core import console
+from yxanul_jax.core.config import Config, stream_lanes
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, checkpoint_steps
+from yxanul_jax.data.loader import Lanes, PreparedDataset, TokenStream, open_dataset
+from yxanul_jax.training import sharding as sh
+from yxanul_jax.training.checkpoint import Checkpointer, read_checkpoint
+from yxanul_jax.training.evaluate import Domain, evaluate, resolve_domains
+from yxanul_jax.training.stages import stage_index
+from yxanul_jax.training.steps import init_train_state, make_eval_step
+
+
+def open_training_data(cfg: Config) -> PreparedDataset:
+    """The prepared dataset of `data.train`, or the embedded demo corpus (built on first use)."""
+    if cfg.data.train:
+        ds = open_dataset(cfg.data.train)
+    else:
+        from yxanul_jax.data.corpus import ensure_demo_dataset
+
+        console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
+                     "built on first use)")
+        ds = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size))
+    ds.check_vocab(cfg.model.vocab_size)
+    return ds
+
+
+def validation_seq_len(cfg: Config, step: int) -> int:
+    """Validation row length after `step` steps: eval.seq_len; else, when the best checkpoint is chosen by
+    perplexity, the last stage's (one length for every comparison); else that of the stage of the last
+    step taken."""
+    if cfg.eval.seq_len:
+        return cfg.eval.seq_len
+    if cfg.checkpoint.keep_best:
+        return cfg.curriculum[-1].seq_len
+    return cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
+
+
+def _check_training(cfg: Config, ds: PreparedDataset, mesh) -> None:
+    """The checks only training needs: batches divide over the mesh, the stream has tokens for its lanes,
+    evaluation batches are sane and divide over the processes."""
+    sh.check_divisible(cfg, mesh)
+    Lanes(TokenStream(ds.split("train"), ds.eos_id, cfg.data.shuffle_seed), stream_lanes(cfg))  # enough tokens
+    if cfg.eval.batch_size < 1 or cfg.eval.max_batches < 0:
+        raise UserError(f"config keys 'eval.batch_size' ({cfg.eval.batch_size}) must be >= 1 and "
+                        f"'eval.max_batches' ({cfg.eval.max_batches}) >= 0")
+    if cfg.eval.batch_size % jax.process_count():
+        raise UserError(f"config key 'eval.batch_size' ({cfg.eval.batch_size}) must divide evenly over "
+                        f"{jax.process_count()} processes")
+
+
+@dataclasses.dataclass
+class RunContext:
+    """A run's data, mesh, state layout, validation domains and eval step, built once (`open`)."""
+
+    cfg: Config
+    ds: PreparedDataset
+    layout: sh.StateLayout
+    domains: list[Domain]
+    eval_step: Callable
+
+    @classmethod
+    def open(cls, cfg: Config, mesh=None, *, training: bool = True) -> "RunContext":
+        """Open the data and check everything a run (`training`) or a validation needs; writes nothing."""
+        mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
+        ds = open_training_data(cfg)
+        if training:
+            _check_training(cfg, ds, mesh)
+        return cls(cfg, ds, sh.state_layout(cfg, mesh), resolve_domains(cfg.eval.domains, ds),
+                   jax.jit(make_eval_step(cfg)))
+
+    @property
+    def mesh(self):
+        return self.layout.mesh
+
+    def validate(self, params, fp8_state, step: int) -> dict:
+        """Validation of the model after `step` steps on every domain, batches split over the mesh and over
+        processes: {"val/<domain>/loss", ".../ppl", ".../tokens", "val/mean/loss", "val/mean/ppl"}."""
+        e = self.cfg.eval
+        return evaluate(self.eval_step, params, fp8_state, self.domains,
+                        seq_len=validation_seq_len(self.cfg, step), batch_size=e.batch_size,
+                        max_batches=e.max_batches, put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(self.mesh)),
+                        process_index=jax.process_index(), process_count=jax.process_count())
+
+    def restore_or_init(self, ckpt: Checkpointer, explicit: tuple | None) -> tuple[Any, dict, int | None]:
+        """(state, meta, restored step or None), laid out on the mesh: `explicit` (`read_checkpoint`'s
+        (step, state, meta) of --checkpoint), else the latest readable checkpoint of `ckpt`, else
+        init.from_hf's weights with fresh moments, else a fresh state from train.seed."""
+        cfg, abstract, shardings = self.cfg, self.layout.abstract, self.layout.shardings
+        if explicit is not None:
+            step, state, meta = explicit
+            return state, meta, step
+        if ckpt.latest_step() is not None:
+            step, state, meta = ckpt.restore(abstract)
+            return state, meta, step
+        if cfg.init.from_hf:  # a fresh run from a Hugging Face Llama: its weights, fresh moments
+            from yxanul_jax.model import hf
+            from yxanul_jax.training.optim import make_optimizer
+
+            _, tensors = hf.read_hf(cfg.init.from_hf)
+            imported = hf.from_hf(cfg.model, tensors, abstract.params)
+
+            def init_from(key, params):
+                return init_train_state(cfg, key).replace(params=params, opt_state=make_optimizer(cfg).init(params))
+
+            state = jax.jit(init_from, out_shardings=shardings)(jax.random.key(cfg.train.seed), imported)
+            console.info(f"initialized from the Hugging Face model in {cfg.init.from_hf}")
+            return state, {}, None
+        init = jax.jit(lambda key: init_train_state(cfg, key), out_shardings=shardings)
+        return init(jax.random.key(cfg.train.seed)), {}, None
+
+
+def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None, mesh=None) -> tuple[int, dict]:
+    """(step, validation row) of a checkpoint (`checkpoint`, else the run directory's latest) on every
+    domain; only its parameters and FP8 state are read, nothing is written."""
+    if not checkpoint and not checkpoint_steps(os.path.join(run_dir, CHECKPOINT_DIR)):
+        raise UserError(f"no checkpoint in run directory '{run_dir}' to validate; train it first, or pass "
+                        "--checkpoint PATH")
+    ctx = RunContext.open(cfg, mesh, training=False)
+    step, model, _ = read_checkpoint(checkpoint or os.path.join(run_dir, CHECKPOINT_DIR),
+                                     ctx.layout.abstract.model_parts(), partial=True)
+    return step, ctx.validate(model["params"], model["fp8"], step)
