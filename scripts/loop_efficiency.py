@@ -57,13 +57,13 @@ def bare_tokens_per_sec(cfg, stage, steps: int) -> float:
 
 def measure(cfg, stages: list[int], steps: int, skip: int) -> dict:
     from yxanul_jax.plot import read_metrics
-    from yxanul_jax.train import train
+    from yxanul_jax.training.loop import fit
 
     run_cfg = loop_config(cfg, stages, steps)
     with tempfile.TemporaryDirectory(prefix="loop-efficiency-") as run_dir:
-        result = train(run_cfg, run_dir)
+        result = fit(run_cfg, run_dir)
         rows = [r for r in read_metrics(run_dir) if "tokens_per_sec" in r]
-    waits = result["times"].get("stage_waits", {})
+    waits = result.stage_waits
     out = []
     for i, s in enumerate(stages):
         stage = run_cfg.curriculum[i]
@@ -82,7 +82,7 @@ def measure(cfg, stages: list[int], steps: int, skip: int) -> dict:
             row["stall_s"] = waits.get(i, 0.0) + first_extra
             row["compile_wait_s"] = waits.get(i, 0.0)
         out.append(row)
-    return {"stages": out, "times": {k: v for k, v in result["times"].items() if k != "stage_waits"}}
+    return {"stages": out, "times": {k: v for k, v in result.times.items() if k != "stage_waits"}}
 
 
 def table(rows: list[dict]) -> str:

@@ -289,7 +289,8 @@ def test_value_and_grad_trains_a_researchers_own_module_with_fp8_state():
 
     bf16 = jax.grad(loss_of(mlp(delayed, use_fp8=False)))(params, {})
     _, (_, state) = F.value_and_grad(loss_of(mlp(current)))(params, fresh)  # the bootstrap step
-    assert all(float(s) != 1.0 for s in F._leaves(state, "scale"))
+    scales = F._leaves(state, "scale")  # up and down, 3 operands each: never a vacuous all() of nothing
+    assert len(scales) == 2 * len(F.OPERANDS) and all(float(s) != 1.0 for s in scales)
     value, (grads, new_state) = F.value_and_grad(loss_of(mlp(delayed)))(params, state)
     assert np.isfinite(float(value)) and jax.tree.structure(new_state) == jax.tree.structure(state)
     assert _rel(grads["down"]["kernel"], bf16["down"]["kernel"]) < 0.10

@@ -155,8 +155,11 @@ def _check_suggestion_fits(cfg, gpu_name, tmp_path):
     suggested = load_config(str(path))  # the printed YAML is a complete, valid config
     second = plan.build_plan(suggested, gpu)
     assert second["fits"] and second["suggestion"] is None
+    assert len(second["stages"]) == len(cfg.curriculum)  # every stage checked: no vacuous all() below
     assert all(s["bytes_total"] <= gpu.budget_bytes for s in second["stages"])
-    # Same curriculum: stage boundaries, lengths and tokens per step unchanged.
+    # Same curriculum: stage boundaries, lengths and tokens per step unchanged (and no stage dropped,
+    # which zip would hide).
+    assert len(suggested.curriculum) == len(cfg.curriculum)
     for a, b in zip(cfg.curriculum, suggested.curriculum):
         assert (a.start_step, a.seq_len, a.tokens_per_step) == (b.start_step, b.seq_len, b.tokens_per_step)
     assert suggested.model.vocab_size == cfg.model.vocab_size
