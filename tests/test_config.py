@@ -8,8 +8,7 @@ import pytest
 import yaml
 
 from yxanul_jax import plan
-from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
-from yxanul_jax.core.coerce import to_yaml
+from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict, to_yaml
 from yxanul_jax.core.config import Config, load_config, resumable, validate
 from yxanul_jax.core.errors import UserError
 
@@ -159,15 +158,6 @@ def test_plan_main_returns_2_in_process(capsys):
     assert "model.d_model" in capsys.readouterr().err
 
 
-def test_cli_habits_overrides_anywhere_and_a_config_path_without_flag(tmp_path):
-    from yxanul_jax.train import parse_args
-
-    args = parse_args(["model.dtype=float32", "--disable-fp8", "train.steps=3", "--run-dir", "x", "eval.interval=0"])
-    assert args.overrides == ["model.dtype=float32", "train.steps=3", "eval.interval=0"] and args.disable_fp8
-    with pytest.raises(UserError, match="did you mean --config configs/tiny.yaml"):
-        load_config(None, ["configs/tiny.yaml"])
-
-
 def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
     from yxanul_jax.core.args import cli_entry
     from yxanul_jax.core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR
@@ -184,15 +174,6 @@ def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(err) == 2 and err[0].startswith("error: No space left on device '/out/model.safetensors'")
     assert err[1].startswith("error: interrupted (Ctrl-C)")
-
-
-def test_an_overridden_model_gets_its_own_default_run_dir():
-    from yxanul_jax.train import default_run_dir
-
-    assert default_run_dir(load_config("configs/tiny.yaml"), "configs/tiny.yaml") == "runs/tiny"
-    changed = default_run_dir(load_config("configs/tiny.yaml", ["model.d_model=256"]), "configs/tiny.yaml")
-    assert changed.startswith("runs/tiny-") and len(changed) == len("runs/tiny-") + 8
-    assert default_run_dir(load_config("configs/tiny.yaml", ["train.steps=5"]), "configs/tiny.yaml") == "runs/tiny"
 
 
 @pytest.mark.parametrize("command, argv, needle", [
