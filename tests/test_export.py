@@ -122,6 +122,7 @@ def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_
     assert (taken / "x").read_text() == "keep me" and not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow
 def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
     # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights
     from yxanul_jax.core.config import load_config

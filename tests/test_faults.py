@@ -131,6 +131,7 @@ _CAPPED = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, s
            "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
 
 
+@pytest.mark.slow
 def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_path):
     """A checkpoint write that fails in the background (files capped at 32 kB, as on a full disk: the
     state is ~1 MB) ends the run in one line, exit 2, no partial step left, the last complete

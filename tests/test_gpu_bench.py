@@ -1,10 +1,14 @@
 """The benchmark kit runs on a CPU too: scripts/gpu_bench.py (tiny config), scripts/profile_summary.py."""
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from conftest import REPO, load_script
 from data_fixtures import run_cli
+
+pytestmark = pytest.mark.slow  # runs a script end to end: `pytest -m "not slow"` skips it
 
 
 def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):

@@ -17,6 +17,8 @@ from yxanul_jax.core.errors import UserError
 from conftest import REPO, gpu_env, gpu_python, inspect_h100
 
 
+pytestmark = pytest.mark.slow  # compiles for sm_90 / runs scripts or subprocesses: `pytest -m "not slow"` skips it
+
 def test_target_specs_and_a_bad_target():
     h100, h200 = gpu_target.target_spec("h100"), gpu_target.target_spec("h200")
     assert 'name: "NVIDIA H100 80GB HBM3"' in h100 and "device_memory_size: 84942979072" in h100
@@ -53,6 +55,7 @@ import json, jax, jax.numpy as jnp
 from yxanul_jax.analysis import hlo
 from yxanul_jax.model import fp8 as F
 from yxanul_jax.analysis.gpu_target import compile_device
+
 s = jax.sharding.SingleDeviceSharding(compile_device("h100"))
 A = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=s)
 meta = {"amax_history": A((16,), jnp.float32), "scale": A((), jnp.float32), "nonfinite": A((), jnp.float32),

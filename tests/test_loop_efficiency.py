@@ -1,11 +1,15 @@
 """scripts/loop_efficiency.py: the real train loop on prepared shards vs the bare compiled step, per stage."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import math
 
 from conftest import load_script
 from data_fixtures import prepared, docs, tiny_tok, run_cli  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.slow  # runs a script end to end: `pytest -m "not slow"` skips it
 
 SMALL = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1", "model.ffn_dim=64",
          "model.embed_rank=0", "curriculum.0.seq_len=16", "curriculum.0.batch_size=4", "curriculum.1.seq_len=32",

@@ -14,7 +14,10 @@ from yxanul_jax.training.sharding import mesh_shape
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # subprocesses on 8 CPU devices and several processes: `pytest -m "not slow"` skips it
+
 # float32, no FP8: the comparison across layouts is then a pure reduction-order question (tol 1e-5).
+
 RUN = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
        "model.ffn_dim=128", "model.embed_rank=16", "model.dtype=float32", "fp8.enabled=false",
        "curriculum.0.seq_len=32", "curriculum.0.batch_size=8", "curriculum.1.start_step=10",
@@ -74,6 +77,7 @@ import jax
 from yxanul_jax.core.config import load_config
 from yxanul_jax.training.sharding import make_mesh, state_shardings
 from yxanul_jax.training.steps import abstract_train_state
+
 cfg = load_config('configs/yxanul_197m.yaml', ['mesh.data=2', 'mesh.fsdp=4'])
 mesh = make_mesh(cfg.mesh)
 s = state_shardings(cfg, mesh, abstract_train_state(cfg))

@@ -66,6 +66,7 @@ def test_fp8_state_is_max_merged_across_micro_batches():
     assert head.shape == (4,) and float(head[0]) > 0  # chunked head: per-chunk states merged, not summed
 
 
+@pytest.mark.slow
 def test_loss_decreases_and_eval_matches_train_loss():
     cfg = _cfg(FP8Config(amax_history_len=8), )
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=1e-2, warmup_steps=0))

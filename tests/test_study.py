@@ -10,6 +10,8 @@ from data_fixtures import run_cli
 from yxanul_jax import plot
 from yxanul_jax.training.monitor import MetricsWriter
 
+pytestmark = pytest.mark.slow  # runs a script end to end: `pytest -m "not slow"` skips it
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -2,6 +2,8 @@
 put back together and checked (scripts/te_gpu_install.sh), and the FP8 check script runs its BF16 and XLA arms."""
 from __future__ import annotations
 
+import pytest
+
 import hashlib
 import json
 import os
@@ -10,6 +12,8 @@ import subprocess
 
 from conftest import REPO, load_script
 from data_fixtures import run_cli
+
+pytestmark = pytest.mark.slow  # runs a script end to end: `pytest -m "not slow"` skips it
 
 INSTALL = str(REPO / "scripts" / "te_gpu_install.sh")
 WHEEL = "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl"

@@ -13,6 +13,8 @@ import pytest
 from conftest import REPO, gpu_env, gpu_python, inspect_h100
 
 
+pytestmark = pytest.mark.slow  # compiles for sm_90 / runs scripts or subprocesses: `pytest -m "not slow"` skips it
+
 def _te_python() -> str:
     python = gpu_python()
     if not _has_te(python):
@@ -117,6 +119,7 @@ from yxanul_jax.analysis.accounting import state_bytes
 from yxanul_jax.core.config import FP8Config, load_config
 from yxanul_jax.model.transformer import split_head_state as _split_head
 from yxanul_jax.training.steps import abstract_train_state
+
 d = F.te_recipe(FP8Config(backend="te", margin=1, amax_history_len=16, amax_compute_algo="most_recent"))
 c = F.te_recipe(FP8Config(backend="te", scaling="current"))
 out = {"delayed": [type(d).__name__, d.margin, d.amax_history_len, d.amax_compute_algo, d.fp8_format.name],

@@ -69,6 +69,7 @@ def fast_run(tmp_path_factory):
     return str(run), result, out.getvalue()
 
 
+@pytest.mark.slow
 def test_default_command_loss_falls(tmp_path):
     run = str(tmp_path / "run")
     rc, out, err = cli("--run-dir", run, "train.steps=16", "curriculum.1.start_step=8", "optim.warmup_steps=4",
@@ -170,6 +171,7 @@ def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(t
     assert loop.stream.tokens_consumed == expected == loop.tokens
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     run = str(tmp_path / "nan")
     # Stage 1 multiplies the learning rate by 1e30: the parameters overflow and the loss turns NaN.
@@ -271,6 +273,7 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
     assert _tree(run) == before
 
 
+@pytest.mark.slow
 def test_profile_trace_and_hlo_dump_for_requested_steps(tmp_path):
     run = tmp_path / "prof"
     rc, _, err = cli("--run-dir", str(run), *FAST, "train.steps=5", "eval.interval=0", "profile.start_step=2",
