@@ -16,24 +16,26 @@ Two arms: FP8 on (`FP8Config()`: xla backend, delayed scaling; step 0 compiled f
 `fp8_bootstrap_config(cfg)`, as a fresh run of the train loop does) and FP8 off.
 
 XLA:CPU at -O0: the test suite compiles with `--xla_backend_optimization_level=0` (tests/conftest.py),
-which can round differently from XLA's default; this script sets the same flag before importing JAX,
-so the file it writes is what the suite measures. Runs on the CPU.
+which can round differently from XLA's default; this script imports the suite's `tests/conftest.py`
+before JAX (it sets that flag and the CPU platform), so the file it writes is what the suite measures.
+Needs the dev install (pytest).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "steps.json"
-CPU_TEST_XLA_FLAG = "--xla_backend_optimization_level=0"  # the same as tests/conftest.py's
+for _path in (str(ROOT), str(ROOT / "tests")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+# The suite's own setup, imported before JAX: the CPU platform and XLA's flags exactly as the tests have them.
+import conftest  # noqa: E402
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if CPU_TEST_XLA_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_TEST_XLA_FLAG}".strip()
+CPU_TEST_XLA_FLAG = conftest.CPU_TEST_XLA_FLAG
 
 RECORD_STEPS = (1, 10)
 """After which optimizer steps the values are recorded (the run is as long as the last)."""
@@ -44,14 +46,9 @@ def golden_config(arm: str):
     """The fixed tiny config of one arm ("fp8" or "no_fp8")."""
     import dataclasses
 
-    for p in (str(ROOT), str(ROOT / "tests")):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    from conftest import micro_config
-
     from yxanul_jax.core.config import FP8Config, StageConfig
 
-    cfg = micro_config()
+    cfg = conftest.micro_config()
     return dataclasses.replace(
         cfg, fp8=FP8Config() if arm == "fp8" else FP8Config(enabled=False),
         curriculum=(StageConfig(start_step=0, seq_len=16, batch_size=4, grad_accum_steps=2),),
@@ -116,8 +113,9 @@ def main(argv=None) -> int:
                 shown = " ".join(f"{x:.8g}" for x in (v if isinstance(v, list) else [v]))
                 print(f"{arm:<7} {step:>4}  {name:<34} {shown}")
     if args.write:
-        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(json.dumps(record, indent=1) + "\n")
+        from yxanul_jax.core.rundir import atomic_write
+
+        atomic_write(str(GOLDEN), json.dumps(record, indent=1) + "\n")  # makes the folder; never half-written
         print(f"wrote {GOLDEN.relative_to(ROOT)}")
     print(json.dumps(record))
     return 0

@@ -35,7 +35,8 @@ from yxanul_jax.core.args import cli_entry
 from yxanul_jax.core.config import load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model import fp8 as fp8_lib
-from yxanul_jax.training.stages import compile_stage, synthetic_batch
+from yxanul_jax.training.batch import BatchSpec
+from yxanul_jax.training.stages import compile_stage
 from yxanul_jax.training.steps import fp8_bootstrap_config, init_train_state
 
 ARMS = {"bf16": None, "xla": ("xla", False), "te": ("te", False), "te-fused": ("te", True)}
@@ -85,7 +86,7 @@ def calibrated_step(trained: dict, params, batch: dict) -> dict:
 
 def check(cfg, stage_index: int, steps: int, arms: list[str]) -> dict:
     stage = cfg.curriculum[stage_index]
-    batch = synthetic_batch(cfg, stage)
+    batch = BatchSpec.of(stage).synthetic(cfg.model.vocab_size)
     bf16 = run_arm(arm_config(cfg, "bf16"), stage_index, steps, batch)
     base_params = bf16["after_one"][0]
     rows = {"bf16": {"first_loss": bf16["losses"][0], "first_grad_norm": bf16["grad_norms"][0],

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from yxanul_jax.core.config import FP8Config, load_config
-from yxanul_jax.training.stages import StageCompiler, abstract_batch, compile_stage, stage_index
+from yxanul_jax.training.stages import StageCompiler, compile_stage, stage_index
 from yxanul_jax.training.steps import init_train_state
 
 from conftest import micro_model
@@ -22,12 +22,6 @@ def _cfg(*extra):
 def test_stage_index_at_the_boundaries():
     cfg = _cfg()
     assert [stage_index(cfg, s) for s in (0, 4, 5, 9, 10_000)] == [0, 0, 1, 1, 1]
-
-
-def test_abstract_batch_is_accum_x_rows_x_tokens():
-    b = abstract_batch(load_config(None, ["curriculum.0.grad_accum_steps=3"]).curriculum[0])
-    assert {k: (v.shape, v.dtype) for k, v in b.items()} == {
-        "inputs": ((3, 32, 64), jnp.int32), "targets": ((3, 32, 64), jnp.int32), "mask": ((3, 32, 64), jnp.float32)}
 
 
 def test_compiler_compiles_each_stage_once_and_the_bootstrap_apart():

@@ -21,10 +21,8 @@ from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config, load_config
 from yxanul_jax.core.rundir import CONFIG_FILE
 from yxanul_jax.inference.run_sample import EndOfRunSample
-from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.loop import TrainingDiverged, fit, report_validation
 from yxanul_jax.training.session import evaluate_checkpoint
-from yxanul_jax.training.stages import enable_compilation_cache
 
 
 def parse_args(argv):
@@ -64,11 +62,6 @@ def default_run_dir(cfg: Config, config_path: str | None) -> str:
 
 def eval_only(cfg: Config, run_dir: str, checkpoint: str | None) -> int:
     """Validate a checkpoint (explicit, or the run directory's latest) on every domain and print the row."""
-    from yxanul_jax.model import fp8 as fp8_lib
-
-    fp8_lib.check_backend(cfg.fp8)
-    sh.maybe_initialize_distributed(cfg.mesh)
-    enable_compilation_cache()
     step, row = evaluate_checkpoint(cfg, run_dir, checkpoint)
     if jax.process_index() == 0:
         report_validation(row, step)

@@ -284,12 +284,11 @@ class DataConfig:
     def check(self, stages: tuple[StageConfig, ...]) -> None:
         if self.lanes < 0:
             raise UserError(f"config key 'data.lanes' must be >= 0 (0: automatic), got {self.lanes}")
-        rows = [s.batch_size * s.grad_accum_steps for s in stages]
         for i, s in enumerate(stages):
-            if self.lanes and rows[i] % self.lanes:
+            if self.lanes and s.batch_size * s.grad_accum_steps % self.lanes:
                 raise UserError(f"config key 'data.lanes' ({self.lanes}) must divide curriculum.{i}'s rows per "
                                 f"step ({s.batch_size} x {s.grad_accum_steps}); set data.lanes=0 (automatic) or "
-                                f"{math.gcd(*rows)}")
+                                f"{auto_lanes(stages)}")
 
 
 @dataclass(frozen=True)
@@ -311,6 +310,9 @@ class EvalConfig:
         if self.seq_len < 0 or self.seq_len > max_position:
             raise UserError(f"config key 'eval.seq_len' ({self.seq_len}) must be in [0, model.max_position "
                             f"({max_position})]; 0 validates at each stage's seq_len")
+        if self.batch_size < 1 or self.max_batches < 0:
+            raise UserError(f"config keys 'eval.batch_size' ({self.batch_size}) must be >= 1 and "
+                            f"'eval.max_batches' ({self.max_batches}) >= 0")
 
 
 @dataclass(frozen=True)
@@ -407,9 +409,14 @@ class TrainConfig:
             raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
 
 
+def auto_lanes(stages) -> int:
+    """The automatic lane count (`data.lanes: 0`): the gcd of every stage's rows per step."""
+    return math.gcd(*(s.batch_size * s.grad_accum_steps for s in stages))
+
+
 def stream_lanes(cfg: "Config") -> int:
-    """Lanes of the training stream: data.lanes, or (0) the gcd of every stage's rows per step."""
-    return cfg.data.lanes or math.gcd(*(s.batch_size * s.grad_accum_steps for s in cfg.curriculum))
+    """Lanes of the training stream: data.lanes, or (0) `auto_lanes`."""
+    return cfg.data.lanes or auto_lanes(cfg.curriculum)
 
 
 def _default_curriculum() -> tuple[StageConfig, ...]:

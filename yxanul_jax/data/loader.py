@@ -39,7 +39,7 @@ import grain
 import numpy as np
 
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.data.dataset import PreparedDataset, SplitIndex, open_dataset  # also importable from here
+from yxanul_jax.data.dataset import PreparedDataset, SplitIndex, open_dataset
 
 _STATE_KIND = "yxanul-train-stream"
 _EPOCHS_CACHED = 2

@@ -300,10 +300,11 @@ def split_head_state(fp8_state: dict) -> tuple[dict, dict | None]:
 
 
 def join_head_state(body: dict, head: dict | None) -> dict:
-    """The inverse of `split_head_state`."""
+    """The inverse of `split_head_state` (`body` may lack a collection the head has: `join_head_state({}, head)`
+    is the head's state alone, as variables)."""
     if head is None:
         return body
-    return {c: {**tree, **({HEAD_MODULE: head[c]} if c in head else {})} for c, tree in body.items()}
+    return {c: {**body.get(c, {}), **({HEAD_MODULE: head[c]} if c in head else {})} for c in {**body, **head}}
 
 
 REMAT_POLICIES = {

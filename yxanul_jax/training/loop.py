@@ -10,6 +10,7 @@ caller adds (the command adds the end-of-run sample).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -107,11 +108,13 @@ class Loop:
 
     def point(self, state, step: int, validate: bool, final: bool = False) -> dict | None:
         """Validate (if asked) and save `step`, the perplexity attached to the checkpoint; the final point
-        also waits for the save to be written. Returns the validation row, or None."""
+        reports the row (`report_validation`) and waits for the save to be written. Returns the row, or None."""
         t0 = time.perf_counter()
         row = self.validate(state, step) if validate else None
-        if row is not None:
-            console.info((f"validation at step {step}" if final else f"step {step} validation") + f"\n{format_eval(row)}")
+        if row is not None and final:
+            report_validation(row, step)  # every process: the values are global, so they must agree
+        elif row is not None:
+            console.info(f"step {step} validation\n{format_eval(row)}")
         self.save(state, step, None if row is None else row["val/mean/ppl"])
         self.call_hooks("on_save", step)
         if final:
@@ -183,7 +186,9 @@ class Loop:
                 done = step + 1
                 self._pending = (done, si, metrics)
                 self.call_hooks("after_step", state, done)
-                stop = next((r for r in (h.stop_reason(self, done) for h in self.hooks) if r), None)
+                # every hook is asked, every step: a stop condition may be a collective (SignalStop on several processes)
+                reasons = [h.stop_reason(self, done) for h in self.hooks]
+                stop = next((r for r in reasons if r), None)
                 do_eval = cfg.eval.interval > 0 and done % cfg.eval.interval == 0 and done < total
                 # the last step is saved once, after the final validation, with its perplexity
                 if do_eval or (self.ckpt.should_save(done) and done < total) or stop:
@@ -293,7 +298,6 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
     if stop:
         return TrainResult(step, True, signals.signal_name, None, dict(loop.times), dict(loop.stage_waits))
     row = loop.point(state, step, validate=True, final=True)
-    console.info(_json_line(row, step))  # every process: the values are global, so they must agree
     loop.call_hooks("on_end", state, step)
     elapsed, t = time.perf_counter() - started, loop.times
     console.info(f"time: {elapsed:.1f} s in all, {elapsed - sum(t.values()):.1f} s training; outside it compile "
@@ -302,13 +306,7 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
     return TrainResult(step, False, None, row, dict(loop.times), dict(loop.stage_waits))
 
 
-def _json_line(row: dict, step: int) -> str:
-    import json
-
-    return json.dumps({"step": step, **row})
-
-
 def report_validation(row: dict, step: int) -> None:
     """The validation row on the console: a table, then one JSON line (what scripts parse)."""
     console.info(f"validation at step {step}\n{format_eval(row)}")
-    console.info(_json_line(row, step))
+    console.info(json.dumps({"step": step, **row}))

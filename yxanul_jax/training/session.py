@@ -18,11 +18,13 @@ from yxanul_jax.core import console
 from yxanul_jax.core.config import Config, stream_lanes
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, checkpoint_steps
-from yxanul_jax.data.loader import Lanes, PreparedDataset, TokenStream, open_dataset
+from yxanul_jax.data.dataset import PreparedDataset, open_dataset
+from yxanul_jax.data.loader import Lanes, TokenStream
+from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.checkpoint import Checkpointer, read_checkpoint
 from yxanul_jax.training.evaluate import Domain, evaluate, resolve_domains
-from yxanul_jax.training.stages import stage_index
+from yxanul_jax.training.stages import enable_compilation_cache, stage_index
 from yxanul_jax.training.steps import init_train_state, make_eval_step
 
 
@@ -52,13 +54,10 @@ def validation_seq_len(cfg: Config, step: int) -> int:
 
 
 def _check_training(cfg: Config, ds: PreparedDataset, mesh) -> None:
-    """The checks only training needs: batches divide over the mesh, the stream has tokens for its lanes,
-    evaluation batches are sane and divide over the processes."""
+    """The checks only training needs, on this machine's devices and data: batches divide over the mesh,
+    the stream has tokens for its lanes, evaluation batches divide over the processes."""
     sh.check_divisible(cfg, mesh)
     Lanes(TokenStream(ds.split("train"), ds.eos_id, cfg.data.shuffle_seed), stream_lanes(cfg))  # enough tokens
-    if cfg.eval.batch_size < 1 or cfg.eval.max_batches < 0:
-        raise UserError(f"config keys 'eval.batch_size' ({cfg.eval.batch_size}) must be >= 1 and "
-                        f"'eval.max_batches' ({cfg.eval.max_batches}) >= 0")
     if cfg.eval.batch_size % jax.process_count():
         raise UserError(f"config key 'eval.batch_size' ({cfg.eval.batch_size}) must divide evenly over "
                         f"{jax.process_count()} processes")
@@ -127,7 +126,11 @@ class RunContext:
 
 def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None, mesh=None) -> tuple[int, dict]:
     """(step, validation row) of a checkpoint (`checkpoint`, else the run directory's latest) on every
-    domain; only its parameters and FP8 state are read, nothing is written."""
+    domain; only its parameters and FP8 state are read, nothing is written. The library form of
+    `train --eval-only`: it starts what `loop.fit` starts (backend check, multi-host, compilation cache)."""
+    fp8_lib.check_backend(cfg.fp8)
+    sh.maybe_initialize_distributed(cfg.mesh)
+    enable_compilation_cache()
     if not checkpoint and not checkpoint_steps(os.path.join(run_dir, CHECKPOINT_DIR)):
         raise UserError(f"no checkpoint in run directory '{run_dir}' to validate; train it first, or pass "
                         "--checkpoint PATH")

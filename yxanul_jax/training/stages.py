@@ -25,20 +25,10 @@ def stage_index(cfg: Config, step: int) -> int:
     return max(0, bisect.bisect_right(starts, step) - 1)
 
 
-def abstract_batch(stage: StageConfig, sharding=None) -> dict:
-    """Shapes of one stage's global [A, B, L] batch as the step sees it (`BatchSpec.abstract`)."""
-    return BatchSpec.of(stage).abstract(sharding)
-
-
-def synthetic_batch(cfg: Config, stage: StageConfig, seed: int = 1) -> dict:
-    """A stage's batch of uniform random tokens (`BatchSpec.synthetic`)."""
-    return BatchSpec.of(stage).synthetic(cfg.model.vocab_size, seed)
-
-
 def synthetic_inputs(cfg: Config, stage: StageConfig) -> tuple:
-    """(a fresh train state on the default device, the stage's `synthetic_batch`): what benchmarks and
+    """(a fresh train state on the default device, the stage's `BatchSpec.synthetic` batch): what benchmarks and
     profiles feed a compiled stage."""
-    return jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0)), synthetic_batch(cfg, stage)
+    return jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0)), BatchSpec.of(stage).synthetic(cfg.model.vocab_size)
 
 
 def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
@@ -59,13 +49,13 @@ def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     if layout is not None:
         step_fn = jax.jit(step, in_shardings=(layout.shardings, layout.batch),
                           out_shardings=(layout.shardings, layout.replicated), donate_argnums=0)
-        return step_fn.lower(layout.abstract, abstract_batch(stage, layout.batch))
+        return step_fn.lower(layout.abstract, BatchSpec.of(stage).abstract(layout.batch))
     state_shapes = abstract_train_state(cfg)
     if device is not None:
         s = jax.sharding.SingleDeviceSharding(device)
         placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state_shapes)
-        return jax.jit(step, donate_argnums=0).lower(placed, abstract_batch(stage, s))
-    return jax.jit(step, donate_argnums=0).lower(state_shapes, abstract_batch(stage))
+        return jax.jit(step, donate_argnums=0).lower(placed, BatchSpec.of(stage).abstract(s))
+    return jax.jit(step, donate_argnums=0).lower(state_shapes, BatchSpec.of(stage).abstract())
 
 
 def compiled_memory(compiled) -> dict:

@@ -72,9 +72,7 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
     h_BxLxD = model.apply({"params": params, **body_fp8}, batch["inputs"], method=Yxanul.hidden)
 
     def logits_fn(h_CxD, head_state):
-        head = {} if head_state is None else join_head_state({c: {} for c in head_state}, head_state)
-        variables = {"params": params, **head}
-        return model.apply(variables, h_CxD, method=Yxanul.logits)
+        return model.apply({"params": params, **join_head_state({}, head_state)}, h_CxD, method=Yxanul.logits)
 
     d = h_BxLxD.shape[-1]
     nll, z = chunked_cross_entropy(logits_fn, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
