@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from yxanul_jax import analyze as insp
-from yxanul_jax.analysis import gpu_target
+from yxanul_jax.analysis import gpu_target, perf
 from yxanul_jax.core.errors import UserError
 
 from conftest import REPO, gpu_env, gpu_python, inspect_h100
@@ -24,8 +24,11 @@ def test_target_specs_and_a_bad_target():
     assert 'name: "NVIDIA H100 80GB HBM3"' in h100 and "device_memory_size: 84942979072" in h100
     assert 'name: "NVIDIA H200"' in h200 and "core_count: 132" in h200
     assert "{" + "memory}" not in h200 and "cuda_compute_capability { major: 9" in h200
-    with pytest.raises(UserError, match="h100, h200"):
+    with pytest.raises(UserError, match="h100, h100-pcie, h200"):
         gpu_target.target_spec("a100")
+    pcie = gpu_target.target_spec("h100-pcie")
+    assert "core_count: 114" in pcie and "memory_bandwidth: 2000000000000" in pcie
+    assert gpu_target.target_gpu("h200").hbm_bytes_per_s == 4.8e12
 
 
 def test_missing_plugin_is_one_line_naming_the_fix():
@@ -93,6 +96,20 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
     assert cublas["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
 
 
+def test_tiny_stage_prediction_for_h100_and_a_comparison():
+    r = inspect_h100("--config", "configs/tiny.yaml", "--compare", "fp8.enabled=false")
+    p = r["prediction"]
+    assert r["predicted_step_ms"] == p["predicted_step_ms"] > 0 and 0 < r["predicted_mfu"] < 1
+    assert r["predicted_tokens_per_s"] == pytest.approx(r["tokens_per_step"] / (r["predicted_step_ms"] / 1e3))
+    assert {"GEMM fp8", "attention", "output head + loss", "optimizer"} <= set(r["categories"])
+    assert set(r["categories"]) <= set(perf.CATEGORIES)
+    # every launch counted: 4 layers x (forward, recompute-free backward) cuDNN calls are 8 attention kernels
+    assert r["categories"]["attention"]["launches"] == 8 and p["kernel_launches"] >= p["kernel_sites"]
+    assert r["hlo_flops"] == p["hlo_flops"] > 0 and r["model_flops"] > 0
+    b = r["compare"]
+    assert b["variant"] == "fp8.enabled=false" and "GEMM fp8" not in b["categories"] and b["predicted_step_ms"] > 0
+
+
 def test_fp8_head_with_padded_vocabulary_and_accumulation():
     r = inspect_h100("--config", "configs/tiny.yaml", "fp8.targets=[q,k,v,o,gate,up,down,head]", "model.vocab_pad_to=128",
                  "model.remat=full", "model.scan_layers=true", "curriculum.0.grad_accum_steps=2",
@@ -110,3 +127,5 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage):
     # 28 scanned layers x (7 forward + 6 recomputed (remat full; `down` is not) + 7 input + 7 weight gradients)
     assert g["fp8_found"] == g["fp8_expected"]["total"] == 28 * 27 and g["fp8_lost"] == []
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10  # what `plan` tells a user, within 10 %
+    # The performance model saw the whole step: every scanned layer, every loss chunk (trip counts applied).
+    assert 0.9 < r["hlo_flops"] / r["model_flops"] < 1.6 and 0.02 < r["predicted_mfu"] < 0.9

@@ -190,8 +190,16 @@ def test_a_config_that_only_needs_smaller_batches_keeps_its_model(tmp_path):
 def test_gpu_names_sizes_and_mistakes(capsys, monkeypatch):
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
     assert memory.parse_gpu("H100").total_bytes == 81559 * 2**20
-    g = memory.parse_gpu("24", headroom=0.0)
+    g = memory.parse_gpu("24GB", headroom=0.0)
     assert g.total_bytes == 24 * 2**30 and g.budget_bytes == int(24 * 2**30 * 0.75)
+    # Names from the one GPU table (issue 28): a card's number is its name, never gigabytes.
+    for name, key in [("4090", "rtx4090"), ("RTX 4090", "rtx4090"), ("h100-pcie", "h100-pcie"), ("h200", "h200"),
+                      ("a100-40", "a100-40"), ("a100-80", "a100-80"), ("l4", "l4"), ("1650", "gtx1650"),
+                      ("NVIDIA H100", "h100")]:
+        assert memory.parse_gpu(name).name == key, name
+    assert memory.parse_gpu("4090").total_bytes == 24564 * 2**20
+    with pytest.raises(UserError, match="ambiguous.*24GB"):
+        memory.parse_gpu("24")
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     assert memory.parse_gpu("a100-80").mem_fraction == 0.9
     with pytest.raises(UserError, match="did you mean 'rtx4090'"):

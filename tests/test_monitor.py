@@ -216,11 +216,11 @@ def test_flops_per_token_matches_hand_count():
 
 def test_peak_flops_and_mfu(monkeypatch):
     monkeypatch.delenv("YXANUL_PEAK_TFLOPS", raising=False)
-    assert peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
-    assert peak_flops_per_device("NVIDIA H100 PCIe") == 756e12
-    assert peak_flops_per_device("NVIDIA H200") == 989e12
+    assert peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert peak_flops_per_device("NVIDIA H100 PCIe") == 756.5e12
+    assert peak_flops_per_device("NVIDIA H200") == 989.4e12
     assert peak_flops_per_device("NVIDIA A100-SXM4-80GB") == 312e12
-    assert peak_flops_per_device("NVIDIA GeForce RTX 4090") == 165e12
+    assert peak_flops_per_device("NVIDIA GeForce RTX 4090") == 165.2e12
     assert peak_flops_per_device("NVIDIA GeForce RTX 5090") == 209.5e12
     assert peak_flops_per_device("NVIDIA L4") == 121e12
     assert peak_flops_per_device("NVIDIA L40S") is None

@@ -1,18 +1,26 @@
 """`python -m yxanul_jax.analyze` (`yxanul analyze`): what one stage's train step compiles to, here or for an H100/H200.
 
     python -m yxanul_jax.analyze --config configs/tiny.yaml [--stage N] [key=value ...] [--json]
-                                 [--hlo-out FILE] [--target h100|h200|SPEC_FILE] [--require R ...]
+                                 [--hlo-out FILE] [--target h100|h100-pcie|h200|SPEC_FILE] [--require R ...]
                                  [--xla-option K=V ...] [--disable-fp8]
+                                 [--compare key=value ... | --compare-config FILE]
 
 The stage's train step is compiled ahead of time exactly as training compiles it (abstract shapes,
-donated state, the config's `train.xla_options`, nothing allocated), then reported: XLA's cost
-analysis (FLOPs, bytes accessed), its memory analysis (arguments, outputs, aliased, temporaries,
-and the peak they add up to) next to the planner's estimate, and every GEMM of the optimized HLO
-by precision and engine (`yxanul_jax.analysis.hlo`).
+donated state, the config's `train.xla_options`, nothing allocated), then reported: the FLOPs of the
+optimized HLO with loop trip counts applied (`analysis.perf.hlo_flops`; XLA's own cost analysis counts
+a loop body once: the layer scan, the loss chunks, the micro-batches) beside the model FLOPs
+(`accounting.flops_per_token`), XLA's memory analysis (arguments, outputs, aliased, temporaries, and
+the peak they add up to) next to the planner's estimate, and every GEMM of the optimized HLO by
+precision and engine (`yxanul_jax.analysis.hlo`).
 
-`--target h100` (or `h200`, or a GpuTargetConfigProto file) compiles for that GPU on this machine,
-which needs no GPU (`yxanul_jax.analysis.gpu_target`; install the `gpu-check` extra; with `fp8.backend=te`
-also Transformer Engine, `scripts/te_check_env.sh`), and adds: GEMMs by kind (FP8 cuBLASLt, FP8
+`--target h100` (or `h100-pcie`, `h200`, or a GpuTargetConfigProto file) compiles for that GPU on this
+machine, which needs no GPU (`yxanul_jax.analysis.gpu_target`; install the `gpu-check` extra; with
+`fp8.backend=te` also Transformer Engine, `scripts/te_check_env.sh`), and adds the performance model
+(`analysis.perf`): every kernel of the step with its trip count, FLOPs and bytes, a roofline time on
+that GPU, the predicted ms/step, tokens/s and MFU, a table by category and the top kernels. It is a
+prediction from the HLO and the GPU's spec sheet, not a measurement. `--compare key=value ...` (or
+`--compare-config FILE`) compiles a second variant and prints both predictions side by side. It also
+adds: GEMMs by kind (FP8 cuBLASLt, FP8
 Triton fusion, FP8 TE, BF16 cuBLAS(Lt), BF16 Triton), the FP8 GEMMs the config
 should give per step (forward, remat recompute, input gradient, weight gradient) against those
 found, the projections that were meant to be FP8 and are not ("lost"), cuDNN flash-attention
@@ -29,9 +37,9 @@ import os
 import sys
 
 from yxanul_jax.analysis.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
-from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
+from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry
 from yxanul_jax.core.coerce import apply_overrides
-from yxanul_jax.core.config import Config
+from yxanul_jax.core.config import Config, load_config
 from yxanul_jax.core.errors import UserError
 
 REQUIREMENTS = ("fp8-expected", "cudnn-attention")
@@ -80,10 +88,12 @@ def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
 
 
 def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, target: str | None = None) -> dict:
-    """Compile stage `stage_index` of `cfg` (AOT, abstract shapes) and report cost, memory and GEMMs;
-    with `target` (h100, h200, a spec file) compile for that GPU without one."""
+    """Compile stage `stage_index` of `cfg` (AOT, abstract shapes) and report FLOPs, memory and GEMMs;
+    with `target` (h100, h200, a spec file) compile for that GPU without one, and predict its step time."""
     import jax
 
+    from yxanul_jax.analysis import perf
+    from yxanul_jax.analysis.accounting import flops_per_token
     from yxanul_jax.analysis.memory import estimate_stage
     from yxanul_jax.model.transformer import attention_implementation
     from yxanul_jax.training.stages import compile_stage, compiled_memory
@@ -96,7 +106,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     _check_hlo_out(hlo_out)
     device = None
     if target:
-        from yxanul_jax.analysis.gpu_target import INSTALL_HINT, compile_device, cudnn_available, gpu_config
+        from yxanul_jax.analysis.gpu_target import INSTALL_HINT, compile_device, cudnn_available, gpu_config, target_gpu
 
         device = compile_device(target)
         if cfg.fp8.active and cfg.fp8.backend == "te":
@@ -121,7 +131,9 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     estimate = estimate_stage(cfg, stage, platform="cpu" if platform == "cpu" else "gpu")
     items = gemms(text)
     tokens = stage.grad_accum_steps * stage.batch_size * stage.seq_len
-    cost = _cost(compiled)
+    kernels = perf.kernels(text)
+    hlo_flops = perf.hlo_flops(kernels)
+    model_flops = flops_per_token(cfg.model, stage.seq_len) * tokens
     report = {"model": cfg.model.name, "stage": stage_index, "seq_len": stage.seq_len,
               "batch_size": stage.batch_size, "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens,
               "platform": platform, "target": target, "device_kind": getattr(device, "device_kind", None),
@@ -130,29 +142,35 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "te_layers": cfg.fp8.fused,
                       "scaling": cfg.fp8.scaling},
-              "cost": {**cost, "flops_per_token": cost["flops"] / tokens},
+              "hlo_flops": hlo_flops, "model_flops": model_flops,
+              "flops": {"hlo_per_step": hlo_flops, "hlo_per_token": hlo_flops / tokens, "model_per_step": model_flops,
+                        "model_per_token": model_flops / tokens, "xla_cost_analysis": _cost(compiled)["flops"]},
               "memory": compiled_memory(compiled), "planner_bytes": estimate["bytes_total"],
               "dots": count_dots(items), "hlo_out": hlo_out}
     if target:
         report["gpu"] = _gpu_report(cfg, stage_index, text, items)
+        gpu = target_gpu(target)
+        if gpu is not None:
+            prediction = perf.predict(kernels, gpu, model_flops, tokens, calibration=perf.load_calibration(gpu.key))
+            report["prediction"] = prediction
+            report.update({k: prediction.get(k) for k in ("predicted_step_ms", "predicted_tokens_per_s",
+                                                            "predicted_mfu", "categories")})
     return report
 
 
 def format_report(r: dict) -> str:
     GB = 1e9
-    c, m, d = r["cost"], r["memory"], r["dots"]
+    f, m, d = r["flops"], r["memory"], r["dots"]
     lines = [f"model {r['model']} stage {r['stage']}: seq_len {r['seq_len']} x batch {r['batch_size']} x accum "
              f"{r['grad_accum_steps']} = {r['tokens_per_step']:,} tokens/step, compiled for {r['platform']}",
              f"FP8: {'on' if r['fp8']['enabled'] else 'off'} (backend {r['fp8']['backend']}, "
              f"targets {','.join(r['fp8']['targets'])}{', TE fused norm layers' if r['fp8'].get('te_layers') else ''})",
              "",
-             *(["cost analysis: not available (XLA's GPU cost analysis is empty in a deviceless compile)"]
-               if r["target"] else []),
-             f"{'cost analysis':<34}{'value':>16}",
-             f"{'FLOPs per step':<34}{c['flops']:>16.4g}",
-             f"{'FLOPs per token':<34}{c['flops_per_token']:>16.4g}",
-             f"{'bytes accessed per step':<34}{c['bytes_accessed']:>16.4g}",
-             f"{'transcendentals per step':<34}{c['transcendentals']:>16.4g}", "",
+             f"{'FLOPs':<34}{'per step':>16}{'per token':>14}",
+             f"{'HLO (GEMMs, attention; trip counts)':<34}{f['hlo_per_step']:>16.4g}{f['hlo_per_token']:>14.4g}",
+             f"{'model (6 N + attention)':<34}{f['model_per_step']:>16.4g}{f['model_per_token']:>14.4g}",
+             f"(HLO / model = {f['hlo_per_step'] / max(f['model_per_step'], 1):.2f}: remat recompute, causal attention "
+             "counted as run; XLA's own cost analysis counts a loop body once)", "",
              f"{'memory analysis':<34}{'GB':>16}"]
     for key, label in [("argument_bytes", "arguments (state + batch)"), ("output_bytes", "outputs"),
                        ("alias_bytes", "aliased (donated state)"), ("temp_bytes", "temporaries"),
@@ -181,6 +199,10 @@ def format_report(r: dict) -> str:
         lines.append(f"cuDNN attention calls: forward {a['forward']}, backward {a['backward']}; "
                      f"FP8 values left in the HLO: {'yes' if g['fp8_values_in_hlo'] else 'no'}")
         lines.append("checks: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in g["checks"].items()))
+    if "prediction" in r:
+        from yxanul_jax.analysis.perf import format_prediction
+
+        lines += ["", format_prediction(r["prediction"])]
     if r["hlo_out"]:
         lines.append(f"optimized HLO written to {r['hlo_out']}")
     return "\n".join(lines)
@@ -194,17 +216,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole report")
     parser.add_argument("--hlo-out", default=None, metavar="FILE", help="write the optimized HLO text here")
     parser.add_argument("--target", default=None, metavar="GPU",
-                        help="compile for h100, h200 or a GpuTargetConfigProto file, on this machine (no GPU needed; "
-                             "the gpu-check extra)")
+                        help="compile for h100, h100-pcie, h200 or a GpuTargetConfigProto file, on this machine (no GPU "
+                             "needed; the gpu-check extra), and predict the step time there")
     parser.add_argument("--require", action="append", default=[], choices=REQUIREMENTS,
                         help="with --target: exit 1 unless this check holds (repeatable)")
     parser.add_argument("--xla-option", action="append", default=[], metavar="K=V",
                         help="an XLA compiler option for this compile (same as train.xla_options.K=V)")
     parser.add_argument("--disable-fp8", action="store_true", help="compile the same model in BF16")
+    parser.add_argument("--compare", nargs="+", default=None, metavar="K=V",
+                        help="with --target: also compile the config with these overrides and print both predictions "
+                             "side by side (put the base config's own overrides before --compare)")
+    parser.add_argument("--compare-config", default=None, metavar="FILE",
+                        help="with --target: compare with this config (the same overrides and flags applied)")
     args = parser.parse_intermixed_args(argv)  # overrides may come before, between or after flags
     if args.require and not args.target:
         raise UserError("--require checks a GPU compile; add --target h100 (or h200)")
-    cfg = config_from_args(args)
+    if (args.compare or args.compare_config) and not args.target:
+        raise UserError("--compare predicts GPU step times; add --target h100 (or h200)")
+    if args.compare and args.compare_config:
+        raise UserError("pass --compare K=V ... or --compare-config FILE, not both")
+    cfg = _variant(args, args.config)
+    other = None
+    if args.compare:
+        other = apply_overrides(cfg, args.compare)  # checked (unknown keys, bad values) before any compile
+    elif args.compare_config:
+        other = _variant(args, args.compare_config)
+    report = inspect_stage(cfg, args.stage, args.hlo_out, args.target)
+    print(format_report(report))
+    failed = [req for req in args.require if not report["gpu"]["checks"][req]]
+    for req in failed:
+        print(f"REQUIREMENT NOT MET: {req}")
+    if other is not None:
+        from yxanul_jax.analysis.perf import format_prediction
+
+        report_b = inspect_stage(other, args.stage, None, args.target)
+        label_b = " ".join(args.compare) if args.compare else args.compare_config
+        print()
+        if "prediction" in report and "prediction" in report_b:
+            print(format_prediction(report["prediction"], report_b["prediction"],
+                                    (args.config or "the default config", label_b)))
+        report["compare"] = {"variant": label_b, **{k: report_b.get(k) for k in (
+            "predicted_step_ms", "predicted_tokens_per_s", "predicted_mfu", "categories", "hlo_flops", "memory")}}
+    if args.json:
+        print(json.dumps(report))
+    return 1 if failed else 0
+
+
+def _variant(args, config: str | None) -> Config:
+    """The config to compile: `config` with the command line's overrides, --xla-option and --disable-fp8."""
+    cfg = load_config(config, args.overrides)
     for item in args.xla_option:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -212,14 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = apply_overrides(cfg, [f"train.xla_options.{key}={value}"])
     if args.disable_fp8:
         cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=False))
-    report = inspect_stage(cfg, args.stage, args.hlo_out, args.target)
-    print(format_report(report))
-    failed = [req for req in args.require if not report["gpu"]["checks"][req]]
-    for req in failed:
-        print(f"REQUIREMENT NOT MET: {req}")
-    if args.json:
-        print(json.dumps(report))
-    return 1 if failed else 0
+    return cfg
+
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import sys
 
 import yaml
 
-from yxanul_jax.analysis import accounting, memory
+from yxanul_jax.analysis import accounting, gpus, memory
 from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config, StageConfig
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m yxanul_jax.plan", description=__doc__.splitlines()[0])
     add_config_args(parser)
     parser.add_argument("--gpu", default=DEFAULT_GPU,
-                        help=f"GPU to fit: {', '.join(memory.GPUS)}, or its memory in GB (default {DEFAULT_GPU})")
+                        help=f"GPU to fit: {', '.join(gpus.names())} (also 4090, a100, ...), or its memory with a unit, 24GB (default {DEFAULT_GPU})")
     parser.add_argument("--headroom", type=float, default=memory.DEFAULT_HEADROOM,
                         help="share of JAX's memory pool kept free (default 0.1)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole plan")

@@ -15,13 +15,16 @@ config), cuDNN workspace sizes (u8[0] here), numerics, speed and the allocator's
 
 The target specs are XLA's `h100_sxm.txtpb` (xla/backends/gpu/target_config/specs) minus
 `collective_memory_granularity`, which jaxlib 0.10's proto does not know, with the CUDA and cuDNN
-versions of the installed wheels; `h200` is the same chip with the H200's memory size and bandwidth.
+versions of the installed wheels; `h100-pcie` and `h200` are the same chip with their SM count, memory
+size and bandwidth (from `analysis.gpus`, the one table of GPU numbers).
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 
+from yxanul_jax.analysis.gpus import GPUS, of_device_kind
 from yxanul_jax.core.errors import UserError, one_line
 
 INSTALL_HINT = "bash scripts/gpu_check_env.sh (a venv with the gpu-check extra) and run it with .venv-gpu-check/bin/python"
@@ -33,7 +36,7 @@ gpu_device_info {
   shared_memory_per_block: 49152
   shared_memory_per_core: 233472
   threads_per_core_limit: 2048
-  core_count: 132
+  core_count: {cores}
   fpus_per_core: 128
   block_dim_limit_x: 2147483647
   block_dim_limit_y: 65535
@@ -93,10 +96,12 @@ dnn_version_info { major: {dnn_major} minor: {dnn_minor} patch: {dnn_patch} }
 device_description_str: "{name}"
 """
 
-# name -> (device name, memory bytes, memory bandwidth bytes/s)
+# name (a key of `analysis.gpus.GPUS`: bandwidth and SM count come from there) -> (device name, memory
+# bytes as XLA's spec files give them). All are sm_90 chips.
 TARGETS = {
-    "h100": ("NVIDIA H100 80GB HBM3", 84_942_979_072, 3_352_320_000_000),
-    "h200": ("NVIDIA H200", 150_754_820_096, 4_800_000_000_000),
+    "h100": ("NVIDIA H100 80GB HBM3", 84_942_979_072),
+    "h100-pcie": ("NVIDIA H100 PCIe", 85_031_714_816),
+    "h200": ("NVIDIA H200", 150_754_820_096),
 }
 
 
@@ -122,10 +127,12 @@ def _installed_versions() -> tuple[tuple[int, int, int], str]:
 def target_spec(target: str) -> str:
     """GpuTargetConfigProto text of `h100`, `h200`, or the contents of a spec file path."""
     if target in TARGETS:
-        name, memory, bandwidth = TARGETS[target]
+        name, memory = TARGETS[target]
+        gpu = GPUS[target]
         dnn, runtime = _installed_versions()
         text = _H100_SXM
-        for key, value in (("name", name), ("memory", memory), ("bandwidth", bandwidth), ("runtime", runtime),
+        for key, value in (("name", name), ("memory", memory), ("bandwidth", int(gpu.hbm_bytes_per_s)),
+                           ("cores", gpu.sms), ("runtime", runtime),
                            ("dnn_major", dnn[0]), ("dnn_minor", dnn[1]), ("dnn_patch", dnn[2])):
             text = text.replace("{" + key + "}", str(value))
         return text
@@ -134,6 +141,15 @@ def target_spec(target: str) -> str:
             return fh.read()
     raise UserError(f"--target '{target}' is neither a known GPU ({', '.join(TARGETS)}) nor a "
                     "GpuTargetConfigProto text file; pass h100, h200 or a spec file path")
+
+
+def target_gpu(target: str):
+    """The `analysis.gpus` entry a target compiles for (its rates drive the performance model): the table's
+    own for a named target, the one whose device_kind matches a spec file's `name`, or None."""
+    if target in TARGETS:
+        return GPUS[target]
+    m = re.search(r'\bname:\s*"([^"]+)"', target_spec(target))
+    return of_device_kind(m.group(1)) if m else None
 
 
 def compile_device(target: str = "h100"):

@@ -43,6 +43,7 @@ class Instr:
     attrs: str
     computation: str
     is_root: bool
+    shape: str = ""  # the result's type text: `bf16[64,2048,768]{2,1,0}`, or `(f32[], s32[4])` for tuples
 
 
 _COMP = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*->.*\{\s*$|^\s*(ENTRY\s+)?%?([\w.\-]+)\s*\{\s*$")
@@ -104,7 +105,7 @@ def parse_hlo(text: str) -> dict[str, dict[str, Instr]]:
         is_root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
         if rest.startswith("("):  # tuple-shaped result
             end = _balanced(rest, 0)
-            dtype, rest = "tuple", rest[end:].lstrip()
+            dtype, type_str, rest = "tuple", rest[:end], rest[end:].lstrip()
         else:
             type_str, _, rest = rest.partition(" ")
             dtype = re.match(r"[a-z0-9]+", type_str).group(0) if re.match(r"[a-z0-9]+", type_str) else type_str
@@ -118,7 +119,7 @@ def parse_hlo(text: str) -> dict[str, dict[str, Instr]]:
             last = tok.split()[-1].lstrip("%") if tok.split() else ""
             if re.fullmatch(r"[\w.\-]+", last) and not re.fullmatch(r"-?[\d.]+(e-?\d+)?", last):
                 operands.append(last)
-        comps[current][name] = Instr(name, dtype, op, operands, args, rest[close:], current, is_root)
+        comps[current][name] = Instr(name, dtype, op, operands, args, rest[close:], current, is_root, type_str)
     return comps
 
 

@@ -75,6 +75,7 @@ import os
 import re
 from typing import Literal
 
+from yxanul_jax.analysis import gpus
 from yxanul_jax.analysis.accounting import fp8_gemms, param_count, state_bytes, vocab_matrix_elements
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.errors import UserError
@@ -83,16 +84,6 @@ from yxanul_jax.model.transformer import attention_implementation
 Platform = Literal["gpu", "cpu"]
 MiB, GiB = 2 ** 20, 2 ** 30
 
-# Memory as nvidia-smi reports it (MiB): what a "24 GB" card really has.
-GPUS = {
-    "gtx1650": 4096 * MiB,
-    "rtx4090": 24564 * MiB,
-    "rtx5090": 32607 * MiB,
-    "a100-40": 40960 * MiB,
-    "a100-80": 81920 * MiB,
-    "h100": 81559 * MiB,
-    "h200": 143771 * MiB,
-}
 JAX_DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this share of GPU memory unless told otherwise
 DEFAULT_HEADROOM = 0.10
 
@@ -161,21 +152,25 @@ def mem_fraction_from_env() -> float:
 
 
 def parse_gpu(spec: str, headroom: float = DEFAULT_HEADROOM, mem_fraction: float | None = None) -> Gpu:
-    """A GPU by name (`rtx4090`, `h100`, ...) or by size in GB (GiB, as nvidia-smi counts: `24`)."""
+    """A GPU by name (`rtx4090`, `4090`, `h100`, `a100-40`, ...: `analysis.gpus`) or by memory size with a
+    unit (`24GB`, GiB as nvidia-smi counts). A bare number that is no GPU's name is refused: `24` could be
+    either."""
     if not 0 <= headroom < 1:
         raise UserError(f"--headroom {headroom} must be in [0, 1), e.g. 0.1 for 10 %")
     fraction = mem_fraction_from_env() if mem_fraction is None else mem_fraction
-    key = spec.strip().lower().replace("_", "-")
-    if key in GPUS:
-        return Gpu(key, GPUS[key], fraction, headroom)
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(gb|gib|g)?", key)
+    known = gpus.lookup(spec)
+    if known is not None:
+        return Gpu(known.key, known.memory_bytes, fraction, headroom)
+    key = spec.strip().lower()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(gb|gib|g)", key)
     if m and float(m.group(1)) > 0:
         return Gpu(f"{float(m.group(1)):g} GB", int(float(m.group(1)) * GiB), fraction, headroom)
-    import difflib
-
-    close = difflib.get_close_matches(key, GPUS, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise UserError(f"unknown GPU '{spec}'{hint}; use one of {', '.join(GPUS)} or a size in GB such as 24")
+    if re.fullmatch(r"\d+(?:\.\d+)?", key):
+        raise UserError(f"--gpu {spec} is ambiguous: a GPU name or a memory size? Write {spec}GB for a size, or "
+                        f"one of {', '.join(gpus.names())}")
+    close = gpus.closest(spec)
+    hint = f" (did you mean '{close}'?)" if close else ""
+    raise UserError(f"unknown GPU '{spec}'{hint}; use one of {', '.join(gpus.names())} or a size such as 24GB")
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from yxanul_jax.core import console
+from yxanul_jax.core import console, scopes
 from yxanul_jax.core.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
@@ -181,29 +181,33 @@ def _fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
 
 
 def _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
-    x_amax, w_amax = _amax(x), _amax(w)
-    x_scale = step_scale(x_meta, x_amax, E4M3, spec)
-    w_scale = step_scale(w_meta, w_amax, E4M3, spec)
-    x_q = quantize(x, E4M3, x_scale)
-    w_q = quantize(w, E4M3, w_scale)
+    with jax.named_scope(scopes.FP8_SCALING):
+        x_amax, w_amax = _amax(x), _amax(w)
+        x_scale = step_scale(x_meta, x_amax, E4M3, spec)
+        w_scale = step_scale(w_meta, w_amax, E4M3, spec)
+        x_q = quantize(x, E4M3, x_scale)
+        w_q = quantize(w, E4M3, w_scale)
     y = scaled_dot(x_q, w_q, (((x.ndim - 1,), (0,)), ((), ())), x_scale * w_scale, spec.compute_dtype)
-    new_x = update_meta(x_meta, x_amax, E4M3, spec, underflow_share(x, x_q, spec))
-    new_w = update_meta(w_meta, w_amax, E4M3, spec, underflow_share(w, w_q, spec))
+    with jax.named_scope(scopes.FP8_SCALING):
+        new_x = update_meta(x_meta, x_amax, E4M3, spec, underflow_share(x, x_q, spec))
+        new_w = update_meta(w_meta, w_amax, E4M3, spec, underflow_share(w, w_q, spec))
     # Residuals are the FP8 tensors themselves: half the bytes of saving BF16 activations.
     return y, (x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta)
 
 
 def _fp8_bwd(spec: Fp8Spec, res, g):
     x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta = res
-    g_amax = _amax(g)
-    g_scale = step_scale(g_meta, g_amax, E5M2, spec)
-    g_q = quantize(g, E5M2, g_scale)
+    with jax.named_scope(scopes.FP8_SCALING):
+        g_amax = _amax(g)
+        g_scale = step_scale(g_meta, g_amax, E5M2, spec)
+        g_q = quantize(g, E5M2, g_scale)
     # dx[..., I] = g[..., O] @ w[I, O]^T: E5M2 x E4M3
     dx = scaled_dot(g_q, w_q, (((g.ndim - 1,), (1,)), ((), ())), g_scale * w_scale, spec.input_dtype)
     # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2
     x_NxI, g_NxO = x_q.reshape(-1, x_q.shape[-1]), g_q.reshape(-1, g_q.shape[-1])
     dw = scaled_dot(x_NxI, g_NxO, (((0,), (0,)), ((), ())), x_scale * g_scale, spec.kernel_dtype)
-    new_g = update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec))
+    with jax.named_scope(scopes.FP8_SCALING):
+        new_g = update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec))
     return dx, dw, new_x, new_w, new_g
 
 

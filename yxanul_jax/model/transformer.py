@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from yxanul_jax.core import scopes
 from yxanul_jax.core.config import FP8Config, ModelConfig
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import PLAIN, dense_backend
@@ -223,8 +224,9 @@ class Attention(nn.Module):
         k_BxLxGxK = apply_rope(k_BxLxGxK, sin_LxK2, cos_LxK2)
         if cache is None:
             impl = attention_implementation(c)
-            o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
-                                                     implementation=impl)
+            with jax.named_scope(scopes.ATTENTION):
+                o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
+                                                         implementation=impl)
         else:
             rows_Bx1 = jnp.arange(B)[:, None]
             k_BxSxGxK = cache["k"].at[rows_Bx1, positions_BxL].set(k_BxLxGxK.astype(cache["k"].dtype))

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -245,21 +244,8 @@ class Progress:
 # FLOPs and MFU
 
 
-# Dense BF16 tensor-core peaks (no sparsity), matched in order against jax's device_kind.
-_PEAK_BF16 = (
-    (r"H100.*PCIe", 756e12),
-    (r"H100.*NVL", 835e12),
-    (r"H100|GH200", 989e12),  # SXM (device_kind "NVIDIA H100 80GB HBM3")
-    (r"H200", 989e12),
-    (r"A100", 312e12),
-    (r"RTX 4090", 165e12),  # with FP32 accumulation, as XLA uses; 330e12 is the FP16-accumulate figure
-    (r"RTX 5090", 209.5e12),
-    (r"\bL4\b", 121e12),
-)
-
-
 def peak_flops_per_device(device) -> float | None:
-    """Dense BF16 peak FLOP/s of one device (a jax Device or its device_kind string).
+    """Dense BF16 peak FLOP/s of one device (a jax Device or its device_kind string; `analysis.gpus`).
 
     `YXANUL_PEAK_TFLOPS` (e.g. 989) overrides the table; CPUs and unknown devices give None.
     """
@@ -272,11 +258,10 @@ def peak_flops_per_device(device) -> float | None:
         if not value > 0:
             raise UserError(f"YXANUL_PEAK_TFLOPS must be a positive number of TFLOP/s, got {override!r}")
         return value * 1e12
-    kind = device if isinstance(device, str) else getattr(device, "device_kind", "")
-    for pattern, peak in _PEAK_BF16:
-        if re.search(pattern, kind):
-            return peak
-    return None
+    from yxanul_jax.analysis.gpus import of_device_kind
+
+    spec = of_device_kind(device if isinstance(device, str) else getattr(device, "device_kind", ""))
+    return None if spec is None else spec.peak_bf16
 
 
 def mfu(tokens_per_sec: float, flops_per_token: float, n_devices: int, peak: float | None) -> float | None:

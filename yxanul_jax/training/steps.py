@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from yxanul_jax.core import scopes
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import dense_backend
@@ -75,8 +76,9 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
         return model.apply({"params": params, **join_head_state({}, head_state)}, h_CxD, method=Yxanul.logits)
 
     d = h_BxLxD.shape[-1]
-    nll, z = chunked_cross_entropy(logits_fn, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
-                                   batch["mask"].reshape(-1), cfg.train.loss_chunk, head_copies)
+    with jax.named_scope(scopes.LOSS):
+        nll, z = chunked_cross_entropy(logits_fn, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
+                                       batch["mask"].reshape(-1), cfg.train.loss_chunk, head_copies)
     return nll + cfg.train.z_loss * z, (nll, z)
 
 
@@ -135,11 +137,12 @@ def make_train_step(cfg: Config, stage: StageConfig):
         params = state.params
         grads, new_fp8, nll, z = accumulate(params, state.fp8, batch)
         n_tokens = jnp.maximum(jnp.sum(batch["mask"]), 1.0)
-        grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
-        grads, grad_norm = clip_by_global_norm(grads, stage.grad_clip)
-        updates, opt_state = optimizer.update(grads, state.opt_state, params)
-        new_state = state.replace(step=state.step + 1, params=optax.apply_updates(params, updates),
-                                  opt_state=opt_state, fp8=new_fp8)
+        with jax.named_scope(scopes.OPTIMIZER):
+            grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
+            grads, grad_norm = clip_by_global_norm(grads, stage.grad_clip)
+            updates, opt_state = optimizer.update(grads, state.opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+        new_state = state.replace(step=state.step + 1, params=new_params, opt_state=opt_state, fp8=new_fp8)
         metrics = {"loss": nll / n_tokens, "z_loss": z / n_tokens, "grad_norm": grad_norm,
                    "lr": schedule(state.step), "step_tokens": jnp.sum(batch["mask"])}
         if new_fp8:  # steps x operands whose amax was inf/NaN (kept out of the histories), over the whole run

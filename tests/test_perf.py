@@ -1,0 +1,204 @@
+"""The performance model (`analysis.perf`) on small hand-written HLO: trip counts, FLOPs, bytes, rates,
+categories; then the GPU table it shares with `plan`. The sm_90 compile of a real step is in
+tests/test_gpu_target.py (`test_tiny_stage_prediction_for_h100`)."""
+import math
+
+import pytest
+
+from yxanul_jax.analysis import gpus, perf
+
+H100 = gpus.GPUS["h100"]
+
+# A 1024 x 768 @ 768 x 2048 GEMM (a Triton GEMM fusion) inside a loop of 28, inside a loop of 3.
+NESTED = """
+HloModule m, is_scheduled=true
+
+%gemm (a: bf16[1024,768], b: bf16[768,2048]) -> bf16[1024,2048] {
+  %a = bf16[1024,768]{1,0} parameter(0)
+  %b = bf16[768,2048]{1,0} parameter(1)
+  ROOT %d = bf16[1024,2048]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%inner_body (t: (s32[], bf16[1024,768], bf16[768,2048])) -> (s32[], bf16[1024,768], bf16[768,2048]) {
+  %t = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = bf16[1024,768]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[768,2048]{1,0} get-tuple-element(%t), index=2
+  %y = bf16[1024,2048]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm, metadata={op_name="jit(f)/layers/mlp/up/gemm/dot_general"}, backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}
+  ROOT %r = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) tuple(%i, %x, %w)
+}
+
+%inner_cond (t: (s32[], bf16[1024,768], bf16[768,2048])) -> pred[] {
+  %t = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(28)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%outer_body (t: (s32[], bf16[1024,768], bf16[768,2048])) -> (s32[], bf16[1024,768], bf16[768,2048]) {
+  %t = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) parameter(0)
+  ROOT %w = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) while(%t), condition=%inner_cond, body=%inner_body, backend_config={"known_trip_count":{"n":"28"}}
+}
+
+%outer_cond (t: (s32[], bf16[1024,768], bf16[768,2048])) -> pred[] {
+  %t = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (t: (s32[], bf16[1024,768], bf16[768,2048])) -> (s32[], bf16[1024,768], bf16[768,2048]) {
+  %t = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) parameter(0)
+  ROOT %w = (s32[], bf16[1024,768]{1,0}, bf16[768,2048]{1,0}) while(%t), condition=%outer_cond, body=%outer_body, backend_config={"known_trip_count":{"n":"3"}}
+}
+"""
+
+GEMM_FLOPS = 2 * 1024 * 768 * 2048
+
+
+def _by_name(text):
+    return {k.name: k for k in perf.kernels(text)}
+
+
+def test_a_dot_in_a_loop_of_28_counts_28_times_and_nested_loops_multiply():
+    ks = _by_name(NESTED)
+    y = ks["y"]
+    assert y.runs == 3 * 28 and y.flops == GEMM_FLOPS and y.precision == "bf16" and y.category == "GEMM bf16"
+    assert perf.hlo_flops(NESTED) == 3 * 28 * GEMM_FLOPS  # the loop bodies' compares are no GEMMs
+    single = NESTED.replace('"n":"3"', '"n":"1"')
+    assert perf.hlo_flops(single) == 28 * GEMM_FLOPS
+
+
+def test_fp8_gemm_runs_at_twice_the_bf16_rate():
+    big = NESTED.replace("1024", "4096").replace("768", "4096").replace("2048", "4096")  # compute-bound in FP8 too
+    fp8 = big.replace("bf16[4096,4096]{1,0} parameter", "f8e4m3fn[4096,4096]{1,0} parameter")
+    kbf, kf8 = _by_name(big)["y"], _by_name(fp8)["y"]
+    assert kf8.precision == "fp8" and kbf.precision == "bf16" and kf8.flops == kbf.flops == 2 * 4096 ** 3
+    (tb, bound), (tf, bound8) = perf.kernel_time(kbf, H100), perf.kernel_time(kf8, H100)
+    assert bound == bound8 == "compute"
+    waves = 1024 / (8 * 132)  # 32 x 32 output tiles of 128 x 128 on 132 SMs: 8 waves, the last one partly idle
+    assert perf.wave_efficiency(kbf, H100) == pytest.approx(waves)
+    assert tb == pytest.approx(kbf.flops / (H100.rate("bf16") * perf.GEMM_EFFICIENCY * waves) + perf.LAUNCH_S)
+    assert (tf - perf.LAUNCH_S) == pytest.approx((tb - perf.LAUNCH_S) / 2, rel=1e-4)  # 1978.9 vs 989.4 TFLOP/s
+    k32 = _by_name(big.replace("bf16", "f32"))["y"]  # float32 operands: TF32 tensor cores (XLA's default precision)
+    assert k32.precision == "tf32" and (perf.kernel_time(k32, H100)[0] - perf.LAUNCH_S) == pytest.approx(
+        2 * (tb - perf.LAUNCH_S))
+
+
+# An elementwise fusion over a [64, 2048, 768] bf16 tensor (read one, write one) and a dynamic slice of
+# one layer out of a loop-carried [28, 64, 2048, 768] stack, and an in-place update of one layer.
+STACK = """
+HloModule m, is_scheduled=true
+
+%add (a: bf16[64,2048,768], b: bf16[64,2048,768]) -> bf16[64,2048,768] {
+  %a = bf16[64,2048,768]{2,1,0} parameter(0)
+  %b = bf16[64,2048,768]{2,1,0} parameter(1)
+  %s = bf16[64,2048,768]{2,1,0} add(%a, %a)
+  ROOT %m = bf16[64,2048,768]{2,1,0} multiply(%s, %b)
+}
+
+%slice_layer (stack: bf16[28,64,2048,768], i: s32[]) -> bf16[64,2048,768] {
+  %stack = bf16[28,64,2048,768]{3,2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,64,2048,768]{3,2,1,0} dynamic-slice(%stack, %i, %z, %z, %z), dynamic_slice_sizes={1,64,2048,768}
+  ROOT %r = bf16[64,2048,768]{2,1,0} bitcast(%ds)
+}
+
+%put_layer (stack: bf16[28,64,2048,768], x: bf16[64,2048,768], i: s32[]) -> bf16[28,64,2048,768] {
+  %stack = bf16[28,64,2048,768]{3,2,1,0} parameter(0)
+  %x = bf16[64,2048,768]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %x1 = bf16[1,64,2048,768]{3,2,1,0} bitcast(%x)
+  ROOT %u = bf16[28,64,2048,768]{3,2,1,0} dynamic-update-slice(%stack, %x1, %i, %z, %z, %z)
+}
+
+ENTRY %main (stack: bf16[28,64,2048,768], x: bf16[64,2048,768], i: s32[]) -> bf16[28,64,2048,768] {
+  %stack = bf16[28,64,2048,768]{3,2,1,0} parameter(0)
+  %x = bf16[64,2048,768]{2,1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %layer = bf16[64,2048,768]{2,1,0} fusion(%stack, %i), kind=kLoop, calls=%slice_layer
+  %e = bf16[64,2048,768]{2,1,0} fusion(%layer, %x), kind=kLoop, calls=%add, metadata={op_name="jit(f)/layers/mlp/mul"}
+  ROOT %new = bf16[28,64,2048,768]{3,2,1,0} fusion(%stack, %e, %i), kind=kLoop, calls=%put_layer
+}
+"""
+
+LAYER = 64 * 2048 * 768 * 2  # bytes of one bf16 layer activation
+
+
+def test_bandwidth_bound_fusion_is_charged_by_its_bytes():
+    e = _by_name(STACK)["e"]
+    assert e.flops == 0 and e.bytes == 3 * LAYER and e.category == "norms + elementwise"
+    t, bound = perf.kernel_time(e, H100)
+    assert bound == "memory" and t == pytest.approx(3 * LAYER / (H100.hbm_bytes_per_s * perf.HBM_EFFICIENCY) + perf.LAUNCH_S)
+
+
+def test_a_slice_of_a_loop_carried_buffer_is_charged_the_slice():
+    ks = _by_name(STACK)
+    assert ks["layer"].bytes == 2 * LAYER + 4  # one layer read, one written (and the index), not 28
+    assert ks["new"].bytes == 2 * LAYER + 4  # updated in place: the update is read and written
+    assert ks["layer"].category == ks["new"].category == "copies"
+
+
+# A cuDNN flash-attention forward and backward call (the operands as XLA's sm_90 HLO has them) and a
+# cuBLAS GEMM custom call with its workspace.
+CALLS = """
+HloModule m, is_scheduled=true
+
+ENTRY %main (q: bf16[4,2048,12,64], k: bf16[4,2048,2,64], v: bf16[4,2048,2,64], a: bf16[256,512], b: bf16[512,1024]) -> bf16[4,12,2048,64] {
+  %q = bf16[4,2048,12,64]{3,2,1,0} parameter(0)
+  %k = bf16[4,2048,2,64]{3,2,1,0} parameter(1)
+  %v = bf16[4,2048,2,64]{3,2,1,0} parameter(2)
+  %a = bf16[256,512]{1,0} parameter(3)
+  %b = bf16[512,1024]{1,0} parameter(4)
+  %fwd = (bf16[4,12,2048,64]{3,1,2,0}, f32[4,12,2048]{2,1,0}, u8[0]{0}) custom-call(%q, %k, %v), custom_call_target="__cudnn$fmhaSoftmax", operand_layout_constraints={bf16[4,2048,12,64]{3,2,1,0}, bf16[4,2048,2,64]{3,2,1,0}, bf16[4,2048,2,64]{3,2,1,0}}, metadata={op_name="jit(f)/layers/attn/attention_core/dot_product_attention_fwd"}, backend_config={"cudnn_fmha_backend_config": {"mask_type": "CAUSAL"}}
+  %g = (bf16[256,1024]{1,0}, s8[4194304]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  ROOT %o = bf16[4,12,2048,64]{3,1,2,0} get-tuple-element(%fwd), index=0
+}
+"""
+
+
+def test_cudnn_attention_counts_causal_tiles_and_custom_gemms_their_flops():
+    ks = _by_name(CALLS)
+    fwd = ks["fwd"]
+    tiles = 32 * 33 // 2  # 2048 / 64 = 32 query tiles, causal: the lower triangle of 32 x 32 tiles
+    assert fwd.category == "attention" and fwd.flops == 2 * 2 * 4 * 12 * tiles * 64 * 64 * 64
+    half_square = 2 * 2 * 4 * 12 * 2048 * 2048 * 64 / 2  # QK^T and PV over half of the 2048 x 2048 scores
+    assert fwd.flops / half_square == pytest.approx(33 / 32)  # the diagonal tiles are computed whole
+    backward = CALLS.replace('"__cudnn$fmhaSoftmax"', '"__cudnn$fmhaSoftmaxBackward"')
+    assert _by_name(backward)["fwd"].flops == pytest.approx(2.5 * fwd.flops)
+    g = ks["g"]
+    assert g.flops == 2 * 256 * 512 * 1024 and g.category == "GEMM bf16" and g.precision == "bf16"
+    assert g.bytes == 2 * (256 * 512 + 512 * 1024 + 256 * 1024) + 4194304  # s8 workspace: u8 only is skipped
+    # 2 x 8 output tiles on 132 SMs: a tenth of the rate, unless split-K fills them (K = 512: no split)
+    assert perf.wave_efficiency(g, H100) == pytest.approx(16 / 132)
+
+
+def test_predict_sums_categories_and_reports_mfu():
+    items = perf.kernels(NESTED) + perf.kernels(STACK)
+    p = perf.predict(items, H100, model_flops=1e12, tokens=1000)
+    assert p["predicted_step_ms"] == pytest.approx(sum(c["ms"] for c in p["categories"].values()))
+    assert p["predicted_step_ms"] == pytest.approx(sum(1e3 * perf.kernel_time(k, H100)[0] * k.runs for k in items))
+    assert p["predicted_mfu"] == pytest.approx(1e12 / (p["predicted_step_ms"] / 1e3) / H100.peak_bf16)
+    assert p["predicted_tokens_per_s"] == pytest.approx(1000 / (p["predicted_step_ms"] / 1e3))
+    assert math.isclose(sum(c["share"] for c in p["categories"].values()), 1.0)
+    assert p["top_kernels"][0]["name"] == "y" and p["top_kernels"][0]["runs"] == 84
+    table = perf.format_prediction(p)
+    assert "GEMM bf16" in table and "a prediction, not a measurement" in table
+    both = perf.format_prediction(p, perf.predict(perf.kernels(NESTED), H100), ("a", "b"))
+    assert "B - A" in both and "copies" in both
+
+
+def test_gpu_table_names_rates_and_device_kinds():
+    assert gpus.lookup("4090").key == gpus.lookup("RTX 4090").key == "rtx4090"
+    assert gpus.lookup("a100").key == "a100-80" and gpus.lookup("24") is None
+    assert gpus.of_device_kind("NVIDIA H100 80GB HBM3").key == "h100"
+    assert gpus.of_device_kind("NVIDIA H100 PCIe").key == "h100-pcie"
+    assert gpus.of_device_kind("NVIDIA A100-SXM4-40GB").key == "a100-40"
+    assert gpus.of_device_kind("NVIDIA A100-SXM4-80GB").key == "a100-80"
+    assert gpus.of_device_kind("cpu") is None
+    for spec in gpus.GPUS.values():  # every entry has its source, and its rates fall with precision
+        assert spec.source and spec.memory_bytes > 0 and spec.hbm_bytes_per_s > 0
+        assert spec.rate("fp8") >= spec.rate("bf16") >= spec.rate("tf32") >= spec.rate("f32") > 0
+    assert gpus.GPUS["a100-80"].rate("fp8") == gpus.GPUS["a100-80"].rate("bf16")  # no FP8 tensor cores
