@@ -1,21 +1,40 @@
-"""The benchmark kit: yxanul-jax train-step speed per stage and precision, beside a PyTorch reference.
+"""The benchmark kit: yxanul-jax train-step speed per stage and precision, beside a PyTorch reference
+and the performance model's prediction.
 
     python scripts/gpu_bench.py [--config configs/yxanul_197m.yaml] [--stages 0 4 9]
         [--baseline configs/yxanul_197m_baseline.yaml] [--precisions bf16 fp8-xla fp8-te]
-        [--steps 20] [--warmup 5] [--torch | --no-torch] [--out bench]
+        [--steps 20] [--warmup 5] [--torch | --no-torch] [--predict-for GPU]
+        [--profile [--profile-steps 3]] [--out bench]
 
 For every (config, stage, precision) cell, in its own process (a clean device-memory peak and
 compile): the stage's train step compiled ahead of time (compile seconds), `--warmup` steps, then
 `--steps` timed steps, each synchronized (median step time), on synthetic tokens. Reported:
-tokens/s; MFU by model FLOPs (6 N + attention, `accounting.flops_per_token`) and by executed FLOPs
-(XLA's cost analysis of the compiled step: remat recompute and everything else counted);
-device-memory peak (`memory_stats()["peak_bytes_in_use"]`, GPU only) beside the planner's estimate;
-and, with `--torch` (default on a GPU), scripts/torch_reference.py's step at the same shape, so
-the ratio yxanul-jax / PyTorch is measured in the same run. `fp8-te` rows run only where
-Transformer Engine imports (the reason is recorded otherwise).
+tokens/s; MFU by model FLOPs (6 N + attention, `accounting.flops_per_token`) and by HLO FLOPs (every
+GEMM and attention kernel of the optimized step, loop trip counts applied, remat recompute included:
+`analysis.perf.hlo_flops`; XLA's own cost analysis counts a loop body once); device-memory peak
+(`memory_stats()["peak_bytes_in_use"]`, GPU only) beside the planner's estimate; and, with `--torch`
+(default on a GPU), scripts/torch_reference.py's step at the same shape, so the ratio
+yxanul-jax / PyTorch is measured in the same run. `fp8-te` rows run only where Transformer Engine
+imports (the reason is recorded otherwise).
+
+Prediction: the performance model (`analysis.perf.predict`, with the GPU's entry of
+`perf.CALIBRATION_FILE` when there is one) of the same compiled step, for the GPU the device is
+(`analysis.gpus.of_device_kind`) or the one `--predict-for` names (a CPU run predicts for it too:
+a test of the plumbing, not a comparison of like with like); neither, and the row says there is no
+prediction. Rows get the predicted step ms, tokens/s and MFU, measured / predicted and the predicted
+ms per category.
+
+`--profile`: after the timed steps each cell traces `--profile-steps` more with `jax.profiler`
+(OUT/profile/<cell>/), reads each HLO instruction's device time (scripts/profile_summary.py
+`kernel_times`) and compares it per category with the uncalibrated prediction
+(`perf.category_ratios`: row `category_ratios`). The run then writes OUT/calibration.json in
+CALIBRATION_FILE's format, keyed by the GPU: per category measured / predicted over all its cells
+(both summed over the kernels the trace matched, so each cell weighs by its predicted ms), and
+prints it; to apply it, copy that entry into yxanul_jax/analysis/perf_calibration.json.
 
 Writes `OUT/bench.json` and `OUT/bench.md`, prints the table and one JSON line. On a CPU it runs
-too (use `--config configs/tiny.yaml --stages 0`: tests/test_gpu_bench.py does).
+too (use `--config configs/tiny.yaml --stages 0`: tests/test_gpu_bench.py does, with
+`--predict-for h100 --profile`).
 """
 from __future__ import annotations
 
@@ -45,10 +64,13 @@ def precision_config(cfg, precision: str):
     return dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=True, backend=backend))
 
 
-def bench_cell(config: str | None, stage_index: int, precision: str, steps: int, warmup: int, torch_ref: bool) -> dict:
-    """One cell, in this process: compile, warm up, time; the PyTorch reference at the same shape."""
+def bench_cell(config: str | None, stage_index: int, precision: str, steps: int, warmup: int, torch_ref: bool,
+               predict_for: str | None = None, profile_steps: int = 0, out: str = "bench") -> dict:
+    """One cell, in this process: compile, warm up, time; the prediction; with `profile_steps`, a
+    profile of that many more steps against the prediction; the PyTorch reference at the same shape."""
     import jax
 
+    from yxanul_jax.analysis import gpus, perf
     from yxanul_jax.analysis.accounting import flops_per_token
     from yxanul_jax.analysis.memory import estimate_stage
     from yxanul_jax.core.config import load_config
@@ -69,9 +91,10 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     t0 = time.perf_counter()
     step = compile_stage(cfg, stage)
     row["compile_s"] = round(time.perf_counter() - t0, 2)
-    cost = step.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    executed_flops = float((cost or {}).get("flops", 0.0)) or None
+    hlo_text = step.as_text()
+    kernels = perf.kernels(hlo_text)
+    hlo_flops = perf.hlo_flops(kernels)  # trip-counted: XLA's cost_analysis counts a loop body once
+    gpu = gpus.lookup(predict_for) if predict_for else gpus.of_device_kind(device.device_kind)
     state, batch = synthetic_inputs(cfg, stage)
     # Delayed FP8 scaling: the first warm-up step quantizes with a fresh state's unit scales (a real
     # run bootstraps it with current scaling, steps.fp8_bootstrap_config); only timing is read here.
@@ -92,13 +115,17 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     row.update({
         "device": device.device_kind, "platform": device.platform, "step_s": step_s, "step_s_spread":
         round(statistics.pstdev(times) / step_s, 4), "tokens_per_sec": tps, "loss": float(metrics["loss"]),
-        "model_tflops_per_step": model_flops / 1e12,
-        "executed_tflops_per_step": None if executed_flops is None else executed_flops / 1e12,
+        "model_tflops_per_step": model_flops / 1e12, "hlo_tflops_per_step": hlo_flops / 1e12,
         "mfu_model": None if peak is None else model_flops / step_s / peak,
-        "mfu_executed": None if peak is None or executed_flops is None else executed_flops / step_s / peak,
+        "mfu_hlo": None if peak is None else hlo_flops / step_s / peak,
         "peak_bytes": (stats or {}).get("peak_bytes_in_use"),
         "xla_peak_bytes": compiled_memory(step)["peak_bytes"],
         "planner_bytes": estimate_stage(cfg, stage, "gpu")["bytes_total"]})
+    row.update(prediction(kernels, gpu, model_flops, stage.tokens_per_step, step_s, device.device_kind))
+    if profile_steps:
+        cell_dir = os.path.join(out, "profile", f"{row['config']}-stage{stage_index}-{precision}")
+        row["profile"] = profile_cell(step, state, batch, kernels, hlo_text, gpu, profile_steps, cell_dir)
+        row["category_ratios"] = row["profile"].pop("category_ratios")
     if torch_ref and precision == "bf16":
         from torch_reference import time_train_step
 
@@ -110,9 +137,105 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     return row
 
 
+def prediction(kernels, gpu, model_flops: float, tokens: int, step_s: float, device_kind: str) -> dict:
+    """The performance model's prediction of the compiled step on `gpu` (with its calibration, if
+    perf.CALIBRATION_FILE has one), beside the measured step; None fields (and why) without a GPU."""
+    from yxanul_jax.analysis import perf
+
+    if gpu is None:
+        return {"predicted_gpu": None, "predicted_step_ms": None, "predicted_tokens_per_s": None,
+                "predicted_mfu": None, "measured_over_predicted": None, "predicted_categories": None,
+                "prediction": f"none: device {device_kind!r} is not in analysis/gpus.py (--predict-for NAME "
+                              "predicts for a named GPU)"}
+    p = perf.predict(kernels, gpu, model_flops, tokens, calibration=perf.load_calibration(gpu.key))
+    ms = p["predicted_step_ms"]
+    return {"predicted_gpu": gpu.key, "predicted_step_ms": ms,
+            "predicted_tokens_per_s": p.get("predicted_tokens_per_s"),
+            "predicted_mfu": p.get("predicted_mfu"), "measured_over_predicted": step_s * 1e3 / ms if ms else None,
+            "predicted_categories": {c: v["ms"] for c, v in p["categories"].items()},
+            "prediction": f"analysis/perf.py for {gpu.label}; calibration: {p['calibration']}"}
+
+
+def profile_cell(step, state, batch, kernels, hlo_text: str, gpu, steps: int, out: str) -> dict:
+    """Trace `steps` steps, read each HLO instruction's device time per step and compare it per
+    category with the uncalibrated prediction (`perf.category_ratios`, plus `matched_predicted_ms`:
+    the predicted ms of the kernels the trace matched, what the calibration divides by)."""
+    import profile_summary
+
+    from yxanul_jax.analysis import perf
+
+    path, state = profile_summary.trace_steps(step, state, batch, steps, out)
+    del state
+    times = profile_summary.kernel_times(profile_summary.load_events(path), [k.name for k in kernels], hlo_text)
+    measured_ms = {name: us / 1e3 / steps for name, us in times["us"].items()}
+    unmatched = sorted(times["unmatched"].items(), key=lambda kv: -kv[1])[:8]
+    prof = {"trace": path, "steps": steps, "device_ms_per_step": times["total_us"] / 1e3 / steps,
+            "matched_ms_per_step": times["matched_us"] / 1e3 / steps,
+            "kernels_matched": len(measured_ms), "kernels": len(kernels),
+            "unmatched_top": [{"name": n, "ms_per_step": us / 1e3 / steps} for n, us in unmatched]}
+    if gpu is None:
+        prof["category_ratios"] = None
+        prof["no_ratios"] = "no GPU to predict for (--predict-for NAME)"
+        return prof
+    ratios = perf.category_ratios(kernels, gpu, measured_ms)
+    for row in ratios.values():
+        row["matched_predicted_ms"] = 0.0
+    for k in kernels:
+        if k.name in measured_ms:
+            ratios[k.category]["matched_predicted_ms"] += 1e3 * perf.kernel_time(k, gpu)[0] * k.runs
+    prof["category_ratios"] = ratios
+    return prof
+
+
+def calibration(rows: list[dict], date: str, device: str) -> dict:
+    """OUT/calibration.json: per GPU the measured / predicted ratio of each category over every profiled
+    cell, sum of measured ms over sum of the matched kernels' predicted ms (a category the trace
+    matched nothing of gets no ratio), in perf.CALIBRATION_FILE's format."""
+    groups: dict[str, dict] = {}
+    for r in rows:
+        if not r.get("category_ratios"):
+            continue
+        g = groups.setdefault(r["predicted_gpu"], {"cells": [], "categories": {}})
+        g["cells"].append(f"{r['config']} stage {r['stage']} {r['precision']}")
+        for cat, v in r["category_ratios"].items():
+            c = g["categories"].setdefault(cat, {"predicted_ms": 0.0, "matched_predicted_ms": 0.0, "measured_ms": 0.0})
+            for key in c:
+                c[key] += v[key]
+    out = {}
+    for key, g in groups.items():
+        for c in g["categories"].values():
+            ok = c["measured_ms"] > 0 and c["matched_predicted_ms"] > 0
+            c["ratio"] = c["measured_ms"] / c["matched_predicted_ms"] if ok else None
+        out[key] = {"ratios": {cat: c["ratio"] for cat, c in g["categories"].items() if c["ratio"] is not None},
+                    "source": f"scripts/gpu_bench.py --profile, {date}, {device}, cells {'; '.join(g['cells'])}",
+                    "categories": g["categories"]}
+    return out
+
+
+def calibration_table(calib: dict, rows: list[dict]) -> str:
+    from yxanul_jax.analysis import gpus
+
+    lines = []
+    for key, entry in calib.items():
+        lines.append(f"calibration for {gpus.GPUS[key].label}: measured / predicted per category ({entry['source']})")
+        measured_on = {r["device"] for r in rows if r.get("predicted_gpu") == key and r.get("category_ratios")}
+        if any(getattr(gpus.of_device_kind(d), "key", None) != key for d in measured_on):
+            lines.append(f"note: measured on {', '.join(sorted(measured_on))}, not on that GPU: these ratios test the "
+                         "plumbing, they calibrate nothing")
+        lines.append(f"{'category':<22}{'predicted ms':>14}{'of it matched':>15}{'measured ms':>13}{'ratio':>8}")
+        for cat, c in sorted(entry["categories"].items(), key=lambda kv: -kv[1]["predicted_ms"]):
+            ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}"
+            lines.append(f"{cat:<22}{c['predicted_ms']:>14.3f}{c['matched_predicted_ms']:>15.3f}"
+                         f"{c['measured_ms']:>13.3f}{ratio:>8}")
+    return "\n".join(lines)
+
+
 def run_cell(args, config: str, stage: int, precision: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--cell", json.dumps([config, stage, precision]),
-           "--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--torch"] if args.torch else ["--no-torch"])
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", os.path.abspath(args.out)]
+    cmd += ["--profile", "--profile-steps", str(args.profile_steps)] if args.profile else []
+    cmd += ["--torch"] if args.torch else ["--no-torch"]
+    cmd += ["--predict-for", args.predict_for] if args.predict_for else []
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -130,8 +253,9 @@ def _pct(x) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["config", "stage", "seq x rows", "precision", "compile s", "step ms", "tokens/s", "MFU model",
-            "MFU executed", "peak GiB", "XLA GiB", "planner GiB", "PyTorch tokens/s", "ours / PyTorch"]
+    cols = ["config", "stage", "seq x rows", "precision", "compile s", "step ms", "predicted ms",
+            "measured / predicted", "tokens/s", "MFU model", "MFU HLO", "peak GiB", "XLA GiB", "planner GiB",
+            "PyTorch tokens/s", "ours / PyTorch"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = [r["config"], str(r["stage"]), f"{r.get('seq_len', '?')} x {r.get('rows', '?')}", r["precision"]]
@@ -140,8 +264,10 @@ def table(rows: list[dict]) -> str:
             lines.append("| " + " | ".join(cells + [why] + [""] * (len(cols) - 5)) + " |")
             continue
         torch_tps = r["torch"]["tokens_per_sec"] if r.get("torch") else None
-        cells += [f"{r['compile_s']:.1f}", f"{1e3 * r['step_s']:.1f}", f"{r['tokens_per_sec']:,.0f}",
-                  _pct(r["mfu_model"]), _pct(r["mfu_executed"]), _gb(r["peak_bytes"]), _gb(r["xla_peak_bytes"]),
+        pred, ratio = r.get("predicted_step_ms"), r.get("measured_over_predicted")
+        cells += [f"{r['compile_s']:.1f}", f"{1e3 * r['step_s']:.1f}", "-" if pred is None else f"{pred:.1f}",
+                  "-" if ratio is None else f"{ratio:.2f}", f"{r['tokens_per_sec']:,.0f}",
+                  _pct(r["mfu_model"]), _pct(r["mfu_hlo"]), _gb(r["peak_bytes"]), _gb(r["xla_peak_bytes"]),
                   _gb(r["planner_bytes"]), "-" if torch_tps is None else f"{torch_tps:,.0f}",
                   "-" if "ratio_vs_torch" not in r else f"{r['ratio_vs_torch']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -160,13 +286,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch", dest="torch", action="store_true", default=None,
                    help="time the PyTorch reference beside every bf16 cell (default: on a GPU)")
     p.add_argument("--no-torch", dest="torch", action="store_false")
-    p.add_argument("--out", default="bench", help="folder for bench.json and bench.md")
+    p.add_argument("--predict-for", default=None, metavar="GPU",
+                   help="predict for this GPU of analysis/gpus.py (default: the device's own, if it is in the table)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile each cell after its timed steps; write OUT/calibration.json (measured / predicted)")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps each --profile trace covers")
+    p.add_argument("--out", default="bench", help="folder for bench.json, bench.md (and calibration.json, profile/)")
     p.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: one cell, one JSON line
     args = p.parse_args(argv)
+    from yxanul_jax.analysis import gpus
+
+    if args.predict_for and gpus.lookup(args.predict_for) is None:
+        close = gpus.closest(args.predict_for)
+        p.error(f"--predict-for: no GPU named {args.predict_for!r} in analysis/gpus.py"
+                + (f" (did you mean {close}?)" if close else f"; known: {', '.join(gpus.names())}"))
+    if args.profile_steps < 1:
+        p.error("--profile-steps must be at least 1")
     if args.cell:
         config, stage, precision = json.loads(args.cell)
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        print(json.dumps(bench_cell(config, stage, precision, args.steps, args.warmup, bool(args.torch))))
+        print(json.dumps(bench_cell(config, stage, precision, args.steps, args.warmup, bool(args.torch),
+                                    args.predict_for, args.profile_steps if args.profile else 0, args.out)))
         return 0
     if args.torch is None:
         import importlib.util
@@ -180,14 +320,32 @@ def main(argv: list[str] | None = None) -> int:
         row = run_cell(args, config, stage, precision)
         rows.append(row)
         status = row.get("skipped") or row.get("failed") or f"{row['tokens_per_sec']:,.0f} tokens/s"
+        if row.get("predicted_step_ms"):
+            status += f", {1e3 * row['step_s']:.1f} ms measured / {row['predicted_step_ms']:.1f} ms predicted"
         print(f"{row['config']} stage {stage} {precision}: {status}", flush=True)
     os.makedirs(args.out, exist_ok=True)
-    md = (f"Benchmark {time.strftime('%Y-%m-%d')} on {platform.node()} ({_device_name()}); "
-          f"{args.steps} timed steps after {args.warmup} warm-up, median.\n\n" + table(rows))
-    record = {"rows": rows, "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
-              "device": _device_name(), "steps": args.steps, "warmup": args.warmup}
+    date, device = time.strftime("%Y-%m-%d"), _device_name()
+    predicted = sorted({r["prediction"] for r in rows if r.get("predicted_step_ms")})
+    md = (f"Benchmark {date} on {platform.node()} ({device}); {args.steps} timed steps after {args.warmup} "
+          f"warm-up, median. Predicted: {' / '.join(predicted) or 'none (no GPU to predict for)'}. MFU HLO: HLO "
+          "FLOPs with loop trip counts (remat recompute included).\n\n" + table(rows))
+    record = {"rows": rows, "date": date, "machine": platform.platform(), "device": device, "steps": args.steps,
+              "warmup": args.warmup}
     from yxanul_jax.core.rundir import atomic_write
 
+    calib_text = ""
+    if args.profile:
+        calib = calibration(rows, date, device)
+        record["calibration"] = calib
+        if calib:
+            path = os.path.join(args.out, "calibration.json")
+            atomic_write(path, json.dumps(calib, indent=2) + "\n")
+            keys = " / ".join(repr(k) for k in calib)
+            calib_text = (calibration_table(calib, rows) + f"\nwrote {path}; to apply it, copy its {keys} entry "
+                          "into yxanul_jax/analysis/perf_calibration.json\n")
+        else:
+            calib_text = "no calibration: no profiled cell had a GPU to predict for (--predict-for NAME)\n"
+        md += "\n```\n" + calib_text + "```\n"
     atomic_write(os.path.join(args.out, "bench.json"), json.dumps(record, indent=2) + "\n")
     atomic_write(os.path.join(args.out, "bench.md"), md)
     print(md)
