@@ -5,6 +5,7 @@ The sm_90 compiles run in the gpu-check environment (`scripts/gpu_check_env.sh`,
 venv that adds the CUDA compiler plugin to this Python's packages. Without it they skip, saying so.
 """
 import json
+import re
 import subprocess
 import sys
 
@@ -121,8 +122,20 @@ def test_fp8_head_with_padded_vocabulary_and_accumulation():
 
 
 @pytest.mark.parametrize("config, stage", [("configs/yxanul_197m.yaml", "0"), ("configs/yxanul_197m.yaml", "9")])
-def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage):
-    r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", "--require", "cudnn-attention")
+def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
+    hlo_path = tmp_path / "step.hlo"
+    r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", "--require", "cudnn-attention",
+                     "--hlo-out", str(hlo_path))
+    # The head + loss are the fused kernels (issue 25): no [>= 1024 x padded_vocab] buffer anywhere in the step,
+    # and the kernels' FLOPs are counted (5 x 2 T K V, the backward recomputing the logits).
+    padded = 200064
+    big = [m for m in re.findall(r"\b[a-z0-9]+\[([0-9,]+)\]", hlo_path.read_text())
+           if str(padded) in m.split(",") and any(int(d) >= 1024 and int(d) != padded for d in m.split(","))]
+    assert not big, big[:5]
+    tokens = r["tokens_per_step"]
+    head = r["categories"]["output head + loss"]
+    assert head["flops"] >= 5 * 2 * tokens * 128 * padded
+    assert r["categories"].get("GEMM f32") is None  # no float32 GEMM where the operands are BF16
     g = r["gpu"]
     # 28 scanned layers x (7 forward + 6 recomputed (remat full; `down` is not) + 7 input + 7 weight gradients)
     assert g["fp8_found"] == g["fp8_expected"]["total"] == 28 * 27 and g["fp8_lost"] == []

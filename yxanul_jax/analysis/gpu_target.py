@@ -180,14 +180,18 @@ def compile_device(target: str = "h100"):
 
 
 def gpu_config(cfg):
-    """`cfg` with `model.attention: auto` resolved as on a GPU (cuDNN for BF16), for compiling on a
-    compile-only device while JAX's own backend is the CPU."""
+    """`cfg` with `model.attention: auto` and `train.loss_kernel: auto` resolved as on a GPU (cuDNN
+    attention for BF16, the fused head + loss kernels), for compiling on a compile-only device while JAX's
+    own backend is the CPU."""
     import dataclasses
 
+    from yxanul_jax.model.loss import loss_kernel
     from yxanul_jax.model.transformer import attention_implementation
 
     attention = attention_implementation(cfg.model, "gpu")
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention))
+    kernel = loss_kernel(cfg.train.loss_kernel, cfg.model, cfg.fp8, "gpu")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention),
+                               train=dataclasses.replace(cfg.train, loss_kernel=kernel))
 
 
 def cudnn_available() -> bool:

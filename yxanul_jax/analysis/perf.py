@@ -29,6 +29,10 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
   * ATTENTION_EFFICIENCY: cuDNN / FlashAttention-class kernels at head_dim 64 reach about half the
     BF16 peak forward and 40 % backward (FlashAttention-2/3 papers); their work is counted in 64 x 64
     tiles, so a causal 2,048 sequence does about half the square and a sequence of 8 pays a whole tile;
+  * FUSED_CE_EFFICIENCY: our fused cross-entropy kernels (`model.fused_ce`, Pallas/Triton custom calls
+    whose FLOPs XLA cannot see: counted from their operand shapes, `fused_ce.KERNELS`): with K = 128
+    every logit's exp on the special-function units (16 per clock per SM) costs about as much as its
+    share of the GEMM, and Triton's GEMM reaches less than cuBLAS: 40 % of the BF16 peak;
   * HBM_EFFICIENCY: the share of the spec bandwidth a streaming kernel reaches (~90 %);
   * LAUNCH_S: the fixed cost of one kernel (launch and ramp, with XLA's CUDA graphs).
 
@@ -49,6 +53,7 @@ from yxanul_jax.core import scopes
 
 GEMM_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = {"forward": 0.50, "backward": 0.40}
+FUSED_CE_EFFICIENCY = 0.40
 HBM_EFFICIENCY = 0.90
 LAUNCH_S = 2.5e-6
 # Measured / predicted ratios per GPU and category, from profiled runs (`scripts/gpu_bench.py --profile`
@@ -290,6 +295,8 @@ class _Reader:
             if kind.startswith(_FMHA):
                 phase = "backward" if "Backward" in kind else "forward"
                 flops, precision = attention_flops(ins, phase), "attention"
+            elif _pallas_kernel(op_name):
+                flops, precision = _pallas_flops(ins, _pallas_kernel(op_name), self), "fused_ce"
             elif kind.startswith("__cublas") or kind in ("te_gemm_v2_ffi", "te_gemm_ffi"):
                 flops, tiles, k = self._custom_gemm_flops(ins)
                 precision = self._dot_precision(ins)
@@ -324,7 +331,7 @@ class _Reader:
             return "optimizer"
         if k.precision == "attention" or scopes.ATTENTION in path:
             return "attention"
-        if scopes.LOSS in path:
+        if scopes.LOSS in path or k.precision == "fused_ce":
             return "output head + loss"
         if k.op.startswith(_COLLECTIVES):
             return "collectives"
@@ -344,6 +351,24 @@ class _Reader:
                 if k is not None:
                     out.append(k)
         return out
+
+
+def _pallas_kernel(op_name: str) -> str | None:
+    """The name of one of our Pallas kernels (`fused_ce.KERNELS`) that an op_name belongs to, or None."""
+    from yxanul_jax.model.fused_ce import KERNELS
+
+    return next((k for k in KERNELS if re.search(r"\b" + k + r"\b", op_name)), None)
+
+
+def _pallas_flops(ins: Instr, name: str, reader: "_Reader") -> float:
+    """FLOPs of a fused cross-entropy kernel: KERNELS[name] x 2 T K V from its operands x [T, K], w [V, K]."""
+    from yxanul_jax.model.fused_ce import KERNELS
+
+    shapes = [arrays(reader._shape(ins.computation, o)) for o in ins.operands[:2]]
+    if len(shapes) < 2 or not shapes[0] or not shapes[1]:
+        return 0.0
+    (T, K), V = shapes[0][0][1][:2], shapes[1][0][1][0]
+    return KERNELS[name] * 2.0 * T * K * V
 
 
 def attention_flops(ins: Instr, phase: str) -> float:
@@ -385,6 +410,8 @@ def kernel_time(k: Kernel, gpu: GpuSpec) -> tuple[float, str]:
     compute_s = 0.0
     if k.flops and k.precision == "attention":
         compute_s = k.flops / (gpu.rate("bf16") * ATTENTION_EFFICIENCY[k.phase or "forward"])
+    elif k.flops and k.precision == "fused_ce":
+        compute_s = k.flops / (gpu.rate("bf16") * FUSED_CE_EFFICIENCY)
     elif k.flops and k.precision:
         compute_s = k.flops / (gpu.rate(k.precision) * GEMM_EFFICIENCY * wave_efficiency(k, gpu))
     bound = max((compute_s, "compute"), (memory_s, "memory"), (LAUNCH_S, "launch"))[1]

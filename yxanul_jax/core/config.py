@@ -389,6 +389,10 @@ class TrainConfig:
     """Write a metrics row every this many steps."""
     loss_chunk: int = 4096
     """Tokens per chunk of the chunked cross-entropy (the full logits never exist at once)."""
+    loss_kernel: Literal["auto", "chunked", "fused"] = field(default="auto", metadata=RESUME)
+    """The output head + cross-entropy: `chunked` (XLA, logits chunk by chunk), `fused` (Pallas kernels
+    that never write logits: model/fused_ce.py; on a CPU they run in Pallas interpret mode, slowly), or
+    `auto`: fused on a GPU for a BF16 model whose head is not FP8 and is at most 256 wide, else chunked."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
     sample_prompt: str = field(default="def ", metadata=RESUME)
@@ -451,6 +455,14 @@ def validate(cfg: Config) -> Config:
     cfg.eval.check(cfg.model.max_position)
     for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint):
         section.check()
+    if cfg.train.loss_kernel == "fused":  # the kernels' limits, named before anything runs
+        head_k = cfg.model.embed_rank if cfg.model.embed_rank and cfg.model.head != "untied" else cfg.model.d_model
+        if cfg.fp8.active and "head" in cfg.fp8.targets:
+            raise UserError("train.loss_kernel=fused runs the head in BF16, but fp8.targets has 'head'; remove "
+                            "'head' from fp8.targets or set train.loss_kernel=chunked")
+        if not (16 <= head_k <= 256 and head_k % 16 == 0):
+            raise UserError(f"train.loss_kernel=fused takes a head width of 16..256 in multiples of 16 (this head "
+                            f"is {head_k} wide); set train.loss_kernel=chunked or auto")
     return cfg
 
 

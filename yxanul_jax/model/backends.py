@@ -26,9 +26,11 @@ from yxanul_jax.model import fp8 as fp8_lib
 
 
 def _plain_dot(x, w_IxO, dtype):
-    """x @ w in `dtype` with float32 accumulation (the plain GEMM)."""
+    """x @ w in `dtype`. The GEMM accumulates in float32 inside (cuBLAS, Triton and XLA CPU do for BF16
+    operands) and writes `dtype`: asking for a float32 output instead makes the backward GEMMs convert
+    both operands to float32 (TF32 rate, twice the bytes) on a GPU."""
     return jax.lax.dot_general(x.astype(dtype), w_IxO.astype(dtype), (((x.ndim - 1,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32).astype(dtype)
+                               preferred_element_type=dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,9 @@ The tokens are cut into chunks of `chunk` rows; a `lax.scan` computes each chunk
 log-sum-exp and target logit, and keeps only scalars. The chunk body is rematerialized, so the
 backward pass recomputes one chunk's logits at a time as well: peak logits memory is
 `chunk x vocab` floats in both directions instead of `tokens x vocab`.
+
+On a GPU the head and the loss run instead as fused kernels that never write logits at all
+(`model.fused_ce`; `loss_kernel` picks, from `train.loss_kernel`). Both give the same sums.
 """
 from __future__ import annotations
 
@@ -55,6 +58,33 @@ def chunked_cross_entropy(logits_fn: Callable, h_NxD, targets_N, mask_N, chunk: 
     zero = jnp.zeros((), jnp.float32)
     (nll_sum, z_sum), _ = jax.lax.scan(body, (zero, zero), xs)
     return nll_sum, z_sum
+
+
+def masked_sums(lse_N, target_N, mask_N):
+    """(sum of masked NLL, sum of masked logsumexp^2) from per-token logsumexp and target logit, as
+    `cross_entropy_sums` forms them (a masked-out token adds exactly 0)."""
+    keep_N = mask_N != 0
+    mask_N = mask_N.astype(jnp.float32)
+    nll_N = jnp.where(keep_N, (lse_N - target_N) * mask_N, 0.0)
+    return jnp.sum(nll_N), jnp.sum(jnp.where(keep_N, lse_N * lse_N * mask_N, 0.0))
+
+
+def head_input_width(model) -> int:
+    """K of the head's GEMM (`Yxanul.head_operands`): embed_rank through the rank-r factors, else d_model."""
+    return model.embed_rank if model.embed_rank and model.head != "untied" else model.d_model
+
+
+def loss_kernel(choice: str, model, fp8, platform: str | None = None) -> str:
+    """`chunked` or `fused`, for `train.loss_kernel` = choice. `auto`: fused on a GPU for a BF16 model
+    whose head is not FP8 and whose head width the kernels take (`fused_ce.supported`), else chunked."""
+    from yxanul_jax.model.fused_ce import supported
+
+    head_fp8 = fp8.active and "head" in fp8.targets
+    if choice == "auto":
+        on_gpu = (platform or jax.default_backend()) == "gpu"
+        ok = on_gpu and model.dtype == "bfloat16" and not head_fp8 and supported(head_input_width(model))
+        return "fused" if ok else "chunked"
+    return choice
 
 
 def n_chunks(n_tokens: int, chunk: int) -> int:

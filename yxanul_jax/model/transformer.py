@@ -386,24 +386,38 @@ class Yxanul(nn.Module):
         h_BxTxD, cache = self._trunk(tokens_BxT, sin_BxTxK2, cos_BxTxK2, cache, positions_BxT)
         return self.logits(h_BxTxD)[..., :c.vocab_size], cache
 
+    def head_operands(self, h_NxD):
+        """The output head as one GEMM: (x_NxK, w_KxV) with logits = x @ w. K is embed_rank for a head
+        through the rank-r factors (tied with embed_rank, factorized), d_model otherwise."""
+        c, dt = self.cfg, DTYPES[self.cfg.dtype]
+        if c.head == "untied":
+            return h_NxD, self.head_kernel
+        if c.embed_rank:  # d -> r -> vocab through the shared vocab x r table
+            proj_DxR = self.head_proj if c.head == "factorized" else self.embed_proj.T
+            h_NxR = jax.lax.dot_general(h_NxD.astype(dt), proj_DxR.astype(dt), (((h_NxD.ndim - 1,), (0,)), ((), ())),
+                                        preferred_element_type=dt)
+            return h_NxR, self.embedding.T
+        return h_NxD, self.embedding.T
+
     def logits(self, h_NxD):
         """Output head: h[..., D] -> float32 logits[..., padded_vocab]; the padded columns are -inf
         (zero probability, never a target, never sampled). `__call__` drops them."""
-        c, dt = self.cfg, DTYPES[self.cfg.dtype]
-        if c.head == "untied":
-            w_DxV = self.head_kernel
-        elif c.embed_rank:  # d -> r -> vocab through the shared vocab x r table
-            proj_DxR = self.head_proj if c.head == "factorized" else self.embed_proj.T
-            h_NxD = jax.lax.dot_general(h_NxD.astype(dt), proj_DxR.astype(dt), (((h_NxD.ndim - 1,), (0,)), ((), ())),
-                                        preferred_element_type=jnp.float32).astype(dt)
-            w_DxV = self.embedding.T
-        else:
-            w_DxV = self.embedding.T
-        logits = self.head_gemm(h_NxD, w_DxV).astype(jnp.float32)
-        if c.padded_vocab > c.vocab_size:
-            real_V = (jnp.arange(c.padded_vocab) < c.vocab_size).reshape((1,) * (logits.ndim - 1) + (-1,))
-            logits = jnp.where(real_V, logits, -jnp.inf)
+        c = self.cfg
+        x_NxK, w_KxV = self.head_operands(h_NxD)
+        logits = self.head_gemm(x_NxK, w_KxV).astype(jnp.float32)
+        if c.padded_vocab > c.vocab_size:  # a [V] bias of 0 / -inf: no [N x V] mask or -inf array anywhere
+            bias_V = jnp.where(jnp.arange(c.padded_vocab) < c.vocab_size, 0.0, -jnp.inf).astype(jnp.float32)
+            logits = logits + bias_V.reshape((1,) * (logits.ndim - 1) + (-1,))
         return logits
+
+    def fused_loss_terms(self, h_NxD, targets_N, interpret: bool = False):
+        """(lse_N, target logit_N) of the head's logits by the fused kernels (`model.fused_ce`): the
+        logits never exist in memory. The head must not be FP8 (`loss.loss_kernel` checks)."""
+        from yxanul_jax.model.fused_ce import linear_cross_entropy
+
+        x_NxK, w_KxV = self.head_operands(h_NxD)
+        dt = DTYPES[self.cfg.dtype]
+        return linear_cross_entropy(x_NxK.astype(dt), w_KxV.T.astype(dt), targets_N, self.cfg.vocab_size, interpret)
 
     def __call__(self, tokens_BxL):
         """Token ids [B, L] -> float32 logits [B, L, vocab_size]."""

@@ -21,7 +21,7 @@ from yxanul_jax.core import scopes
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import dense_backend
-from yxanul_jax.model.loss import chunked_cross_entropy, n_chunks
+from yxanul_jax.model.loss import chunked_cross_entropy, loss_kernel, masked_sums, n_chunks
 from yxanul_jax.model.transformer import Yxanul, init_variables, join_head_state, split_head_state
 from yxanul_jax.training.optim import clip_by_global_norm, lr_schedule, make_optimizer
 
@@ -68,9 +68,17 @@ def _head_copies(head, chunks: int):
 
 
 def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
-    """(NLL sum + z_loss * z sum, (NLL sum, z sum)) of one micro-batch [B, L]; the head runs in chunks."""
+    """(NLL sum + z_loss * z sum, (NLL sum, z sum)) of one micro-batch [B, L]; the head runs in chunks,
+    or as the fused kernels (`train.loss_kernel`, `loss.loss_kernel`)."""
     model = Yxanul(cfg.model, cfg.fp8)
     h_BxLxD = model.apply({"params": params, **body_fp8}, batch["inputs"], method=Yxanul.hidden)
+    if loss_kernel(cfg.train.loss_kernel, cfg.model, cfg.fp8) == "fused":
+        d = h_BxLxD.shape[-1]
+        with jax.named_scope(scopes.LOSS):
+            lse_N, target_N = model.apply({"params": params}, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
+                                          method=Yxanul.fused_loss_terms)
+            nll, z = masked_sums(lse_N, target_N, batch["mask"].reshape(-1))
+        return nll + cfg.train.z_loss * z, (nll, z)
 
     def logits_fn(h_CxD, head_state):
         return model.apply({"params": params, **join_head_state({}, head_state)}, h_CxD, method=Yxanul.logits)

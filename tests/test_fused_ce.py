@@ -1,0 +1,96 @@
+"""The fused head + cross-entropy kernels (`model.fused_ce`) in Pallas interpret mode on CPU, against the
+float32 reference: loss and both gradients, with padded vocabulary, masked tokens, a ragged last block
+and z-loss; then the whole train step with `train.loss_kernel=fused` against the chunked loss. The sm_90
+compile of the kernels (Triton) is in tests/test_gpu_target.py."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from yxanul_jax.core.config import Config, TrainConfig, load_config
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.model import fused_ce
+from yxanul_jax.model.loss import loss_kernel, masked_sums
+from yxanul_jax.training.steps import loss_sums
+
+from conftest import micro_config
+
+# Gradients: the kernels round dlogits to the operands' BF16 before each gradient GEMM (float32
+# accumulation), and the gradients come out in BF16: within 1 % of the largest entry.
+GRAD_RTOL = 1e-2
+
+
+def _loss(fn, x, w, targets, mask, z_weight):
+    lse, target = fn(x, w, targets)
+    nll, z = masked_sums(lse, target, mask)
+    return nll + z_weight * z
+
+
+@pytest.mark.parametrize("T, V, v_real, K", [(200, 300, 290, 32), (128, 256, 256, 16)])
+def test_loss_and_gradients_match_the_float32_reference(T, V, v_real, K):
+    # 200 tokens: a ragged last token block; 300 rows: a ragged vocabulary block; 10 padded columns
+    k = jax.random.split(jax.random.key(T + V), 4)
+    x = jax.random.normal(k[0], (T, K)).astype(jnp.bfloat16)
+    w = (0.5 * jax.random.normal(k[1], (V, K))).astype(jnp.bfloat16)
+    targets = jax.random.randint(k[2], (T,), 0, v_real)
+    mask = (jax.random.uniform(k[3], (T,)) > 0.2).astype(jnp.float32)
+    targets = jnp.where(mask > 0, targets, -1)  # masked tokens carry a padding id outside the vocabulary
+    fused = jax.jit(lambda x, w, t: fused_ce.linear_cross_entropy(x, w, t, v_real))
+    ref = lambda x, w, t: fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), t, v_real)  # noqa: E731
+    lse, target = fused(x, w, targets)
+    lse_r, target_r = ref(x, w, targets)
+    np.testing.assert_allclose(lse, lse_r, atol=2e-5, rtol=2e-6)
+    np.testing.assert_allclose(target, target_r, atol=2e-5)
+    for z_weight in (0.0, 1e-3):
+        v, g = jax.value_and_grad(_loss, argnums=(1, 2))(fused, x, w, targets, mask, z_weight)
+        v_r, g_r = jax.value_and_grad(_loss, argnums=(1, 2))(ref, x, w, targets, mask, z_weight)
+        np.testing.assert_allclose(v, v_r, rtol=2e-6)
+        for a, b in zip(g, g_r):
+            a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+            assert a.shape == b.shape and np.max(np.abs(a - b)) <= GRAD_RTOL * np.max(np.abs(b))
+    # A padded column never receives probability, so its table row gets no gradient.
+    g_w = jax.grad(_loss, argnums=2)(fused, x, w, targets, mask, 1e-3)
+    assert not np.any(np.asarray(g_w[v_real:], np.float32))
+
+
+def test_the_train_step_loss_is_the_same_fused_or_chunked():
+    cfg = micro_config(dtype="bfloat16", embed_rank=16)  # 97 real rows of 112: padded vocabulary
+    cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=False))
+    from yxanul_jax.model.transformer import init_variables
+
+    params = init_variables(cfg.model, cfg.fp8, jax.random.key(0))["params"]
+    k = jax.random.split(jax.random.key(1), 2)
+    batch = {"inputs": jax.random.randint(k[0], (2, 40), 0, 97), "targets": jax.random.randint(k[1], (2, 40), 0, 97),
+             "mask": jnp.ones((2, 40)).at[1, 30:].set(0.0)}
+
+    def run(kernel):
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, loss_kernel=kernel, loss_chunk=32,
+                                                               z_loss=1e-3))
+        f = lambda p: loss_sums(c, p, {}, None, batch)  # noqa: E731
+        (total, (nll, z)), g = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+        return total, nll, z, g
+
+    fused, chunked = run("fused"), run("chunked")
+    for a, b in zip(fused[:3], chunked[:3]):
+        np.testing.assert_allclose(a, b, rtol=2e-3)  # BF16 model: the head's BF16 logits vs float32 in-kernel
+    for path, a in jax.tree_util.tree_leaves_with_path(fused[3]):
+        b = dict(jax.tree_util.tree_leaves_with_path(chunked[3]))[path]
+        scale = float(jnp.max(jnp.abs(b))) or 1.0
+        assert float(jnp.max(jnp.abs(a - b))) <= 3e-2 * scale, jax.tree_util.keystr(path)
+
+
+def test_auto_picks_fused_on_gpu_only_where_the_kernels_apply():
+    m = load_config("configs/yxanul_197m.yaml")
+    assert loss_kernel("auto", m.model, m.fp8, "gpu") == "fused"  # K = 128, BF16, head not FP8
+    assert loss_kernel("auto", m.model, m.fp8, "cpu") == "chunked"
+    untied = dataclasses.replace(m.model, head="untied")  # K = d_model = 768 > 256
+    assert loss_kernel("auto", untied, m.fp8, "gpu") == "chunked"
+    fp8_head = dataclasses.replace(m.fp8, targets=(*m.fp8.targets, "head"))
+    assert loss_kernel("auto", m.model, fp8_head, "gpu") == "chunked"
+    with pytest.raises(UserError, match="fp8.targets has 'head'"):
+        load_config("configs/yxanul_197m.yaml", ["train.loss_kernel=fused", "fp8.targets=[q,head]"])
+    with pytest.raises(UserError, match="head width of 16..256"):
+        load_config("configs/yxanul_197m.yaml", ["train.loss_kernel=fused", "model.head=untied"])
+    assert Config().train.loss_kernel == TrainConfig().loss_kernel == "auto"
