@@ -141,6 +141,22 @@ def test_a_run_dir_with_checkpoints_takes_resumable_changes_and_refuses_the_rest
         with pytest.raises(UserError, match=f"holds a run whose '{re.escape(key)}' is"):
             prepare_run_dir(str(run_dir), load_config(None, taken + [refused]))
 
+def test_a_run_saved_before_a_key_existed_resumes_with_its_default(tmp_path):
+    # A run directory written by an older version lacks the keys added since (e.g. model.fuse_projections,
+    # train.loss_kernel): they read as their defaults, not as a change of the model.
+    from yxanul_jax.core.rundir import prepare_run_dir
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), load_config())
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    del saved["model"]["fuse_projections"], saved["train"]["loss_kernel"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    prepare_run_dir(str(run_dir), load_config())  # resumes
+    with pytest.raises(UserError, match="holds a run whose 'model.fuse_projections' is False, not True"):
+        prepare_run_dir(str(run_dir), load_config(None, ["model.fuse_projections=true"]))
+
+
 @pytest.mark.parametrize("args, needle", [
     (["model.d_modle=3"], "model.d_modle"),               # unknown key
     (["model.n_layers=two"], "model.n_layers"),           # wrong type

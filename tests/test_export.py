@@ -65,8 +65,9 @@ def test_exported_trained_model_matches_in_transformers(trained_run, tmp_path):
 
 
 @pytest.mark.parametrize("overrides", [dict(head="factorized"), dict(head="untied", embed_rank=0),
-                                       dict(head="untied", scan_layers=True, remat="full")],
-                         ids=["factorized-head", "untied-full", "untied-scanned"])
+                                       dict(head="untied", scan_layers=True, remat="full"),
+                                       dict(fuse_projections=True, scan_layers=True)],
+                         ids=["factorized-head", "untied-full", "untied-scanned", "fused-qkv"])
 def test_every_head_maps_to_llama(overrides, tmp_path):
     m = micro_model(**overrides)
     params = jax.device_get(init_variables(m, OFF, jax.random.key(3))["params"])

@@ -109,9 +109,12 @@ def test_chunked_loss_is_what_lets_the_seeds_batch_fit_a_24gb_card():
     stage = cfg.curriculum[0]
     assert (stage.seq_len, stage.batch_size) == (8, 8192)
     assert memory.estimate_stage(cfg, stage)["bytes_total"] < gpu.budget_bytes
-    one_chunk = dataclasses.replace(cfg.train, loss_chunk=stage.seq_len * stage.batch_size)
+    # the XLA loss (train.loss_kernel=chunked) in one chunk would not fit; the fused kernels fit in any case
+    one_chunk = dataclasses.replace(cfg.train, loss_chunk=stage.seq_len * stage.batch_size, loss_kernel="chunked")
     unchunked = dataclasses.replace(cfg, train=one_chunk)
     assert memory.estimate_stage(unchunked, stage)["bytes_total"] > gpu.total_bytes
+    fused = dataclasses.replace(cfg, train=dataclasses.replace(one_chunk, loss_kernel="fused"))
+    assert memory.estimate_stage(fused, stage)["bytes_total"] < gpu.budget_bytes
 
 
 def test_remat_orders_planned_activations():

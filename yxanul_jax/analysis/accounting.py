@@ -131,7 +131,8 @@ def fp8_gemms(model: ModelConfig, fp8: FP8Config) -> list[tuple[str, int, int]]:
     whose kernel [I, O] is `gemm_aligned` (the model's own rule, see `transformer.Matmul`). One entry per
     layer GEMM (not multiplied by n_layers); the head last. With TE's fused layers (`fp8.fused`) the
     q, k, v GEMMs are one (`qkv`, their kernels side by side) and LayerNormMLP's two GEMMs are `mlp`
-    ([gate | up]) and `down` (in the HLO both are `mlp`: one TE call)."""
+    ([gate | up]) and `down` (in the HLO both are `mlp`: one TE call); with `model.fuse_projections`
+    q, k, v are `qkv`."""
     if not fp8.active:
         return []
     D, F, K = model.d_model, model.ffn_dim, model.resolved_head_dim
@@ -140,6 +141,9 @@ def fp8_gemms(model: ModelConfig, fp8: FP8Config) -> list[tuple[str, int, int]]:
     if fp8.fused and fused_aligned(model):
         shapes = [("qkv", D, H + 2 * G), ("o", H, D), ("mlp", D, 2 * F), ("down", F, D)]
         targets = {"qkv", "mlp", *fp8.targets}
+    elif model.fuse_projections:  # our fused q/k/v GEMM: FP8 when all three are targets (transformer._fused_matmul)
+        shapes = [("qkv", D, H + 2 * G), ("o", H, D), ("gate", D, F), ("up", D, F), ("down", F, D)]
+        targets = set(fp8.targets) | ({"qkv"} if {"q", "k", "v"} <= set(fp8.targets) else set())
     else:
         shapes = [("q", D, H), ("k", D, G), ("v", D, G), ("o", H, D), ("gate", D, F), ("up", D, F), ("down", F, D)]
         targets = set(fp8.targets)

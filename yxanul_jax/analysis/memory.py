@@ -35,6 +35,9 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
   - k_l C V: the chunked cross-entropy's logits and their gradient, C = min(train.loss_chunk, N);
     k_l = loss_multi with several chunks, loss_single when one chunk covers the micro-batch (XLA
     then inlines the one-step loop and keeps BF16 copies of the logits as well).
+    With the fused head + loss (`train.loss_kernel` resolving to `fused` on the `gpu` platform) there
+    are no logits: the term is the kernels' own buffers (per token float32 lse, target logit and their
+    gradients, the head input and its gradient; the table's compute-dtype copy and float32 gradient).
   - e 4 V r: float32 copies of the vocabulary-sized matrices (embedding gradient and its scatter;
     r = embed_rank, or d_model; an untied head adds its D x V); t_h 4 N D: hidden-state buffers.
 
@@ -79,6 +82,7 @@ from yxanul_jax.analysis import gpus
 from yxanul_jax.analysis.accounting import fp8_gemms, param_count, state_bytes, vocab_matrix_elements
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.model.loss import head_input_width, loss_kernel
 from yxanul_jax.model.transformer import attention_implementation
 
 Platform = Literal["gpu", "cpu"]
@@ -205,6 +209,9 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
     norm_keep, mlp_keep = (cal.norm_keep, cal.mlp_keep) if cal is not None else (1.0, 1.0)
     s = norm_keep * 2 * (8 * D + 8)
     for group in (("q", "k", "v"), ("gate", "up")):
+        if m.fuse_projections and group == ("q", "k", "v") and all(t in fp8 for t in group):
+            s += D  # one FP8 GEMM, one quantized input
+            continue
         if any(t not in fp8 for t in group):
             s += a * D  # the norm's output, shared by the group's BF16 GEMMs
         s += D * sum(t in fp8 for t in group)
@@ -254,6 +261,11 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     chunk = max(1, min(cfg.train.loss_chunk, N))
     k_l = cal.loss_single if chunk >= N else cal.loss_multi
     logits = k_l * chunk * m.padded_vocab
+    if loss_kernel(cfg.train.loss_kernel, m, cfg.fp8, platform) == "fused":
+        # The fused kernels keep no logits: float32 lse, target logit and their gradients per token, the
+        # head input x and its gradient (a N K each), the table's compute-dtype copy and its float32 gradient.
+        K = head_input_width(m)
+        logits = 4 * 4 * N + 2 * a * N * K + (a + 4) * m.padded_vocab * K
     grads = 4 * P
     if stage.grad_accum_steps > 1:  # the accumulator and this micro-batch's gradient are both alive
         grads += cal.g_accum * 4 * P

@@ -81,6 +81,11 @@ class ModelConfig:
     outputs without batch dims)."""
     scan_layers: bool = False
     """Run the blocks with `nn.scan` (one compiled layer; much faster compiles for deep models)."""
+    fuse_projections: bool = False
+    """q, k, v as one GEMM (their kernels side by side; the same parameters): under FP8 the normed input
+    is quantized once, not three times, and one state serves the three. Gate and up stay two GEMMs: fused,
+    the sm_90 step was predicted slower (XLA re-reads their joint gradient for its amax; docs/BENCHMARKS.md).
+    Changes the FP8 state's layout: a run keeps the value it started with."""
 
     @property
     def resolved_head_dim(self) -> int:

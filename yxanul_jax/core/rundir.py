@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import yaml
 
 from yxanul_jax.core import console
-from yxanul_jax.core.coerce import to_yaml
+from yxanul_jax.core.coerce import from_dict, to_dict, to_yaml
 from yxanul_jax.core.config import Config, resumable
 from yxanul_jax.core.errors import UserError
 
@@ -177,6 +177,15 @@ def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]
     return [] if old == new else [(key or "<root>", old, new)]
 
 
+def _with_defaults(saved: Any) -> Any:
+    """A saved config dict with the keys added since it was written set to their defaults (a field a
+    newer version added is no difference); as saved when it no longer reads as a Config."""
+    try:
+        return to_dict(from_dict(Config, saved))
+    except (UserError, TypeError, ValueError):
+        return saved
+
+
 def checkpoint_steps(directory: str) -> list[int]:
     """Committed Orbax step directories (`<dir>/<int>`) in `directory`, ascending; [] if it is absent."""
     try:
@@ -233,7 +242,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
             raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
                             "pass a new --run-dir, or --overwrite to start over")
-        diffs = differences(old, yaml.safe_load(text))
+        diffs = differences(_with_defaults(old), yaml.safe_load(text))
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
         if fixed and checkpoint_steps(ckpt_dir):
             key, was, now = fixed[0]

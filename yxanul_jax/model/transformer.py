@@ -181,6 +181,13 @@ def _dense(cfg: ModelConfig, backend, target: str, features: int, axes, std: flo
     return Dense(features, axes, std, backend.for_target(target), DTYPES[cfg.dtype], name=target)
 
 
+def _fused_matmul(cfg: ModelConfig, backend, name: str, parts: tuple[str, ...]) -> Matmul:
+    """The GEMM of projections fused side by side (`model.fuse_projections`): FP8 when every part is an FP8
+    target (one state, one quantized input), else plain."""
+    fp8 = all(backend.for_target(t) is backend for t in parts) and backend.is_fp8
+    return Matmul(backend if fp8 else backend.for_target("none"), DTYPES[cfg.dtype], name, name=name)
+
+
 def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> str:
     """`auto`: cuDNN flash attention on GPU for BF16/FP16 (jax's own default would pick XLA, which
     stores the L x L scores), XLA everywhere else. `platform` defaults to jax's default backend."""
@@ -214,6 +221,12 @@ class Attention(nn.Module):
             kernels = [Kernel(D, n * K, ("embed", axis), c.init_std, name=t)()
                        for t, n, axis in (("q", H, "heads"), ("k", G, "kv_heads"), ("v", G, "kv_heads"))]
             qkv_BxLxO = self.backend.norm_dense(c.norm_eps, name="qkv")(x_BxLxD, norm_scale_D, kernels)
+            q, k, v = jnp.split(qkv_BxLxO, [H * K, (H + G) * K], axis=-1)
+            q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = q.reshape(B, L, H, K), k.reshape(B, L, G, K), v.reshape(B, L, G, K)
+        elif c.fuse_projections:
+            kernels = [Kernel(D, n * K, ("embed", axis), c.init_std, name=t)()
+                       for t, n, axis in (("q", H, "heads"), ("k", G, "kv_heads"), ("v", G, "kv_heads"))]
+            qkv_BxLxO = _fused_matmul(c, self.backend, "qkv", ("q", "k", "v"))(x_BxLxD, jnp.concatenate(kernels, axis=1))
             q, k, v = jnp.split(qkv_BxLxO, [H * K, (H + G) * K], axis=-1)
             q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = q.reshape(B, L, H, K), k.reshape(B, L, G, K), v.reshape(B, L, G, K)
         else:
