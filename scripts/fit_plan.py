@@ -34,6 +34,7 @@ VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, a
     ("configs/yxanul_197m.yaml", [4, 9], ["fp8.enabled=false"]),
     ("configs/yxanul_197m.yaml", [5], ["fp8.targets=[q,k,v,o,gate,up,down,head]"]),
     ("configs/yxanul_197m.yaml", [3], ["model.remat=dots"]),
+    ("configs/yxanul_197m.yaml", [0, 9], ["model.remat=none"]),
     ("configs/yxanul_197m_baseline.yaml", [0], []),
     ("configs/yxanul_270m.yaml", [0, 2, 5], []),
 ]

@@ -122,10 +122,10 @@ def test_remat_orders_planned_activations():
     stage = cfg.curriculum[4]
     acts = {r: memory.estimate_stage(cfg, stage, "cpu", remat=r)["activations"] for r in ("none", "dots", "full")}
     assert acts["none"] > acts["dots"] > acts["full"] > 0
-    # On the GPU (fitted to sm_90 compiles) `dots` keeps float32 GEMM outputs, more than `none`, which keeps
-    # FP8 GEMM inputs and little of the fused norms and SwiGLU; `full` keeps the least either way.
+    # On the GPU (sm_90 compiles) a scanned layer without remat stacks every residual, norms' float32 copies
+    # and the SwiGLU's included (XLA's peak at stage 9: none 159 GB, dots 98, full 14); `full` keeps the least.
     gpu = {r: memory.estimate_stage(cfg, stage, "gpu", remat=r)["activations"] for r in ("none", "dots", "full")}
-    assert gpu["dots"] > gpu["none"] > gpu["full"] > 0
+    assert gpu["none"] > gpu["dots"] > gpu["full"] > 0
     # remat full keeps each layer's BF16 block input (on CPU XLA keeps the residual stream in float32)
     assert gpu["full"] == cfg.model.n_layers * stage.batch_size * stage.seq_len * 2 * cfg.model.d_model
     assert acts["full"] == 2 * gpu["full"]

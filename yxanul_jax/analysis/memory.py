@@ -251,7 +251,12 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         if not m.scan_layers:
             effective = "none"  # XLA CPU hoists the recomputation of unrolled layers: no saving
     flash = platform == "gpu" and attention_implementation(m, "gpu") == "cudnn"
-    saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash, cal)
+    keep = cal
+    if platform == "gpu" and m.scan_layers and effective == "none":
+        # A scanned layer without remat hands every residual out of the loop body as a stacked buffer: XLA
+        # cannot fuse the norms or the SwiGLU away there (sm_90: 4 float32 [N, D] and 5 [N, F] stacks).
+        keep = dataclasses.replace(cal, norm_keep=1.0, mlp_keep=1.0)
+    saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash, keep)
     if platform == "cpu" and m.scan_layers and effective == "none":
         saved *= cal.cpu_scan_none  # XLA CPU keeps extra copies of an unrematerialized scanned layer
     recompute = 0 if effective == "none" else cal.recompute * saved_bytes_per_token(cfg, stage.seq_len, "none",
