@@ -397,7 +397,8 @@ class TrainConfig:
     loss_kernel: Literal["auto", "chunked", "fused"] = field(default="auto", metadata=RESUME)
     """The output head + cross-entropy: `chunked` (XLA, logits chunk by chunk), `fused` (Pallas kernels
     that never write logits: model/fused_ce.py; on a CPU they run in Pallas interpret mode, slowly), or
-    `auto`: fused on a GPU for a BF16 model whose head is not FP8 and is at most 256 wide, else chunked."""
+    `auto`: fused on a single GPU for a BF16 model whose head is not FP8 and is at most 256 wide, else
+    chunked (on several devices XLA would gather the kernels' inputs onto each)."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
     sample_prompt: str = field(default="def ", metadata=RESUME)

@@ -25,6 +25,10 @@ weight; zero rows of w sit beyond v_real), so the kernels need no masked loads. 
 with K <= 256 keeps x and w tiles in shared memory on sm_90 (3 pipeline stages, ~128 KB at K = 128);
 `supported(K)` says when the fused path applies.
 
+Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
+their inputs onto every device, so `loss.loss_kernel`'s `auto` keeps the chunked loss there (a
+shard_map over the data axes, with the table gradient summed across it, is the way to add it).
+
 `interpret=True` runs the same kernels on CPU (Pallas interpret mode): that is how the tests check them
 against the float32 reference (`reference`); on a GPU they compile through Triton (checked for sm_90
 without a GPU in tests/test_gpu_target.py). The performance model counts their FLOPs from `KERNELS`

@@ -75,13 +75,16 @@ def head_input_width(model) -> int:
 
 
 def loss_kernel(choice: str, model, fp8, platform: str | None = None) -> str:
-    """`chunked` or `fused`, for `train.loss_kernel` = choice. `auto`: fused on a GPU for a BF16 model
-    whose head is not FP8 and whose head width the kernels take (`fused_ce.supported`), else chunked."""
+    """`chunked` or `fused`, for `train.loss_kernel` = choice. `auto`: fused on a single GPU for a BF16
+    model whose head is not FP8 and whose head width the kernels take (`fused_ce.supported`), else
+    chunked. Several devices keep the chunked loss: XLA cannot partition the kernels' custom calls and
+    would gather their inputs onto every device (correct, but no faster). `platform` given (a compile
+    for a target GPU): the answer for one device of it."""
     from yxanul_jax.model.fused_ce import supported
 
     head_fp8 = fp8.active and "head" in fp8.targets
     if choice == "auto":
-        on_gpu = (platform or jax.default_backend()) == "gpu"
+        on_gpu = platform == "gpu" or (platform is None and jax.default_backend() == "gpu" and jax.device_count() == 1)
         ok = on_gpu and model.dtype == "bfloat16" and not head_fp8 and supported(head_input_width(model))
         return "fused" if ok else "chunked"
     return choice
