@@ -151,3 +151,9 @@ def test_planner_within_10_percent_of_sm90_for_every_remat_policy(remat):
     # (a scanned layer without remat stacks every residual: 159 GB of XLA's peak, issue 25)
     r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "9", f"model.remat={remat}")
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10, (r["planner_bytes"], r["memory"])
+
+
+def test_yxanul_197m_compiles_with_muon_for_h100():
+    # issue 26: Muon's Newton-Schulz GEMMs are in the step (the performance model charges them to the optimizer)
+    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "0", "optim.name=muon", "--require", "fp8-expected")
+    assert r["categories"]["optimizer"]["flops"] > 1e12 and r["predicted_step_ms"] > 0

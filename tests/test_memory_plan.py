@@ -34,6 +34,7 @@ def _size(tree) -> int:
     (TINY, []), (Y197, []), (str(REPO / "configs/yxanul_270m.yaml"), []), (PYTHIA, []),
     (TINY, ["model.embed_rank=32", "model.head=factorized", "fp8.targets=[q,head]", "model.scan_layers=true"]),
     (TINY, ["fp8.enabled=false", "model.embed_rank=0", "fp8.amax_history_len=16"]),
+    (TINY, ["optim.name=muon"]), (Y197, ["optim.name=muon", "optim.cautious_weight_decay=true"]),
 ])
 def test_state_bytes_and_param_count_are_exact(path, overrides):
     cfg = load_config(path, overrides)

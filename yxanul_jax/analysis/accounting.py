@@ -58,6 +58,12 @@ def layer_params(cfg: Config) -> int:
     return D * m.n_heads * K * 2 + D * m.n_kv_heads * K * 2 + 3 * D * F + 2 * D
 
 
+def muon_param_count(cfg: Config) -> int:
+    """Parameters Muon trains under `optim.name: muon` (the blocks' attention and FFN kernels;
+    `optim.muon_labels` picks the same ones, tested)."""
+    return cfg.model.n_layers * (layer_params(cfg) - 2 * cfg.model.d_model)
+
+
 def vocab_matrix_elements(cfg: Config) -> int:
     """Elements of vocabulary-sized parameter matrices (embedding table, untied head)."""
     m = cfg.model
@@ -196,7 +202,10 @@ def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
 def state_bytes(cfg: Config) -> dict[str, int]:
     """Bytes of the train state by part (equal to `steps.abstract_train_state`; tested)."""
     P = allocated_param_count(cfg)
+    optimizer = 8 * P + 8  # AdamW: mu, nu, and the Adam and schedule step counts
+    if cfg.optim.name == "muon":  # the blocks' kernels keep one momentum buffer, not two; Muon's counts and
+        optimizer += -4 * muon_param_count(cfg) + 4 + 12 + 4  # Newton-Schulz coefficients
     # FP8 state per operand: amax history, scale, non-finite counter, underflow share (float32).
-    return {"weights": 4 * P, "optimizer": 8 * P + 8,  # mu, nu, and the Adam and schedule step counts
+    return {"weights": 4 * P, "optimizer": optimizer,
             "fp8_state": fp8_gemm_count(cfg) * 3 * fp8_state_floats(cfg.fp8) * 4,
             "misc_state": 4}  # the step counter (int32)

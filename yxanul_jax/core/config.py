@@ -29,6 +29,10 @@ RESUME = {"resumable": True}
 """Field metadata: a resumed run may change this field (and all below it), as it changes neither the model
 nor the data stream. The rest (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused by the
 run directory's guard; optim.lr is allowed (the NaN advice says to lower it) and recorded."""
+WEIGHTS = {"weights": True}
+"""Field metadata (model fields): trained weights mean something only in a model with this field's value (it
+sets their shapes, their layout or the function they compute), so a checkpoint is read only into a model
+that agrees on every such field (`model_mismatch`); the others (name, dtype, attention, remat, ...) may differ."""
 
 
 @dataclass(frozen=True)
@@ -37,37 +41,37 @@ class ModelConfig:
 
     name: str = "tiny"
     """Label used in logs and the run directory."""
-    vocab_size: int = 4096
+    vocab_size: int = field(default=4096, metadata=WEIGHTS)
     """Vocabulary of the model; must equal the tokenizer's vocabulary size."""
-    vocab_pad_to: int = 1
+    vocab_pad_to: int = field(default=1, metadata=WEIGHTS)
     """Round the embedding/head rows up to a multiple of this (128 for tensor-core aligned GEMMs).
     Padded rows are masked out of the softmax, never sampled, and not counted as parameters."""
-    d_model: int = 128
+    d_model: int = field(default=128, metadata=WEIGHTS)
     """Width of the residual stream."""
-    n_layers: int = 4
+    n_layers: int = field(default=4, metadata=WEIGHTS)
     """Number of transformer blocks."""
-    n_heads: int = 4
+    n_heads: int = field(default=4, metadata=WEIGHTS)
     """Query heads."""
-    n_kv_heads: int = 2
+    n_kv_heads: int = field(default=2, metadata=WEIGHTS)
     """Key/value heads (grouped-query attention); must divide n_heads."""
-    head_dim: int = 0
+    head_dim: int = field(default=0, metadata=WEIGHTS)
     """Per-head width; 0 means d_model // n_heads."""
-    ffn_dim: int = 384
+    ffn_dim: int = field(default=384, metadata=WEIGHTS)
     """Hidden width of the SwiGLU MLP."""
-    embed_rank: int = 0
+    embed_rank: int = field(default=0, metadata=WEIGHTS)
     """Rank r of the factorized input embedding (vocab x r, then r x d); 0 = a full vocab x d table.
     The tiny default uses the full table: at d_model 128 a rank-32 tied head caps the output
     distribution at rank 32 and the demo ended 1.0 nats worse after 300 steps (docs/QUALITY.md)."""
-    head: Literal["tied", "factorized", "untied"] = "tied"
+    head: Literal["tied", "factorized", "untied"] = field(default="tied", metadata=WEIGHTS)
     """Output head: `tied` reuses the embedding (both factors when factorized: d -> r -> vocab),
     `factorized` has its own d -> r projection then the shared vocab x r table, `untied` is a full
     d x vocab matrix."""
-    rope_theta: float = 10_000.0
+    rope_theta: float = field(default=10_000.0, metadata=WEIGHTS)
     """RoPE base frequency."""
     max_position: int = 4096
     """Longest sequence the model is trained for (and exported with): every stage's seq_len and
     eval.seq_len must fit. RoPE tables are computed for each sequence's own length."""
-    norm_eps: float = 1e-6
+    norm_eps: float = field(default=1e-6, metadata=WEIGHTS)
     """RMSNorm epsilon."""
     init_std: float = 0.02
     """Std of the normal init; output projections (o, down) use init_std / sqrt(2 * n_layers)."""
@@ -79,9 +83,9 @@ class ModelConfig:
     remat: Literal["none", "full", "dots"] = "none"
     """Rematerialization of each block: none, full (save only block inputs), dots (save matmul
     outputs without batch dims)."""
-    scan_layers: bool = False
+    scan_layers: bool = field(default=False, metadata=WEIGHTS)
     """Run the blocks with `nn.scan` (one compiled layer; much faster compiles for deep models)."""
-    fuse_projections: bool = False
+    fuse_projections: bool = field(default=False, metadata=WEIGHTS)
     """q, k, v as one GEMM (their kernels side by side; the same parameters): under FP8 the normed input
     is quantized once, not three times, and one state serves the three. Gate and up stay two GEMMs: fused,
     the sm_90 step was predicted slower (XLA re-reads their joint gradient for its amax; docs/BENCHMARKS.md).
@@ -235,10 +239,13 @@ def check_curriculum(stages: tuple[StageConfig, ...], max_position: int) -> None
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with warmup and a cosine or WSD decay."""
+    """AdamW (or Muon for the hidden matrices, AdamW for the rest) with warmup and a cosine or WSD decay."""
 
+    name: Literal["adamw", "muon"] = "adamw"
+    """`adamw` for every parameter, or `muon`: Newton-Schulz orthogonalized Nesterov momentum for the
+    attention and FFN kernels (training/optim.py), AdamW (the keys below) for embeddings, the head and norms."""
     lr: float = field(default=3e-3, metadata=RESUME)
-    """Peak learning rate."""
+    """Peak learning rate (of AdamW; with `muon`, of the AdamW group)."""
     min_lr_ratio: float = 0.1
     """Final learning rate as a fraction of the peak."""
     warmup_steps: int = 20
@@ -255,10 +262,22 @@ class OptimConfig:
     """Adam beta2."""
     eps: float = 1e-8
     """Adam epsilon."""
+    muon_lr: float = field(default=0.02, metadata=RESUME)
+    """`muon` only: peak learning rate of the Muon group (same warmup, decay and stage scaling as `lr`)."""
+    muon_momentum: float = 0.95
+    """`muon` only: Nesterov momentum of the Muon group."""
+    muon_weight_decay: float = 0.0
+    """`muon` only: decoupled weight decay of the Muon group (times its learning rate)."""
+    cautious_weight_decay: bool = False
+    """Decay a weight only where its update and the weight agree in sign (cautious weight decay), in
+    every group that decays."""
 
     def check(self) -> None:
-        if self.lr <= 0:
-            raise UserError(f"config key 'optim.lr' must be positive, got {self.lr}")
+        if self.lr <= 0 or self.muon_lr <= 0:
+            raise UserError(f"config keys 'optim.lr' and 'optim.muon_lr' must be positive, got {self.lr} and "
+                            f"{self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1 or self.muon_weight_decay < 0:
+            raise UserError("config key 'optim.muon_momentum' must be in [0, 1) and 'optim.muon_weight_decay' >= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise UserError(f"config key 'optim.min_lr_ratio' must be in [0, 1], got {self.min_lr_ratio}")
         if not 0 < self.decay_fraction <= 1:
@@ -485,6 +504,23 @@ def resumable(key: str) -> bool:
         marked = marked or bool(fields[part].metadata.get("resumable"))
         cls = typing.get_type_hints(cls)[part]
     return marked
+
+
+def model_mismatch(saved: dict, model: ModelConfig) -> tuple[str, object, object] | None:
+    """(dotted key, saved value, value of `model`) of the first `WEIGHTS` field on which a checkpoint's saved
+    model config (a dict; a field it lacks counts as its default, as the code that saved it behaved) and
+    `model` disagree, or None. head_dim is compared as resolved (0 means d_model // n_heads)."""
+    defaults = ModelConfig()
+    for f in dataclasses.fields(ModelConfig):
+        if not f.metadata.get("weights"):
+            continue
+        was, now = saved.get(f.name, getattr(defaults, f.name)), getattr(model, f.name)
+        if f.name == "head_dim":
+            was = was or saved.get("d_model", defaults.d_model) // max(saved.get("n_heads", defaults.n_heads), 1)
+            now = model.resolved_head_dim
+        if was != now:
+            return f"model.{f.name}", was, now
+    return None
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> Config:

@@ -1,4 +1,13 @@
-"""AdamW with decay on matrices only, and the learning-rate schedule including curriculum stages.
+"""The optimizer (AdamW, or Muon for the hidden matrices), decay on matrices only, and the learning-rate
+schedule including curriculum stages.
+
+`optim.name: muon` partitions the parameters (`optax.partition`): the attention and FFN kernels of the
+blocks get optax's `scale_by_muon` (Nesterov momentum, orthogonalized by Newton-Schulz; a scanned
+[n_layers, I, O] kernel is n_layers matrices, its leading axis a batch axis), everything else (the
+embedding table, the head's factors, the norm scales) AdamW. Written here rather than taken whole from
+`optax.contrib.muon`: that bundles its own Nesterov Adam for the other leaves, with no weight-decay mask
+(it would decay the norm scales) and none of our AdamW settings. Both groups follow the same schedule
+(warmup, decay, stage `lr_scale`), each at its own peak (`optim.lr`, `optim.muon_lr`).
 
 The schedule is one pure function of the optimizer step: global warmup, then cosine / WSD /
 constant decay to `min_lr_ratio`, times the active stage's `lr_scale`, ramped over that stage's own
@@ -10,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from yxanul_jax.core.config import Config
 
@@ -62,11 +72,65 @@ def decay_mask(params):
     return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(cfg: Config) -> optax.GradientTransformation:
-    """AdamW; moments take the parameters' dtype (float32 master weights -> float32 moments)."""
+MUON_MODULES = ("attn", "mlp")  # the blocks' projections: q, k, v, o, gate, up, down (TE's fused names too)
+
+
+def muon_labels(params):
+    """"muon" for every kernel of the blocks' attention and FFN, "adamw" for the rest."""
+    def label(path, leaf):
+        names = [str(getattr(k, "key", k)) for k in path]
+        in_block = any(n == "layers" or n.startswith("layer_") for n in names)
+        return "muon" if in_block and names[-1] == "kernel" and set(names) & set(MUON_MODULES) else "adamw"
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
+def muon_dimensions(params):
+    """Which axes of each Muon kernel are the matrix (reduction, output): the last two; a scanned stack's
+    leading layer axis is a batch axis."""
+    return jax.tree_util.tree_map(lambda p: MuonDimensionNumbers(p.ndim - 2, p.ndim - 1), params)
+
+
+def decayed_weights(weight_decay: float, mask=None, cautious: bool = False) -> optax.GradientTransformation:
+    """Decoupled weight decay (added before the learning rate scales the update, as optax's AdamW does);
+    `cautious`: only where the update and the weight agree in sign (the decay then never works against
+    the step). `mask(params)`: which leaves decay."""
+    def update(updates, state, params):
+        keep = mask(params) if mask is not None else jax.tree_util.tree_map(lambda _: True, params)
+
+        def one(u, p, m):
+            if not m or weight_decay == 0:
+                return u
+            decay = weight_decay * p
+            return u + (jnp.where(u * p > 0, decay, 0.0) if cautious else decay)
+
+        return jax.tree_util.tree_map(one, updates, params, keep), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _adamw(cfg: Config, schedule) -> optax.GradientTransformation:
     o = cfg.optim
-    return optax.adamw(learning_rate=lr_schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps,
-                       weight_decay=o.weight_decay, mask=decay_mask)
+    if not o.cautious_weight_decay:  # optax's own (the state layout of every AdamW checkpoint)
+        return optax.adamw(learning_rate=schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                           mask=decay_mask)
+    return optax.chain(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps),
+                       decayed_weights(o.weight_decay, decay_mask, cautious=True), optax.scale_by_learning_rate(schedule))
+
+
+def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+    """AdamW, or (`optim.name: muon`) Muon for the blocks' kernels and AdamW for the rest; moments take
+    the parameters' dtype (float32 master weights -> float32 moments)."""
+    o = cfg.optim
+    schedule = lr_schedule(cfg)
+    if o.name == "adamw":
+        return _adamw(cfg, schedule)
+    ratio = o.muon_lr / o.lr
+    muon = optax.chain(
+        scale_by_muon(beta=o.muon_momentum, nesterov=True, weight_dimension_numbers=muon_dimensions),
+        decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay),
+        optax.scale_by_learning_rate(lambda step: schedule(step) * ratio))
+    return optax.partition({"muon": muon, "adamw": _adamw(cfg, schedule)}, muon_labels)
 
 
 def clip_by_global_norm(grads, max_norm: float):

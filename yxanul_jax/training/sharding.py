@@ -90,8 +90,11 @@ def state_shardings(cfg: Config, mesh: Mesh, abstract_state: TrainState) -> Trai
     """Shardings of the whole train state: params and their moments over fsdp, the rest replicated."""
     replicated = NamedSharding(mesh, P())
     params = param_shardings(cfg, mesh)
-    opt = optax.tree_map_params(make_optimizer(cfg), lambda _, s: s, abstract_state.opt_state, params,
-                                transform_non_params=lambda _: replicated)
+    # Under `optax.partition` (optim.name: muon) each group's state holds MaskedNode where the other
+    # group's parameters are: a leaf to keep as it is (it has no array to place).
+    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+    opt = optax.tree_map_params(make_optimizer(cfg), lambda p, s: p if masked(p) else s, abstract_state.opt_state,
+                                params, transform_non_params=lambda x: x if masked(x) else replicated, is_leaf=masked)
     rep = lambda tree: jax.tree_util.tree_map(lambda _: replicated, tree)  # noqa: E731
     return TrainState(step=replicated, params=params, opt_state=opt, fp8=rep(abstract_state.fp8))
 

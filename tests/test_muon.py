@@ -1,0 +1,142 @@
+"""`optim.name: muon` (issue 26): which parameters Muon trains, its update, cautious decay, the optimizer
+state's size and sharding, FP8 state outside it, a bit-exact resume through a real Orbax checkpoint, and
+the refusal to resume an AdamW run under Muon."""
+import collections
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from yxanul_jax.analysis import accounting
+from yxanul_jax.core.config import load_config
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.training import optim
+
+from conftest import REPO, TRAINED_RUN
+
+
+def _params(overrides):
+    from yxanul_jax.training.steps import init_train_state
+
+    return init_train_state(load_config(None, overrides), jax.random.key(0)).params
+
+
+@pytest.mark.parametrize("overrides", [[], ["model.scan_layers=true", "model.remat=full"],
+                                       ["model.head=untied", "model.embed_rank=0"]], ids=["unrolled", "scanned", "untied"])
+def test_muon_trains_the_blocks_kernels_and_adamw_the_rest(overrides):
+    overrides = TRAINED_RUN + ["optim.name=muon", *overrides]
+    params = _params(overrides)
+    labels = optim.muon_labels(params)
+    by_label = collections.defaultdict(int)
+    names = {}
+    for (path, leaf), label in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(labels)):
+        by_label[label] += leaf.size
+        names[jax.tree_util.keystr(path)] = label
+    assert by_label["muon"] == accounting.muon_param_count(load_config(None, overrides))
+    for key, label in names.items():
+        expect = "muon" if "kernel" in key and ("'attn'" in key or "'mlp'" in key) else "adamw"
+        assert label == expect, key  # embedding, embed_proj, head, norm scales: AdamW
+
+
+def test_a_muon_step_is_an_orthogonalized_momentum():
+    # One matrix, one step from zero momentum with Nesterov: the update is NS5(g); its singular values sit near
+    # 1 (the quintic iteration maps them into about [0.7, 1.2]) where g's spread over 100x.
+    g = jax.random.normal(jax.random.key(0), (64, 32)) * jnp.logspace(-1, 1, 32)[None, :]
+    tx = optax.contrib.scale_by_muon(beta=0.95, nesterov=True)
+    u, _ = tx.update(g, tx.init(g))
+    s = np.linalg.svd(np.asarray(u), compute_uv=False)
+    assert s.min() > 0.5 and s.max() < 1.3, s
+    sg = np.linalg.svd(np.asarray(g), compute_uv=False)
+    assert sg.max() / sg.min() > 30
+
+
+def test_cautious_weight_decay_only_where_update_and_weight_agree():
+    p = jnp.array([1.0, 1.0, -1.0, -1.0])
+    u = jnp.array([0.5, -0.5, 0.5, -0.5])
+    tx = optim.decayed_weights(0.1, cautious=True)
+    out, _ = tx.update(u, tx.init(p), p)
+    np.testing.assert_allclose(out, [0.6, -0.5, 0.5, -0.6])
+    plain = optim.decayed_weights(0.1)
+    np.testing.assert_allclose(plain.update(u, plain.init(p), p)[0], [0.6, -0.4, 0.4, -0.6])
+
+
+def test_muon_runs_with_fp8_and_accumulation_and_keeps_fp8_state_out():
+    from yxanul_jax.training.batch import BatchSpec
+    from yxanul_jax.training.steps import init_train_state, make_train_step
+
+    cfg = load_config(None, TRAINED_RUN + ["optim.name=muon", "curriculum.0.grad_accum_steps=2",
+                                           "curriculum.0.batch_size=4"])
+    assert cfg.fp8.active
+    state = init_train_state(cfg, jax.random.key(0))
+    fp8_leaves = {id(x) for x in jax.tree_util.tree_leaves(state.fp8)}
+    assert fp8_leaves and not fp8_leaves & {id(x) for x in jax.tree_util.tree_leaves(state.opt_state)}
+    stage = cfg.curriculum[0]
+    spec = BatchSpec.of(stage)
+    k = jax.random.split(jax.random.key(1), 2)
+    shape = spec.abstract()["inputs"].shape
+    batch = {"inputs": jax.random.randint(k[0], shape, 0, 512), "targets": jax.random.randint(k[1], shape, 0, 512),
+             "mask": jnp.ones(shape, jnp.float32)}
+    step = jax.jit(make_train_step(cfg, stage))
+    losses = []
+    for _ in range(4):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    mu = state.opt_state.inner_states["muon"].inner_state[0].mu
+    assert any(float(jnp.abs(x).sum()) > 0 for x in jax.tree_util.tree_leaves(mu))  # the momentum is state
+
+
+def test_resume_is_bit_exact_with_muon(tmp_path):
+    from yxanul_jax.training.loop import fit
+
+    overrides = TRAINED_RUN + ["optim.name=muon", "train.log_every=1", "checkpoint.interval=3"]
+    whole = fit(load_config(None, overrides), str(tmp_path / "whole"))
+    part = load_config(None, overrides + ["train.steps=3"])
+    fit(part, str(tmp_path / "part"))
+    resumed = fit(load_config(None, overrides), str(tmp_path / "part"))  # steps 4..6 from the Orbax checkpoint
+    assert whole.step == resumed.step == 6
+
+    def rows(run):
+        import json
+
+        with open(os.path.join(run, "metrics.jsonl")) as fh:
+            return {r["step"]: r["loss"] for r in map(json.loads, fh) if "loss" in r}
+
+    assert rows(str(tmp_path / "part")) == rows(str(tmp_path / "whole"))
+
+
+def test_an_adamw_run_does_not_resume_under_muon(tmp_path):
+    from yxanul_jax.core.rundir import prepare_run_dir
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), load_config())
+    (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    with pytest.raises(UserError, match="'optim.name' is 'adamw', not 'muon'.*--checkpoint"):
+        prepare_run_dir(str(run_dir), load_config(None, ["optim.name=muon"]))
+    with pytest.raises(UserError, match="optim.muon_lr"):
+        load_config(None, ["optim.name=muon", "optim.muon_lr=0"])
+
+
+@pytest.mark.slow
+def test_newton_schulz_on_an_fsdp_sharded_state_matches_one_device(tmp_path):
+    # The same Muon steps on one CPU device and on 8 (fsdp=4 x data=2: every kernel split over fsdp).
+    run = TRAINED_RUN + ["optim.name=muon", "model.dtype=float32", "fp8.enabled=false", "train.log_every=1",
+                         "eval.batch_size=8"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    losses = {}
+    for name, extra in (("one", []), ("eight", ["mesh.data=2", "mesh.fsdp=4"])):
+        e = env if extra else {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+        proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", "--run-dir", str(tmp_path / name), *run, *extra],
+                              env=e, cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        import json
+
+        with open(tmp_path / name / "metrics.jsonl") as fh:
+            losses[name] = [r["loss"] for r in map(json.loads, fh) if "loss" in r]
+    assert len(losses["one"]) == len(losses["eight"]) == 6
+    np.testing.assert_allclose(losses["eight"], losses["one"], rtol=1e-5)
