@@ -164,10 +164,16 @@ def test_no_readable_checkpoint_is_a_user_error(tmp_path):
     for step in ("1", "2"):
         _corrupt(os.path.join(directory, step))
     with Checkpointer(directory, _cfg()) as ckpt:
-        with pytest.raises(UserError, match="no readable checkpoint.*step 2: .*step 1: "):
+        with pytest.raises(UserError, match="no usable checkpoint.*step 2: .*step 1: .*--overwrite.*--checkpoint"):
             ckpt.restore(_template(_small_state(0)))
         with pytest.raises(UserError, match="step 5 not found"):
             ckpt.restore(_template(_small_state(0)), step=5)
+    # asked again (the same command run twice): the same refusal, naming the damaged ones and why, never
+    # "no checkpoint" (which a run takes as a fresh start from step 0)
+    with Checkpointer(directory, _cfg()) as ckpt:
+        with pytest.raises(UserError, match=r"no usable checkpoint.*corrupt.*\(1-\d+-\d+: .+; 2-\d+-\d+: .+\);"
+                                            ".*--overwrite.*--checkpoint"):
+            ckpt.restore(_template(_small_state(0)))
 
 
 def test_an_unreadable_step_is_named_without_orbaxs_object_repr():
@@ -357,3 +363,43 @@ def test_a_closed_checkpointer_leaves_no_filter_or_hook_behind(tmp_path, none_op
     with pytest.raises(OSError):
         Checkpointer(str(tmp_path / "c"))  # a failed open releases its hold too
     assert not orbax_logs.is_quiet() and sys.unraisablehook is before[1]
+
+
+def _meta_file(step_dir) -> str:
+    return os.path.join(step_dir, "meta", "metadata")  # Orbax's JsonSave: the meta, as plain JSON
+
+
+def _edit_meta(step_dir, edit) -> None:
+    import json
+
+    with open(_meta_file(step_dir)) as fh:
+        meta = json.load(fh)
+    edit(meta)
+    with open(_meta_file(step_dir), "w") as fh:
+        json.dump(meta, fh)
+
+
+def test_edited_metadata_is_skipped_with_a_warning_naming_it(tmp_path, capsys):
+    # Everything a resume reads besides the arrays (the data cursor, the step, the config) is in the JSON meta:
+    # an edit there is caught like a flipped bit in an array, and so is a step directory renamed.
+    from yxanul_jax.training.integrity import META_CHECKSUMS
+
+    directory = str(tmp_path / "ck")
+    with Checkpointer(directory, _cfg(max_to_keep=5, keep_best=False)) as ckpt:
+        for step in (1, 2, 3, 4):
+            ckpt.save(step, _small_state(step), {"data": {"cursor": 100 * step}, "tokens": step}, force=True)
+    os.rename(os.path.join(directory, "4"), os.path.join(directory, "7"))  # "skip ahead" by renaming
+    _edit_meta(os.path.join(directory, "3"), lambda m: m["data"].update(cursor=0))
+    with Checkpointer(directory, _cfg(max_to_keep=5, keep_best=False)) as ckpt:
+        step, state, meta = ckpt.restore(_template(_small_state(0)))
+    assert step == 2 and meta == {"data": {"cursor": 200}, "tokens": 2}  # no checksums handed back
+    err = capsys.readouterr().err
+    assert "checkpoint step 7" in err and "it was saved as step 4, not 7" in err, err
+    assert "checkpoint step 3" in err and "its metadata 'data' does not match its checksum" in err, err
+    assert sorted(n.split("-")[0] for n in os.listdir(os.path.join(directory, "corrupt"))) == ["3", "7"]
+    # a checkpoint saved before metadata checksums (no META_CHECKSUMS) restores as before, with a note
+    _edit_meta(os.path.join(directory, "2"), lambda m: m.pop(META_CHECKSUMS))
+    with Checkpointer(directory, _cfg(max_to_keep=5, keep_best=False)) as ckpt:
+        assert ckpt.restore(_template(_small_state(0)))[0] == 2
+        assert ckpt.read_meta(2) == {"data": {"cursor": 200}, "tokens": 2}
+    assert "was saved before metadata checksums" in capsys.readouterr().err

@@ -203,3 +203,110 @@ def test_a_read_only_run_directory_is_one_line_and_changes_nothing(trained_run, 
         assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
         assert "Read-only file system" in lines[0] or "Permission denied" in lines[0], lines[0]
         assert sorted(os.listdir(run / "checkpoints")) == before
+
+
+# Issue 27: everything a resume reads is verified; a wrong model is refused; a NaN names where to go on from
+
+
+def _lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.strip()]
+
+
+def test_an_edited_data_cursor_is_refused_every_time_never_a_silent_step_0(trained_run, tmp_path):
+    """The data cursor lives in the checkpoint's JSON, beside the checksummed arrays: edited, the checkpoint is
+    skipped with a warning naming it; with none left the command exits 2 naming the two ways on, and so does
+    the same command run again (it used to start from step 0)."""
+    import shutil
+
+    from data_fixtures import run_cli
+    from yxanul_jax.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)  # one checkpoint, step 6
+    meta_file = run / "checkpoints" / "6" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    meta["data"]["cursor"] = 0  # "start the data over" by hand
+    meta_file.write_text(json.dumps(meta))
+    metrics = (run / "metrics.jsonl").read_text()
+    for attempt in (1, 2):
+        rc, _, err = run_cli(main, ["train", "--run-dir", run, *TRAINED_RUN, "train.steps=8"])
+        lines = _lines(err)
+        assert rc == 2 and lines[-1].startswith("error: no usable checkpoint in"), err[-3000:]
+        assert "--overwrite" in lines[-1] and "--checkpoint PATH" in lines[-1], lines[-1]
+        assert "its metadata 'data' does not match its checksum" in lines[-1], lines[-1]  # named again on the rerun
+        if attempt == 1:
+            assert len(lines) == 2 and lines[0].startswith("warning: checkpoint step 6") and "'data'" in lines[0], err
+        else:
+            assert len(lines) == 1, err
+    assert os.listdir(run / "checkpoints") == [CORRUPT_DIR]  # moved aside, never deleted, no step 0 saved
+    assert (run / "metrics.jsonl").read_text() == metrics
+
+
+def test_a_model_override_that_disagrees_with_the_checkpoint_is_refused(trained_run, tmp_path):
+    """Overrides that change what the weights mean (a shape, or a function of them such as RoPE's base) are refused
+    in one line naming the field, its value in the checkpoint and the override, before anything is read or
+    written: --eval-only used to evaluate a truncated model. --eval-only --checkpoint alone takes the
+    checkpoint's own config."""
+    from data_fixtures import run_cli
+    from yxanul_jax.cli import main
+
+    ckpts = trained_run / "checkpoints"
+    new = tmp_path / "new"
+    for args, saved, given in (
+            (["--eval-only", "--checkpoint", ckpts, "model.n_layers=1"], "model.n_layers=2", "model.n_layers=1"),
+            (["--eval-only", "--run-dir", trained_run, "model.n_layers=1"], "model.n_layers=2", "model.n_layers=1"),
+            (["--eval-only", "--checkpoint", ckpts / "6", "model.rope_theta=500000"], "model.rope_theta=10000.0",
+             "model.rope_theta=500000.0"),
+            (["--run-dir", new, "--checkpoint", ckpts, *TRAINED_RUN, "model.n_layers=1"], "model.n_layers=2",
+             "model.n_layers=1")):
+        rc, _, err = run_cli(main, ["train", *args])
+        lines = _lines(err)
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: checkpoint step 6 in"), err[-3000:]
+        assert f"was saved with {saved}, but {given} is given here" in lines[0], lines[0]
+    assert not new.exists()
+    rc, out, err = run_cli(main, ["train", "--eval-only", "--checkpoint", ckpts])
+    assert rc == 0 and json.loads(out.strip().splitlines()[-1])["step"] == 6, err[-3000:]
+
+
+def test_the_nan_advice_names_the_newest_checkpoint_whose_loss_was_finite_and_not_diverging(tmp_path):
+    from yxanul_jax.training.loop import TrainingDiverged, diverged
+
+    cfg = load_config(None, [])
+
+    def advice(losses: dict, nan_at: int):
+        """The advice for a NaN at `nan_at` over checkpoints saved with {step: (train_loss, lowest so far)}."""
+        directory = tmp_path / f"ck{len(os.listdir(tmp_path))}"
+        with _ckpt(directory) as ck:
+            for s, (loss, lowest) in losses.items():
+                ck.save(s, _state(s), {"train_loss": loss, "train_loss_lowest": lowest}, force=True)
+            e = diverged(TrainingDiverged(f"loss became nan at step {nan_at}", nan_at, float("nan")), ck, cfg)
+        return e, str(e), directory
+
+    # 2 and 4 fine, 6 saved mid-spike, 8 the one whose parameters gave the NaN at 9
+    e, text, directory = advice({2: (7.9, 7.8), 4: (7.4, 7.3), 6: (3.55e13, 7.2), 8: (7.0, 7.0)}, 9)
+    assert e.last_good_step == 4 and e.step == 9 and text.startswith("loss became nan at step 9;")
+    assert ("is step 4 (loss 7.4; later step 8: its parameters gave the loss nan at step 9; step 6: loss 3.55e+13)"
+            in text)
+    assert f"--checkpoint {directory / '4'} --run-dir NEW_DIR" in text and "optim.lr (now 0.003)" in text
+    e, text, _ = advice({2: (7.9, 7.8), 4: (7.4, 7.3)}, 7)  # the latest is good: resume the same run
+    assert e.last_good_step == 4 and "run the same command again with a lower optim.lr" in text
+    e, text, _ = advice({2: (12.0, 7.0), 4: (1e20, 7.0)}, 9)  # 12 after 7.0: diverging too
+    assert e.last_good_step is None and "No checkpoint recorded a finite training loss" in text
+    assert "step 4: loss 1e+20; step 2: loss 12" in text and "--overwrite" in text
+    e, text, _ = advice({}, 3)
+    assert e.last_good_step is None and "No checkpoint was saved before it" in text
+
+
+def test_a_nan_loss_exits_2_naming_the_step_and_never_advises_the_checkpoint_that_gave_it(tmp_path):
+    from data_fixtures import run_cli
+    from yxanul_jax.cli import main
+
+    run = tmp_path / "nan"  # a learning rate 1e30 times too high: the parameters after step 1 overflow
+    rc, _, err = run_cli(main, ["train", "--run-dir", run, *TRAINED_RUN, "checkpoint.interval=1",
+                                "curriculum=[{start_step: 0, seq_len: 32, batch_size: 8, lr_scale: 1e30}]"])
+    error = [line for line in _lines(err) if line.startswith("error: ")]
+    assert rc == 2 and len(error) == 1 and error[0] == _lines(err)[-1], err[-3000:]
+    assert error[0].startswith("error: loss became nan at step 2;") and "None" not in error[0], error[0]
+    assert "step 1: its parameters gave the loss nan at step 2" in error[0] and "--overwrite" in error[0], error[0]
+    with _ckpt(run / "checkpoints") as ck:  # the checkpoint records its training loss
+        assert ck.all_steps() == [1] and np.isfinite(ck.read_meta(1)["train_loss"])

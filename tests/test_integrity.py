@@ -20,7 +20,8 @@ def test_checksums_see_every_bit_and_the_order():
     w = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
     tree = {"params": {"w": w, "b": jnp.zeros(2, jnp.bfloat16)}, "step": jnp.int32(3), "key": jax.random.key(0)}
     sums = tree_checksums(tree)
-    assert set(sums) == {"params.w", "params.b", "step"}  # a typed key has no bits of its own to sum
+    assert set(sums) == {"params.w", "params.b", "step", "key"}  # a typed key: its key data
+    assert tree_checksums({**tree, "key": jax.random.key(1)})["key"] != sums["key"]
     assert tree_checksums(jax.tree.map(lambda x: x, tree)) == sums
     flipped = w.at[1, 2].set(jnp.nextafter(w[1, 2], jnp.float32(100)))  # the lowest bit of one value
     assert tree_checksums({**tree, "params": {**tree["params"], "w": flipped}})["params.w"] != sums["params.w"]
@@ -48,3 +49,24 @@ def test_mismatch_compares_shapes_dtypes_and_names():
     assert mismatch(saved, {"w": ((2, 3), "float32")}) == "the checkpoint has 'k' which the state being restored lacks"
     assert mismatch(saved, {"w": ((2, 3), "float32")}, partial=True) is None
     assert mismatch(saved, {**saved, "x": ((1,), "float32")}) == "'x' is missing from the checkpoint"
+
+
+def test_meta_checksums_name_the_edited_key_a_renamed_step_and_a_legacy_meta():
+    import json
+
+    from yxanul_jax.training.integrity import LEGACY, META_CHECKSUMS, meta_checksums, verify_meta
+
+    meta = {"data": {"cursor": 1536, "seed": 0}, "stage": 0, "tokens": 1536, "config": {"model": {"n_layers": 2}},
+            "train_loss": 6.06, "targets": ("q", "k"), CHECKSUMS: {"params.w": [1, 2]}}
+    meta[META_CHECKSUMS] = meta_checksums(meta, 6)
+    back = json.loads(json.dumps(meta))  # as the JSON file reads back (the tuple is a list now)
+    assert verify_meta(back, 6) is None
+    edited = json.loads(json.dumps(meta))
+    edited["data"]["cursor"] = 0  # the data cursor moved by hand
+    assert verify_meta(edited, 6) == "its metadata 'data' does not match its checksum (edited or damaged)"
+    edited = {**back, CHECKSUMS: {"params.w": [1, 3]}}  # the array checksums made to fit edited arrays
+    assert verify_meta(edited, 6) == "its metadata 'checksums' does not match its checksum (edited or damaged)"
+    assert verify_meta(back, 9) == "it was saved as step 6, not 9 (its directory was renamed or copied)"
+    assert verify_meta({k: v for k, v in back.items() if k != "tokens"}, 6) == "its metadata 'tokens' is missing"
+    assert verify_meta({**back, "x": 1}, 6) == "its metadata has 'x', which was not saved with it"
+    assert verify_meta({k: v for k, v in back.items() if k != META_CHECKSUMS}, 6) == LEGACY

@@ -15,14 +15,13 @@ import sys
 
 import jax
 
-from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config, load_config
 from yxanul_jax.core.rundir import CONFIG_FILE
 from yxanul_jax.inference.run_sample import EndOfRunSample
-from yxanul_jax.training.loop import TrainingDiverged, fit, report_validation
-from yxanul_jax.training.session import evaluate_checkpoint
+from yxanul_jax.training.loop import fit, report_validation
+from yxanul_jax.training.session import checkpoint_config, evaluate_checkpoint
 
 
 def parse_args(argv):
@@ -38,11 +37,14 @@ def parse_args(argv):
 
 
 def load_run_config(args) -> Config:
-    """The config of this command: the run's saved one for --eval-only of an existing run directory (with
-    the command line's overrides), else defaults <- --config <- overrides; --disable-fp8 last."""
+    """The config of this command: for --eval-only, the run's saved one (an existing run directory's, else
+    --checkpoint's own) with the command line's overrides; else defaults <- --config <- overrides;
+    --disable-fp8 last."""
     saved = os.path.join(args.run_dir, CONFIG_FILE) if args.run_dir else None
     if args.eval_only and args.config is None and saved and os.path.isfile(saved):
         cfg = load_config(saved, args.overrides)  # validate the run as it was trained
+    elif args.eval_only and args.config is None and args.checkpoint:
+        cfg = checkpoint_config(args.checkpoint, args.overrides)  # the model the checkpoint was trained as
     else:
         cfg = config_from_args(args)
     if args.disable_fp8:
@@ -75,12 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = args.run_dir or default_run_dir(cfg, args.config)
     if args.eval_only:
         return eval_only(cfg, run_dir, args.checkpoint)
-    try:
-        result = fit(cfg, run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite, hooks=[EndOfRunSample()])
-    except TrainingDiverged as e:
-        console.error(f"{e}; stopping. The last good checkpoint (step {e.last_good_step}) is intact; lower "
-                      "optim.lr or raise the warmup, then resume from it.")
-        return 1
+    # a NaN/inf loss is a TrainingDiverged: a UserError naming the step and the checkpoint to go on from (exit 2)
+    result = fit(cfg, run_dir, checkpoint=args.checkpoint, overwrite=args.overwrite, hooks=[EndOfRunSample()])
     if result.interrupted:  # saved, not finished: 128 + the signal, as a shell reports a process it stopped
         return 128 + int(getattr(signal, result.signal or "SIGTERM", signal.SIGTERM))
     return 0

@@ -2,11 +2,13 @@
 
 `python -m yxanul_jax.train` adds it to `fit(..., hooks=[EndOfRunSample()])`, so a finished run ends in
 text written by the model it trained (temperature 0.8, top-k 40, seeded by train.seed; process 0
-only; `train.sample_tokens=0` turns it off).
+only; `train.sample_tokens=0` turns it off). A SIGTERM/SIGINT during it ends it at the next token (the
+loop's `interrupted`): the run is finished and saved by then, and nothing is printed.
 """
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import jax
 
@@ -17,15 +19,20 @@ from yxanul_jax.inference.trained import tokenizer_path_of
 from yxanul_jax.training.hooks import Hook
 
 
-def print_sample(cfg, state) -> None:
-    """Print a continuation of `train.sample_prompt` by the model in `state` (skipped when it cannot fit)."""
+def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> None:
+    """Print a continuation of `train.sample_prompt` by the model in `state` (skipped when it cannot fit, or
+    when `should_stop()` ends it early: `sampling.generate`)."""
     tok = load_tokenizer(tokenizer_path_of(cfg))
     prompt = list(map(int, tok.tokenizer.encode(cfg.train.sample_prompt).ids))
     if not prompt or len(prompt) + cfg.train.sample_tokens > cfg.model.max_position:
         return
     variables = {"params": jax.device_get(state.params), **jax.device_get(state.fp8)}
-    out = generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens, temperature=0.8, top_k=40,
-                   seed=cfg.train.seed, eos_id=tok.eos_id)["tokens"][0]
+    result = generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens, temperature=0.8, top_k=40,
+                      seed=cfg.train.seed, eos_id=tok.eos_id, should_stop=should_stop)
+    if result["stopped"]:
+        console.note("end-of-run sample skipped: the run was asked to stop")
+        return
+    out = result["tokens"][0]
     text = tok.tokenizer.decode([t for t in out if t != tok.eos_id])
     console.info(f"sample (train.sample_prompt, {len(out)} tokens, temperature 0.8, top-k 40):\n"
                  f"{cfg.train.sample_prompt}{text}")
@@ -38,5 +45,5 @@ class EndOfRunSample(Hook):
         if jax.process_index() != 0 or not loop.cfg.train.sample_tokens:
             return
         t0 = time.perf_counter()
-        print_sample(loop.cfg, state)
+        print_sample(loop.cfg, state, should_stop=lambda: loop.interrupted() is not None)
         loop.times["sample"] = time.perf_counter() - t0

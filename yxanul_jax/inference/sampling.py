@@ -1,15 +1,17 @@
 """Sampling from a Yxanul model with a KV cache: logit filtering (temperature, top-k, top-p) and `generate`.
 
 Decoding uses the training model's own code (`Yxanul.decode`): one prefill of every prompt, then
-one jitted step per generated token; the cache holds keys and values of the kv heads only. Prompts
-of different lengths are decoded together (each row at its own positions). A row stops at the
-tokenizer's EOS. `temperature=0` is greedy; otherwise top-k, then top-p (nucleus) filtering, then
-sampling. The `generate` command (`yxanul_jax/generate.py`) and the end-of-run sample call it.
+one step per generated token, both compiled ahead of time (and timed apart from running them); the
+cache holds keys and values of the kv heads only. Prompts of different lengths are decoded together
+(each row at its own positions). A row stops at the tokenizer's EOS. `temperature=0` is greedy;
+otherwise top-k, then top-p (nucleus) filtering, then sampling. The `generate` command
+(`yxanul_jax/generate.py`) and the end-of-run sample call it.
 """
 from __future__ import annotations
 
 import functools
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -45,22 +47,58 @@ def sample(logits_BxV, key, temperature: float = 0.0, top_k: int = 0, top_p: flo
     return jax.random.categorical(key, filter_logits(logits_BxV, temperature, top_k, top_p)).astype(jnp.int32)
 
 
+class _Programs:
+    """The jitted prefill, one-token step and sampler of one model config, and their executables compiled
+    ahead of time per argument shapes, kept across `generate` calls: sampling again at shapes seen before
+    (an evaluation loop, the next prompt) compiles nothing, and `generate` times compilation apart from
+    decoding."""
+
+    def __init__(self, model_cfg: ModelConfig, fp8: FP8Config):
+        model = Yxanul(model_cfg, fp8)
+
+        def prefill(v, tokens_BxP, positions_BxP, cache, last_B):
+            logits_BxPxV, cache = model.apply(v, tokens_BxP, positions_BxP, cache, method=Yxanul.decode)
+            return logits_BxPxV[jnp.arange(tokens_BxP.shape[0]), last_B], cache  # each row's last prompt token
+
+        def step(v, tokens_Bx1, positions_Bx1, cache):
+            logits_Bx1xV, cache = model.apply(v, tokens_Bx1, positions_Bx1, cache, method=Yxanul.decode)
+            return logits_Bx1xV[:, 0], cache
+
+        def next_token(logits_BxV, key, temperature, top_k, top_p):
+            key, sub = jax.random.split(key)
+            return sample(logits_BxV, sub, temperature=temperature, top_k=top_k, top_p=top_p), key
+
+        self.prefill, self.step = jax.jit(prefill), jax.jit(step)
+        self.next_token = jax.jit(next_token, static_argnames=("temperature", "top_k", "top_p"))
+        self.executables: dict = {}
+
+    def compiled(self, fn, *args, **static):
+        """`fn` lowered and compiled for the shapes and dtypes of `args` (arrays or ShapeDtypeStructs), once."""
+        leaves, tree = jax.tree.flatten(args)
+        key = (fn, tree, tuple((tuple(a.shape), str(a.dtype)) for a in leaves), tuple(sorted(static.items())))
+        if key not in self.executables:
+            if len(self.executables) >= 64:  # many prompt lengths: keep memory bounded
+                self.executables.clear()
+            self.executables[key] = fn.lower(*args, **static).compile()
+        return self.executables[key]
+
+
 @functools.lru_cache(maxsize=8)
-def _decoder(model_cfg: ModelConfig, fp8: FP8Config):
-    """The jitted `Yxanul.decode` of one model config, kept across `generate` calls so that sampling
-    again (an evaluation loop, the next prompt) reuses its compiled prefill and step."""
-    model = Yxanul(model_cfg, fp8)
-    return jax.jit(lambda v, t, pos, c: model.apply(v, t, pos, c, method=Yxanul.decode))
+def _programs(model_cfg: ModelConfig, fp8: FP8Config) -> _Programs:
+    return _Programs(model_cfg, fp8)
 
 
 def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: list[list[int]],
              max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-             seed: int = 0, eos_id: int | None = None) -> dict:
+             seed: int = 0, eos_id: int | None = None, should_stop: Callable[[], bool] | None = None) -> dict:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
-    Returns {"tokens": one list of new token ids per prompt (up to and including EOS),
-    "prefill_s", "decode_s", "new_tokens"}. Raises UserError for an empty prompt, or when prompt
-    plus new tokens exceed model.max_position.
+    Returns {"tokens": one list of new token ids per prompt (up to and including EOS), "prompt_tokens",
+    "new_tokens", "compile_s", "prefill_s", "decode_s", "stopped"}. The prefill, the one-token step and the
+    sampler are compiled first (`compile_s`; 0 for shapes compiled before), so `prefill_s` and `decode_s`
+    time running them only. `should_stop()`, asked after the prefill and before each token, ends the
+    decoding early ("stopped": True; a compile under way finishes first). Raises UserError for an empty
+    prompt, or when prompt plus new tokens exceed model.max_position.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("a prompt is empty; give at least one token of text")
@@ -74,37 +112,50 @@ def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: l
     if not 0 < top_p <= 1 or top_k < 0 or temperature < 0:
         raise UserError(f"need temperature >= 0, top_k >= 0 and 0 < top_p <= 1 (--temperature, --top-k, --top-p); "
                         f"got {temperature}, {top_k}, {top_p}")
-    decode = _decoder(model_cfg, fp8)
+    programs = _programs(model_cfg, fp8)
     B = len(prompts)
     lengths_B = np.array([len(p) for p in prompts], np.int32)
     tokens_BxP = np.zeros((B, longest), np.int32)
     for i, p in enumerate(prompts):
         tokens_BxP[i, :len(p)] = p
+    positions_BxP = np.broadcast_to(np.arange(longest, dtype=np.int32), (B, longest))
+    variables = jax.device_put(variables)  # once, not with every step
     cache = init_cache(model_cfg, B, total, DTYPES[model_cfg.dtype])
     key = jax.random.key(seed)
+    jax.block_until_ready((variables, cache, key))  # neither transfer is timed as prefill
+    static = {"temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p)}
 
     start = time.perf_counter()
-    positions_BxP = np.broadcast_to(np.arange(longest, dtype=np.int32), (B, longest))
-    logits_BxPxV, cache = decode(variables, jnp.asarray(tokens_BxP), jnp.asarray(positions_BxP), cache)
-    logits_BxV = logits_BxPxV[jnp.arange(B), jnp.asarray(lengths_B - 1)]
+    one_BxI = jax.ShapeDtypeStruct((B, 1), jnp.int32)
+    prefill = programs.compiled(programs.prefill, variables, tokens_BxP, positions_BxP, cache, lengths_B)
+    step = programs.compiled(programs.step, variables, one_BxI, one_BxI, cache)
+    next_token = programs.compiled(programs.next_token, jax.ShapeDtypeStruct((B, model_cfg.vocab_size), jnp.float32),
+                                   key, **static)
+    compile_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    logits_BxV, cache = prefill(variables, jnp.asarray(tokens_BxP), jnp.asarray(positions_BxP), cache,
+                                jnp.asarray(lengths_B - 1))
     logits_BxV.block_until_ready()
     prefill_s = time.perf_counter() - start
 
     start = time.perf_counter()
     out = [[] for _ in range(B)]
     done = np.zeros(B, bool)
+    stopped = False
     for i in range(max_new_tokens):
-        key, sub = jax.random.split(key)
-        next_B = np.asarray(sample(logits_BxV, sub, temperature=float(temperature), top_k=int(top_k),
-                                   top_p=float(top_p)))
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+        next_B, key = next_token(logits_BxV, key)
+        next_B = np.asarray(next_B)
         for b in range(B):
             if not done[b]:
                 out[b].append(int(next_B[b]))
                 done[b] = eos_id is not None and int(next_B[b]) == eos_id
         if done.all() or i + 1 == max_new_tokens:
             break
-        logits_Bx1xV, cache = decode(variables, jnp.asarray(next_B[:, None]), jnp.asarray((lengths_B + i)[:, None]),
-                                     cache)
-        logits_BxV = logits_Bx1xV[:, 0]
+        logits_BxV, cache = step(variables, jnp.asarray(next_B[:, None]), jnp.asarray((lengths_B + i)[:, None]), cache)
     decode_s = time.perf_counter() - start
-    return {"tokens": out, "prefill_s": prefill_s, "decode_s": decode_s, "new_tokens": sum(len(o) for o in out)}
+    return {"tokens": out, "prompt_tokens": int(lengths_B.sum()), "new_tokens": sum(len(o) for o in out),
+            "compile_s": compile_s, "prefill_s": prefill_s, "decode_s": decode_s, "stopped": stopped}

@@ -7,11 +7,18 @@ One checkpoint is one Orbax step directory `<dir>/<step>/` holding two items wri
   `StandardSave` (tensorstore/OCDBT) and restored bit-exactly into a template;
 * `meta`: a JSON dict (data-iterator state, curriculum position, the resolved config, ...) and
   `checksums`: per array, two wrap-around sums of its raw bits (plain and position-weighted),
-  computed on device at save (`yxanul_jax.training.integrity`).
+  computed on device at save, and `meta_checksums`: the SHA-256 of every other meta key and the step
+  it was saved as (`yxanul_jax.training.integrity`).
 
-A restore verifies what it read: checksums equal, every float finite. A checkpoint that fails that,
-or whose metadata or arrays cannot be read, is moved aside into `<dir>/corrupt/<step>-<UTC time>/`
-(never deleted) with a warning, and the previous one is tried; saving continues from there.
+A restore verifies what it read: the meta first (no key edited, the step directory not renamed),
+then the arrays (checksums equal, every float finite). A checkpoint that fails that, or whose
+metadata or arrays cannot be read, is moved aside into `<dir>/corrupt/<step>-<UTC time>/` (never
+deleted; the reason written into it as `REASON.txt`) with a warning naming what failed, and
+the previous one is tried; saving continues from there. When none is usable the restore refuses, and
+so does every later one while `corrupt/` holds them and no checkpoint is left (a run never silently
+starts again from step 0): `--overwrite` starts over, `--checkpoint PATH` starts from a chosen one.
+A checkpoint saved before metadata checksums existed (no `meta_checksums`) restores as before, its
+arrays verified, with a note that its metadata cannot be checked.
 
 Orbax writes into `<step>.orbax-checkpoint-tmp-*` and renames when complete, so a run killed mid-save
 leaves the previous checkpoints untouched and the half-written one is ignored (and cleaned up).
@@ -34,7 +41,7 @@ import math
 import os
 import re
 import shutil
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -44,9 +51,13 @@ from yxanul_jax.core import console
 from yxanul_jax.core.config import CheckpointConfig
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
-from yxanul_jax.training.integrity import CHECKSUMS, leaf_specs, mismatch, tree_checksums, verify
+from yxanul_jax.training.integrity import (CHECKSUMS, LEGACY, META_CHECKSUMS, leaf_specs, meta_checksums, mismatch,
+                                           tree_checksums, verify, verify_meta)
 from yxanul_jax.training.orbax_logs import keep_quiet_until_exit, quiet_orbax, write_failure
 
+
+REASON_FILE = "REASON.txt"
+"""Written into a checkpoint moved aside into `corrupt/`: why it could not be used."""
 
 METRIC = "val_ppl"
 """Name of the metric that Orbax stores with each step and ranks by (lower is better)."""
@@ -224,6 +235,7 @@ class Checkpointer:
                 console.warn(f"step {step}: validation perplexity is {value}; saving without a metric so it "
                              "can never be the best checkpoint")
         meta = {**meta, CHECKSUMS: tree_checksums(state)}
+        meta[META_CHECKSUMS] = meta_checksums(meta, step)
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self.wait()  # the previous async save, finished first (a failure names its own step)
         with self._writing(step):
@@ -265,8 +277,9 @@ class Checkpointer:
 
     # ---- restoring
 
-    def restore(self, abstract_state: Any, step: int | None = None, *, partial: bool = False) -> tuple[int, Any, dict]:
-        """Restore checkpoint `step` (None: the latest readable one) into `abstract_state`'s layout.
+    def restore(self, abstract_state: Any, step: int | None = None, *, partial: bool = False,
+                expect: Callable[[dict], str | None] | None = None) -> tuple[int, Any, dict]:
+        """Restore checkpoint `step` (None: the latest usable one) into `abstract_state`'s layout.
 
         `partial=True`: `abstract_state` is a dict of some of the saved state's top-level parts (e.g.
         `{"params": ..., "fp8": ...}` for sampling) and only those are read, each checked as below.
@@ -277,12 +290,18 @@ class Checkpointer:
         equal the saved ones: Orbax would otherwise cast silently, so a mismatch raises UserError
         (usually a different model config). Values come back bit-exact.
 
-        With `step=None`, an unreadable checkpoint is skipped with a logged warning naming the step
-        and the reason, and the previous one is tried, and so on. Raises UserError when the
-        directory holds no checkpoint, when none is readable, or when the requested `step` is
-        missing or unreadable: a run never silently restarts from step 0.
+        `expect(meta)`: why this checkpoint's (verified) meta does not fit the caller, or None; a reason
+        raises UserError "checkpoint step N in 'DIR' <reason>" before any array is read (the model
+        config a caller was given differs from the one saved: a mistake, not a damaged checkpoint).
 
-        Returns `(step, state, meta)`. A read-only Checkpointer leaves an unusable step in place.
+        With `step=None`, an unusable checkpoint (unreadable, or its meta or arrays fail verification)
+        is skipped with a warning naming the step and what failed, and the previous one is tried, and
+        so on. Raises UserError when the directory holds no checkpoint, when none is usable (also on
+        every later call, while the damaged ones sit in `corrupt/`), or when the requested `step` is
+        missing or unusable: a run never silently restarts from step 0.
+
+        Returns `(step, state, meta)` (the meta without its checksums). A read-only Checkpointer leaves
+        an unusable step in place.
         """
         self._mngr.reload()  # another process may have written here since we opened it
         present = self.all_steps()
@@ -293,20 +312,27 @@ class Checkpointer:
             candidates = [step]
         else:
             if not present:
+                if quarantined(self.directory):
+                    raise UserError(none_usable(self.directory, [], read_only=self.read_only))
                 raise UserError(f"no checkpoint in '{self.directory}'; pass --checkpoint with a "
                                 "checkpoint directory or step directory")
             candidates = present[::-1]
         wanted = leaf_specs(abstract_state)
         failures = []
         for i, s in enumerate(candidates):
-            reason = None
-            try:
-                saved = leaf_specs(self._mngr.item_metadata(s)["state"])
-            except Exception as e:  # noqa: BLE001 - anything unreadable means "try the previous one"
-                reason = _unreadable(e)
-            else:
-                if not saved:  # no state metadata: a damaged checkpoint, not a different config
-                    reason = "its array metadata (state/_METADATA) is missing"
+            meta, reason = self._verified_meta(s)
+            if reason is None and expect is not None:
+                wrong = expect(meta)
+                if wrong:
+                    raise UserError(f"checkpoint step {s} in '{self.directory}' {wrong}")
+            if reason is None:
+                try:
+                    saved = leaf_specs(self._mngr.item_metadata(s)["state"])
+                except Exception as e:  # noqa: BLE001 - anything unreadable means "try the previous one"
+                    reason = _unreadable(e)
+                else:
+                    if not saved:  # no state metadata: a damaged checkpoint, not a different config
+                        reason = "its array metadata (state/_METADATA) is missing"
             if reason is None:
                 diff = mismatch(saved, wanted, partial)
                 if diff:
@@ -319,27 +345,42 @@ class Checkpointer:
                 else:
                     state_args = ocp.args.StandardRestore(abstract_state)
                 try:
-                    out = self._mngr.restore(s, args=ocp.args.Composite(state=state_args, meta=ocp.args.JsonRestore()))
+                    out = self._mngr.restore(s, args=ocp.args.Composite(state=state_args))
                 except Exception as e:  # noqa: BLE001
                     reason = _unreadable(e)
                 else:
-                    reason = verify(out["state"], dict(out["meta"]))
+                    reason = verify(out["state"], meta)
                     if reason is None:
-                        return s, out["state"], {k: v for k, v in dict(out["meta"]).items() if k != CHECKSUMS}
+                        return s, out["state"], _without_checksums(meta)
             failures.append(f"step {s}: {reason}")
             if step is None:
-                aside = self._quarantine(s)
+                aside = self._quarantine(s, reason)
                 where = f"moved to {aside}" if aside else "left in place"
                 nxt = f"falling back to step {candidates[i + 1]}" if i + 1 < len(candidates) else "no earlier one"
                 console.warn(f"checkpoint step {s} in {self.directory} cannot be used ({reason}); {where}; {nxt}")
         if step is not None:
-            raise UserError(f"checkpoint step {step} in '{self.directory}' is unreadable ({failures[0]}); "
-                            "pass another step or the checkpoint directory to take the latest readable one")
-        raise UserError(f"no readable checkpoint in '{self.directory}' ({'; '.join(failures)}); "
-                        "restore the files or start a new --run-dir")
+            raise UserError(f"checkpoint step {step} in '{self.directory}' cannot be used ({failures[0]}); "
+                            "pass another step or the checkpoint directory to take the latest usable one")
+        raise UserError(none_usable(self.directory, failures, read_only=self.read_only))
 
-    def _quarantine(self, step: int) -> str | None:
-        """Move a damaged step aside into `<dir>/corrupt/` (process 0 only; never deleted)."""
+    def _verified_meta(self, step: int, note: bool = True) -> tuple[dict | None, str | None]:
+        """(the JSON meta of `step`, None) when it reads back as saved, else (None or the meta, why not).
+        A meta saved before metadata checksums is taken as it is (with a note, unless not `note`)."""
+        try:
+            meta = dict(self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
+        except Exception as e:  # noqa: BLE001 - an unreadable meta makes the checkpoint unusable
+            return None, _unreadable(e)
+        reason = verify_meta(meta, step)
+        if reason == LEGACY:
+            if note:
+                console.note(f"checkpoint step {step} in {self.directory} was saved before metadata checksums: its "
+                             "arrays are verified, its data position and config cannot be")
+            reason = None
+        return meta, reason
+
+    def _quarantine(self, step: int, reason: str) -> str | None:
+        """Move a damaged step aside into `<dir>/corrupt/` (process 0 only; never deleted), `reason`
+        written into it (`REASON_FILE`)."""
         if jax.process_index() != 0 or self.read_only:
             return None
         import datetime
@@ -352,6 +393,9 @@ class Checkpointer:
         try:
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             os.replace(src, dst)
+            with contextlib.suppress(OSError):
+                with open(os.path.join(dst, REASON_FILE), "w", encoding="utf-8") as fh:
+                    fh.write(reason + "\n")
         except OSError as e:
             console.warn(f"could not move damaged checkpoint step {step} aside ({type(e).__name__}); leaving it")
             return None
@@ -359,19 +403,19 @@ class Checkpointer:
         return dst
 
     def read_meta(self, step: int | None = None) -> dict:
-        """The JSON meta of checkpoint `step` (None: the latest) without reading any array."""
+        """The verified JSON meta of checkpoint `step` (None: the latest), without its checksums and
+        without reading any array; UserError when it is unreadable or fails verification."""
         self._mngr.reload()
         present = self.all_steps()
         if not present or (step is not None and step not in present):
             raise UserError(f"checkpoint step {step if step is not None else '(latest)'} not found in "
                             f"'{self.directory}'; steps present: {present or 'none'}")
         step = present[-1] if step is None else step
-        try:
-            out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        except Exception as e:  # noqa: BLE001
-            raise UserError(f"checkpoint step {step} in '{self.directory}' has no readable meta "
-                            f"({_unreadable(e)}); pass another step")
-        return dict(out["meta"])
+        meta, reason = self._verified_meta(step, note=False)  # restoring it says so
+        if reason is not None:
+            raise UserError(f"checkpoint step {step} in '{self.directory}' cannot be used ({reason}); "
+                            "pass another step")
+        return _without_checksums(meta)
 
     # ---- lifecycle
 
@@ -410,11 +454,59 @@ class Checkpointer:
         self.close()
 
 
-def read_checkpoint(path: str, abstract_state: Any, *, partial: bool = False) -> tuple[int, Any, dict]:
+def read_checkpoint(path: str, abstract_state: Any, *, partial: bool = False,
+                    expect: Callable[[dict], str | None] | None = None) -> tuple[int, Any, dict]:
     """`Checkpointer.restore` of `--checkpoint PATH` (`resolve_checkpoint_path`), read-only."""
     directory, step = resolve_checkpoint_path(path)
     with Checkpointer(directory, read_only=True) as ckpt:
-        return ckpt.restore(abstract_state, step, partial=partial)
+        return ckpt.restore(abstract_state, step, partial=partial, expect=expect)
+
+
+def read_checkpoint_meta(path: str) -> dict:
+    """`Checkpointer.read_meta` of `--checkpoint PATH` (its step, or the latest), read-only."""
+    directory, step = resolve_checkpoint_path(path)
+    with Checkpointer(directory, read_only=True) as ckpt:
+        return ckpt.read_meta(step)
+
+
+def quarantined(directory: str) -> list[tuple[str, str]]:
+    """(name, reason or "") of each checkpoint moved aside into `<directory>/corrupt/`, by step."""
+    where = os.path.join(directory, CORRUPT_DIR)
+    try:
+        names = sorted((n for n in os.listdir(where) if os.path.isdir(os.path.join(where, n))),
+                       key=lambda n: (int(n.split("-")[0]) if n.split("-")[0].isdigit() else -1, n))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        try:
+            with open(os.path.join(where, name, REASON_FILE), encoding="utf-8") as fh:
+                why = one_line(fh.read(), 200)
+        except OSError:
+            why = ""
+        out.append((name, why))
+    return out
+
+
+def none_usable(directory: str, failures: list[str], *, read_only: bool = False) -> str:
+    """The refusal when no checkpoint in `directory` can be used: what failed (`failures`, from this restore;
+    none: the damaged ones moved into `corrupt/` before, with their reasons), and the ways on."""
+    if read_only:
+        fix = "restore the files, or pass --checkpoint with another checkpoint"
+    else:
+        fix = ("pass --overwrite to start over (the run's files are moved aside, nothing is deleted), or "
+               "--checkpoint PATH to start from a checkpoint you choose")
+    aside, where = quarantined(directory), os.path.join(directory, CORRUPT_DIR)
+    if failures:
+        moved = f"; moved to '{where}'" if aside else ""
+        return f"no usable checkpoint in '{directory}' ({'; '.join(failures)}){moved}; {fix}"
+    named = "; ".join(f"{name}: {why}" if why else name for name, why in aside)
+    return (f"no usable checkpoint in '{directory}': every one failed verification and was moved to '{where}' "
+            f"({named}); {fix}")
+
+
+def _without_checksums(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if k not in (CHECKSUMS, META_CHECKSUMS)}
 
 
 def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:

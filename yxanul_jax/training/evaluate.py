@@ -73,8 +73,10 @@ def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[
 
 def evaluate(eval_step: Callable, params, fp8_state, domains: list[Domain], *, seq_len: int, batch_size: int,
              max_batches: int = 0, put: Callable = lambda b: b, process_index: int = 0,
-             process_count: int = 1) -> dict:
-    """Per-domain mean loss and perplexity plus their token-weighted mean, as a flat metrics dict."""
+             process_count: int = 1, should_stop: Callable[[], bool] | None = None) -> dict | None:
+    """Per-domain mean loss and perplexity plus their token-weighted mean, as a flat metrics dict; None when
+    `should_stop()` (asked before each batch; one process only: the others would wait in a collective)
+    said to abandon it."""
     row: dict = {}
     total_nll, total_tokens = 0.0, 0.0
     for d in domains:
@@ -82,6 +84,8 @@ def evaluate(eval_step: Callable, params, fp8_state, domains: list[Domain], *, s
         for batch in eval_batches(d.dataset, seq_len=seq_len, batch_size=batch_size, split=d.split,
                                   max_batches=max_batches, process_index=process_index,
                                   process_count=process_count):
+            if should_stop is not None and should_stop():
+                return None
             s, c = eval_step(params, fp8_state, put(batch))
             nll, count = nll + float(s), count + float(c)
         loss = nll / max(count, 1.0)

@@ -9,10 +9,13 @@ else is a hook it calls at fixed moments, in the order given:
     after_step(loop, state, done)     after it is dispatched (`done` = steps taken; the device may still run)
     on_metrics(loop, info)            a step's metrics as host numbers, one step behind (`StepInfo`)
     stop_reason(loop, done) -> str    a reason to save and stop after `done` steps, or None
+    interrupt(loop) -> str            a reason to abandon what runs now (a validation, a compile wait, the sample)
+                                      and save and stop as soon as possible, or None; asked often, outside steps
     on_loop_end(loop)                 the steps are over (finished, stopped or failed), before the final phase
     on_validation(loop, step, row)    a validation row (at eval.interval and at the end)
     on_save(loop, step)               a validate-then-save point of `step` saved (or refused non-finite parameters)
-    on_end(loop, state, step)         the run finished (validated and saved); not after a stop or an error
+    on_end(loop, state, step)         the run finished (validated and saved); not after a stop, an error, or a
+                                      signal that came during the final phase
     close()                           always, last
 
 A researcher's own hook subclasses `Hook`, overrides what it needs and is passed to `fit(..., hooks=[...])`.
@@ -27,7 +30,7 @@ import jax
 from yxanul_jax.core import console
 from yxanul_jax.core.rundir import PROFILE_DIR
 from yxanul_jax.model import fp8 as fp8_lib
-from yxanul_jax.training.monitor import MetricsWriter, Progress
+from yxanul_jax.training.monitor import MetricsWriter, Progress, profile_viewers
 from yxanul_jax.training.preemption import SignalGuard, stop_requested
 
 
@@ -61,6 +64,9 @@ class Hook:
         pass
 
     def stop_reason(self, loop, done: int) -> str | None:
+        return None
+
+    def interrupt(self, loop) -> str | None:
         return None
 
     def on_loop_end(self, loop) -> None:
@@ -135,24 +141,50 @@ class MetricsLog(Hook):
 
 
 class Profiler(Hook):
-    """A jax.profiler trace of profile.num_steps steps from profile.start_step, into `<run_dir>/profile/`."""
+    """A jax.profiler trace of profile.num_steps steps from profile.start_step, into `<run_dir>/profile/`
+    (`plugins/profile/<time>/<host>.xplane.pb`, what XProf and TensorBoard's profile plugin read); when it is
+    written, one line says where and the commands that open it (`monitor.profile_viewers`). Steps that end
+    before the trace's last step (a stop, a shorter run) still write what was traced."""
 
     def __init__(self, cfg, run_dir: str):
         self.start, self.num, self.run_dir = cfg.profile.start_step, cfg.profile.num_steps, run_dir
+        self.trace_dir = os.path.join(run_dir, PROFILE_DIR)
+        self._first: int | None = None  # the first traced step while a trace runs
 
     def before_step(self, loop, step: int) -> None:
         if step == self.start:
-            jax.profiler.start_trace(os.path.join(self.run_dir, PROFILE_DIR))
+            jax.profiler.start_trace(self.trace_dir)
+            self._first = step
 
     def after_step(self, loop, state, done: int) -> None:
-        if self.start >= 0 and done == self.start + self.num:
+        if self._first is not None and done == self.start + self.num:
             jax.block_until_ready(state)
+            self._stop(done)
+
+    def on_loop_end(self, loop) -> None:
+        if self._first is not None:  # the steps ended inside the trace: keep what it holds
+            self._stop(None)
+
+    def _stop(self, done: int | None) -> None:
+        jax.profiler.stop_trace()
+        steps = f"the {done - self._first} steps after step {self._first}" if done is not None else \
+            f"the steps after step {self._first}"
+        self._first = None
+        console.info("\n".join([f"profile of {steps} written to {self.trace_dir}; open it with",
+                                 *(f"  {line}" for line in profile_viewers(self.trace_dir))]))
+
+    def close(self) -> None:
+        if self._first is not None:  # a failure between steps: never leave the profiler running
+            self._first = None
             jax.profiler.stop_trace()
 
 
 class SignalStop(Hook):
     """SIGTERM / SIGINT (on any process of a multi-host run) save a checkpoint and stop the loop at one step
-    for all processes (`preemption.stop_requested`)."""
+    for all processes (`preemption.stop_requested`). The guard stays from the first step to the end of the
+    run, the final validation, save and `on_end` hooks included: on one process a signal also cuts short a
+    validation, a wait for a stage's compile and the end-of-run sample (`interrupt`); with several, those
+    run to their end (their collectives need every process), and the stop is agreed at a step."""
 
     def __init__(self):
         self.guard = SignalGuard()
@@ -169,8 +201,10 @@ class SignalStop(Hook):
     def signal_name(self) -> str | None:
         return self.guard.signal_name
 
-    def on_loop_end(self, loop) -> None:
-        self.guard.__exit__(None, None, None)  # the final validation and save run under the usual handlers
+    def interrupt(self, loop) -> str | None:
+        if jax.process_count() > 1 or not self.guard.requested:
+            return None
+        return self.guard.signal_name
 
     def close(self) -> None:
-        self.guard.__exit__(None, None, None)  # restoring twice is harmless
+        self.guard.__exit__(None, None, None)  # the previous handlers again (restoring twice is harmless)

@@ -1,13 +1,24 @@
-"""Checkpoint integrity: per-array checksums of a state's raw bits, and the checks a restore must pass.
+"""Checkpoint integrity: checksums of everything a resume reads, and the checks a restore must pass.
 
-A checkpoint stores `tree_checksums(state)` in its meta under `CHECKSUMS`: per array, two
-wrap-around sums (mod 2**32) of its raw bits, one plain and one position-weighted, computed on
-device. `verify` recomputes them for the restored state and also refuses NaN/inf in the parameters
-or optimizer state; `leaf_specs` and `mismatch` compare a checkpoint's array shapes and dtypes with
-the template it is restored into (Orbax would otherwise cast silently).
+A checkpoint stores `tree_checksums(state)` in its meta under `CHECKSUMS`: per array (parameters,
+optimizer state, FP8 state, the step), two wrap-around sums (mod 2**32) of its raw bits, one plain
+and one position-weighted, computed on device. `verify` recomputes them for the restored state and
+also refuses NaN/inf in the parameters or optimizer state.
+
+The JSON beside the arrays (the data cursor and its seed, the stage, the tokens, the resolved config,
+the training loss, and the array checksums themselves) is covered by `meta_checksums` under
+`META_CHECKSUMS`: the SHA-256 of each top-level key's canonical JSON, and the step the checkpoint was
+saved as (its directory name is what Orbax restores by). `verify_meta` names the key that was edited
+or damaged, or the step a renamed directory claims. A checkpoint written before these existed has no
+`META_CHECKSUMS`: `verify_meta` answers `LEGACY` for it (its arrays are still verified).
+
+`leaf_specs` and `mismatch` compare a checkpoint's array shapes and dtypes with the template it is
+restored into (Orbax would otherwise cast silently).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import jax
@@ -16,6 +27,10 @@ import numpy as np
 
 CHECKSUMS = "checksums"
 """The meta key holding `tree_checksums` of the saved state."""
+META_CHECKSUMS = "meta_checksums"
+"""The meta key holding `meta_checksums` of the rest of the meta: {"step": int, "sha256": {key: hex}}."""
+LEGACY = "legacy"
+"""`verify_meta`'s answer for a checkpoint saved before metadata checksums (nothing to compare with)."""
 
 
 def _key_name(key) -> str:
@@ -75,12 +90,13 @@ def _sums(leaves: list) -> list:
 
 
 def tree_checksums(tree: Any) -> dict[str, list[int]]:
-    """Dotted path -> [sum, position-weighted sum] (mod 2**32) of every array's bits. Integer sums
-    are order-independent, so the same values give the same checksums on any device or sharding."""
-    named = [(".".join(_key_name(k) for k in path), leaf)
-             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-             if hasattr(leaf, "dtype") and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-             and jnp.dtype(leaf.dtype).itemsize in (1, 2, 4, 8)]
+    """Dotted path -> [sum, position-weighted sum] (mod 2**32) of every array's bits (a typed PRNG key's:
+    its key data). Integer sums are order-independent, so the same values give the same checksums on any
+    device or sharding."""
+    leaves = [(".".join(_key_name(k) for k in path),
+               jax.random.key_data(leaf) if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key) else leaf)
+              for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(leaf, "dtype")]
+    named = [(name, leaf) for name, leaf in leaves if jnp.dtype(leaf.dtype).itemsize in (1, 2, 4, 8)]
     sums = jax.device_get(_sums([leaf for _, leaf in named]))
     return {name: [int(v) for v in s] for (name, _), s in zip(named, sums)}
 
@@ -101,13 +117,50 @@ def _trained_parts(state: Any) -> list:
 def verify(state: Any, meta: dict) -> str | None:
     """Why a restored `state` cannot be trusted, or None: an array whose checksum differs from the
     saved one (`meta[CHECKSUMS]`), or a NaN/inf in the parameters or optimizer state (the FP8 state
-    and others may hold any value)."""
+    and others may hold any value). A meta saved before `META_CHECKSUMS` existed has no checksums for
+    typed PRNG keys: those are not compared."""
     saved = meta.get(CHECKSUMS)
     if saved is not None:
         got = tree_checksums(state)  # every restored array: all of the saved ones, or a part of them
-        bad = sorted(k for k in got if saved.get(k) != got[k])
+        legacy = META_CHECKSUMS not in meta
+        bad = sorted(k for k in got if saved.get(k) != got[k] and not (legacy and k not in saved))
         if bad:
             return f"array '{bad[0]}' does not match its checksum ({len(bad)} array(s) damaged)"
     if not tree_is_finite(_trained_parts(state)):
         return "its parameters or optimizer state hold NaN or inf"
+    return None
+
+
+def _canonical(value: Any) -> bytes:
+    """One byte string per JSON value, whatever the key order or the spacing it was written with."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def meta_checksums(meta: dict, step: int) -> dict:
+    """`META_CHECKSUMS` of a checkpoint's meta (JSON-safe: what the file will read back as) saved as `step`."""
+    meta = json.loads(json.dumps(meta, allow_nan=False))  # tuples -> lists, int keys -> str: as read back
+    return {"step": int(step), "sha256": {k: hashlib.sha256(_canonical(v)).hexdigest()
+                                          for k, v in sorted(meta.items()) if k != META_CHECKSUMS}}
+
+
+def verify_meta(meta: dict, step: int) -> str | None:
+    """Why a checkpoint's meta (as read back, saved under the directory of `step`) cannot be trusted, or
+    None; `LEGACY` when it predates `META_CHECKSUMS` and cannot be checked."""
+    record = meta.get(META_CHECKSUMS)
+    if record is None:
+        return LEGACY
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), dict):
+        return f"its metadata checksums ('{META_CHECKSUMS}') are damaged"
+    if record.get("step") != step:
+        return f"it was saved as step {record.get('step')}, not {step} (its directory was renamed or copied)"
+    want, got = record["sha256"], meta_checksums(meta, step)["sha256"]
+    missing = sorted(set(want) - set(got))
+    if missing:
+        return f"its metadata '{missing[0]}' is missing"
+    added = sorted(set(got) - set(want))
+    if added:
+        return f"its metadata has '{added[0]}', which was not saved with it"
+    bad = sorted(k for k in want if want[k] != got[k])
+    if bad:
+        return f"its metadata '{bad[0]}' does not match its checksum (edited or damaged)"
     return None

@@ -9,6 +9,7 @@ caller adds (the command adds the end-of-run sample).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -21,25 +22,38 @@ from yxanul_jax.analysis import accounting
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config, stream_lanes
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, RunLock, check_run_dir, checkpoint_steps, prepare_run_dir
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, RunLock, check_run_dir, checkpoint_steps,
+                                    prepare_run_dir)
 from yxanul_jax.data.loader import TrainStream
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.batch import BatchSpec
-from yxanul_jax.training.checkpoint import Checkpointer, read_checkpoint
+from yxanul_jax.training.checkpoint import Checkpointer, none_usable, quarantined, read_checkpoint
 from yxanul_jax.training.evaluate import format_eval
 from yxanul_jax.training.hooks import Hook, MetricsLog, NullWriter, Profiler, SignalStop, StepInfo
 from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
-from yxanul_jax.training.session import RunContext
+from yxanul_jax.training.session import RunContext, same_model
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN/inf; the last good checkpoint (step `last_good_step`) is left as it was."""
+class TrainingDiverged(UserError):
+    """The loss became NaN/inf at `step`. The checkpoints are left as they were; the message (from `fit`) names
+    the newest one whose training loss was finite and not diverging (`last_good_step`; None: there is none)."""
 
-    last_good_step: int | None = None
+    def __init__(self, message: str, step: int, loss: float, last_good_step: int | None = None):
+        super().__init__(message)
+        self.step, self.loss, self.last_good_step = step, loss, last_good_step
+
+
+def diverging(loss: float | None, lowest: float | None) -> bool:
+    """Whether a training loss says the run was diverging: not finite, or above the lowest loss the run had
+    reached by more than half of it and by more than one nat (a spike, not a noisy step)."""
+    if loss is None or not math.isfinite(loss):
+        return True
+    return lowest is not None and loss > lowest + max(1.0, 0.5 * abs(lowest))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +85,8 @@ class Loop:
         self.times = {"compile_wait": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds outside training
         self.stage_waits: dict[int, float] = {}  # stage -> seconds its first step waited for its compile
         self._pending = None  # (steps done, stage, device metrics) of the last dispatched step
+        self.last_loss: float | None = None  # the training loss of the last step fetched (recorded with a checkpoint)
+        self.lowest_loss: float | None = None  # the lowest training loss this run reached (resumes carry it)
         self._last_time, self._paused = 0.0, 0.0  # seconds since _last_time spent outside training
 
     def call_hooks(self, name: str, *args) -> None:
@@ -78,26 +94,38 @@ class Loop:
         for hook in self.hooks:
             getattr(hook, name)(self, *args)
 
+    def interrupted(self) -> str | None:
+        """A reason to abandon what the loop is doing right now (a validation, a compile wait, the sample): the
+        first hook's `interrupt`, e.g. a SIGTERM on a single-process run; None to go on."""
+        return next((r for r in (h.interrupt(self) for h in self.hooks) if r), None)
+
     def meta(self, stage: int) -> dict:
-        """The checkpoint's JSON beside the arrays: data position, stage, tokens, resolved config."""
-        return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg)}
+        """The checkpoint's JSON beside the arrays: data position, stage, tokens, resolved config, the training
+        loss of its last step and the lowest the run had reached (`diverging` reads them)."""
+        return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg),
+                "train_loss": self.last_loss, "train_loss_lowest": self.lowest_loss}
 
     def resume_from(self, meta: dict) -> None:
         self.stream.set_state(meta["data"])
         self.tokens = int(meta.get("tokens", 0))
+        self.last_loss, self.lowest_loss = meta.get("train_loss"), meta.get("train_loss_lowest")  # None: older
 
     # ---- the validate-then-save point
 
-    def validate(self, state, step: int) -> dict:
+    def validate(self, state, step: int) -> dict | None:
+        """The validation row of `step`, or None when a signal (`interrupted`) cut it short."""
         t0 = time.perf_counter()
-        row = self.ctx.validate(state.params, state.fp8, step)
+        row = self.ctx.validate(state.params, state.fp8, step, should_stop=lambda: self.interrupted() is not None)
         self.times["validation"] += time.perf_counter() - t0
-        self.call_hooks("on_validation", step, row)
+        if row is not None:
+            self.call_hooks("on_validation", step, row)
         return row
 
     def save(self, state, step: int, val_ppl: float | None = None) -> bool:
         t0 = time.perf_counter()
         try:
+            if self.ckpt.latest_step() == step:  # saved just before a stop came (a compile wait)
+                return False
             if not tree_is_finite(state.params):
                 console.warn(f"parameters are not finite at step {step}; not saving")
                 return False
@@ -108,7 +136,8 @@ class Loop:
 
     def point(self, state, step: int, validate: bool, final: bool = False) -> dict | None:
         """Validate (if asked) and save `step`, the perplexity attached to the checkpoint; the final point
-        reports the row (`report_validation`) and waits for the save to be written. Returns the row, or None."""
+        reports the row (`report_validation`) and waits for the save to be written. Returns the row, or None
+        (not asked, or cut short by a signal: the step is saved all the same, without a perplexity)."""
         t0 = time.perf_counter()
         row = self.validate(state, step) if validate else None
         if row is not None and final:
@@ -139,7 +168,9 @@ class Loop:
         tps = m["step_tokens"] / max(now - self._last_time - self._paused, 1e-9)
         self._last_time, self._paused = now, 0.0
         if not math.isfinite(m["loss"]):
-            raise TrainingDiverged(f"loss became {m['loss']} at step {done}")
+            raise TrainingDiverged(f"loss became {m['loss']} at step {done}", done, m["loss"])
+        self.last_loss = m["loss"]
+        self.lowest_loss = m["loss"] if self.lowest_loss is None else min(self.lowest_loss, m["loss"])
         self.tokens += int(m["step_tokens"])
         util = mfu(tps, accounting.flops_per_token(self.cfg.model, stage.seq_len), jax.device_count(), self.peak)
         self.call_hooks("on_metrics", StepInfo(done, si, stage.seq_len, m, self.tokens, tps, util))
@@ -151,9 +182,12 @@ class Loop:
         if si + 1 < len(cfg.curriculum) and cfg.curriculum[si + 1].start_step < cfg.train.steps:
             self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
 
-    def _compiled(self, si: int, step: int, entering: bool):
+    def _compiled(self, si: int, step: int, entering: bool, start_step: int):
+        """Stage `si`'s compiled step; None when a signal (`interrupted`) came while waiting for its compile
+        after this call's first step."""
         t0 = time.perf_counter()
-        compiled = (self.compiler.first_step(si) if step == 0 else None) or self.compiler.get(si)
+        stop = None if step == start_step else (lambda: self.interrupted() is not None)
+        compiled = (self.compiler.first_step(si) if step == 0 else None) or self.compiler.get(si, should_stop=stop)
         waited = time.perf_counter() - t0
         self._paused += waited
         self.times["compile_wait"] += waited
@@ -175,7 +209,11 @@ class Loop:
                 if entering:
                     stage_i = si
                     self._enter_stage(si, step)
-                compiled = self._compiled(si, step, entering)
+                compiled = self._compiled(si, step, entering, start_step)
+                if compiled is None:  # stopped while waiting for a compile: `step` steps are done
+                    self._flush()
+                    self.point(state, step, validate=False)
+                    return self._stop(state, step, self.interrupted())
                 spec = BatchSpec.of(cfg.curriculum[si])
                 rows = self.stream.next_batch(spec.seq_len, spec.rows_per_step)
                 batch = sh.global_batch(spec.from_rows(rows), self.ctx.layout.batch)
@@ -194,15 +232,19 @@ class Loop:
                 if do_eval or (self.ckpt.should_save(done) and done < total) or stop:
                     self._flush()
                     self.point(state, done, validate=do_eval)
+                    stop = stop or self.interrupted()  # a signal during that validation or save
                 if stop:
-                    self.ckpt.wait()
-                    console.info(f"stopped by {stop} at step {done}; checkpoint saved. "
-                                 "Run the same command again to resume.")
-                    return state, done, stop
+                    return self._stop(state, done, stop)
             self._flush()
             return state, total, None
         finally:
             self.call_hooks("on_loop_end")
+
+    def _stop(self, state, done: int, reason: str) -> tuple:
+        """End the steps after `done` was saved: wait for the write, and say how to go on."""
+        self.ckpt.wait()
+        console.info(f"stopped by {reason} at step {done}; checkpoint saved. Run the same command again to resume.")
+        return state, done, reason
 
 
 def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
@@ -213,8 +255,9 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     (`inference.run_sample.EndOfRunSample`).
 
     Raises UserError for a user mistake (found before anything is written to the run directory) and
-    TrainingDiverged when the loss becomes NaN/inf; the last good checkpoint is left intact either
-    way. The run directory is locked while it trains.
+    TrainingDiverged (a UserError naming the step, and the newest checkpoint whose training loss was finite and
+    not diverging) when the loss becomes NaN/inf; the checkpoints are left intact either way. The run
+    directory is locked while it trains.
     """
     fp8_lib.check_backend(cfg.fp8)
     if cfg.init.from_hf:
@@ -226,7 +269,7 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     check_run_dir(run_dir)
     ctx = RunContext.open(cfg, mesh)
     # a missing, damaged or mismatched --checkpoint is refused before the run directory is touched
-    explicit = read_checkpoint(checkpoint, ctx.layout.abstract) if checkpoint else None
+    explicit = read_checkpoint(checkpoint, ctx.layout.abstract, expect=same_model(cfg.model)) if checkpoint else None
     enable_compilation_cache()
     lock = RunLock(run_dir).acquire() if lead else None
     try:
@@ -250,11 +293,13 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     cfg = ctx.cfg
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     saved = checkpoint_steps(ckpt_dir)
+    if not saved and explicit is None and not overwrite and quarantined(ckpt_dir):
+        raise UserError(none_usable(ckpt_dir, []))  # every checkpoint was found damaged: refuse again, never step 0
     # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
     finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
     if lead:
         prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ctx.ds.tokenizer_path, record=not finished)
-        console.info(run_header(cfg, with_config=False))
+        console.info(run_header(cfg, with_config=False, run_dir=run_dir))
     with Checkpointer(ckpt_dir, cfg.checkpoint) as ckpt:  # closed (its last save waited for) however this ends
         state, meta, restored = ctx.restore_or_init(ckpt, explicit)
         start = int(state.step)
@@ -264,7 +309,7 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
         # from: rows of steps a killed run logged after its last checkpoint would otherwise appear twice.
         nothing_to_log = start >= cfg.train.steps and meta.get("validated")  # finished and validated: no writes
         writer = MetricsWriter(run_dir, resume_step=start) if lead and not nothing_to_log else NullWriter()
-        progress = Progress(cfg.train.steps, stream=None if lead else open(os.devnull, "w"))
+        progress = Progress(cfg.train.steps, every=cfg.train.log_every, stream=None if lead else open(os.devnull, "w"))
         signals = SignalStop()
         loop = Loop(ctx, run_dir, ckpt, [MetricsLog(cfg, writer, progress), Profiler(cfg, run_dir), signals, *extra])
         try:
@@ -274,17 +319,55 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             console.info(_describe(ctx, run_dir))
             return _run(loop, state, start, meta, signals)
         except TrainingDiverged as e:
-            e.last_good_step = ckpt.latest_step()
-            raise
+            raise diverged(e, ckpt, cfg) from None
         finally:
             for hook in loop.hooks:
                 hook.close()
             loop.stream.close()
 
 
+def diverged(e: TrainingDiverged, ckpt: Checkpointer, cfg: Config) -> TrainingDiverged:
+    """`e` with the advice: the newest checkpoint whose recorded training loss was finite and not `diverging`,
+    and how to go on from it (or that there is none). The loss at step N is computed from the parameters after
+    N - 1 steps, so a checkpoint of step `e.step - 1` is never advised: its parameters gave the NaN/inf."""
+    with contextlib.suppress(UserError):
+        ckpt.wait()  # the last save, committed (or failed) before its meta is read
+    good, later = None, []
+    for s in reversed(ckpt.all_steps()):
+        if s >= e.step - 1:
+            later.append(f"step {s}: its parameters gave the loss {e.loss} at step {e.step}")
+            continue
+        try:
+            meta = ckpt.read_meta(s)
+        except UserError:
+            continue  # unreadable or failing verification: never advised
+        loss = meta.get("train_loss")
+        if loss is not None and not diverging(loss, meta.get("train_loss_lowest")):
+            good = (s, loss)
+            break
+        later.append(f"step {s}: {'loss not recorded' if loss is None else f'loss {loss:.4g}'}")
+    head = f"{e}; stopping, the checkpoints are left as they were."
+    lr = f"a lower optim.lr (now {cfg.optim.lr:g})"
+    if good is None and not later:
+        advice = (f"No checkpoint was saved before it: run the same command again with {lr} or a longer "
+                  "optim.warmup_steps")
+    elif good is None:
+        advice = (f"No checkpoint recorded a finite training loss that was not diverging ({'; '.join(later)}): "
+                  f"start over with --overwrite and {lr} or a longer optim.warmup_steps")
+    elif not later:
+        advice = (f"The newest checkpoint whose training loss was finite and not diverging is step {good[0]} (loss "
+                  f"{good[1]:.4g}): run the same command again with {lr} to resume from it")
+    else:
+        advice = (f"The newest checkpoint whose training loss was finite and not diverging is step {good[0]} (loss "
+                  f"{good[1]:.4g}; later {'; '.join(later)}): continue from it in a new run directory with {lr}: "
+                  f"--checkpoint {os.path.join(ckpt.directory, str(good[0]))} --run-dir NEW_DIR")
+    return TrainingDiverged(f"{head} {advice}", e.step, e.loss, good[0] if good else None)
+
+
 def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> TrainResult:
     """From `start`: nothing (a finished run; validated now if it was not), or the steps, the final
-    validate-then-save point and the `on_end` hooks."""
+    validate-then-save point and the `on_end` hooks. A signal during the final validation saves the last
+    step unvalidated and stops; one after it skips the `on_end` hooks (the run is finished)."""
     cfg, started = loop.cfg, time.perf_counter()
     if start >= cfg.train.steps:
         console.info(f"this run already finished: step {start} of train.steps={cfg.train.steps}; raise "
@@ -298,7 +381,16 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
     if stop:
         return TrainResult(step, True, signals.signal_name, None, dict(loop.times), dict(loop.stage_waits))
     row = loop.point(state, step, validate=True, final=True)
-    loop.call_hooks("on_end", state, step)
+    why = loop.interrupted()
+    if row is None:  # the final validation was cut short by a signal: the last step is saved, not validated
+        console.info(f"stopped by {why} during the final validation; step {step} saved. Run the same command "
+                     "again to validate it.")
+        return TrainResult(step, True, signals.signal_name, None, dict(loop.times), dict(loop.stage_waits))
+    if why:
+        console.info(f"{why} after the run finished (step {step} validated and saved): the end-of-run hooks are "
+                     "skipped")
+    else:
+        loop.call_hooks("on_end", state, step)
     elapsed, t = time.perf_counter() - started, loop.times
     console.info(f"time: {elapsed:.1f} s in all, {elapsed - sum(t.values()):.1f} s training; outside it compile "
                  f"waits {t['compile_wait']:.1f} s, validation {t['validation']:.1f} s, checkpoints "

@@ -15,14 +15,16 @@ from typing import Any, Callable
 import jax
 
 from yxanul_jax.core import console
-from yxanul_jax.core.config import Config, stream_lanes
+from yxanul_jax.core.coerce import apply_overrides, from_dict
+from yxanul_jax.core.config import Config, ModelConfig, model_mismatch, stream_lanes, validate
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, checkpoint_steps
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
 from yxanul_jax.data.loader import Lanes, TokenStream
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training import sharding as sh
-from yxanul_jax.training.checkpoint import Checkpointer, read_checkpoint
+from yxanul_jax.training.checkpoint import (Checkpointer, none_usable, quarantined, read_checkpoint,
+                                            read_checkpoint_meta)
 from yxanul_jax.training.evaluate import Domain, evaluate, resolve_domains
 from yxanul_jax.training.stages import enable_compilation_cache, stage_index
 from yxanul_jax.training.steps import init_train_state, make_eval_step
@@ -87,14 +89,15 @@ class RunContext:
     def mesh(self):
         return self.layout.mesh
 
-    def validate(self, params, fp8_state, step: int) -> dict:
+    def validate(self, params, fp8_state, step: int, should_stop: Callable[[], bool] | None = None) -> dict | None:
         """Validation of the model after `step` steps on every domain, batches split over the mesh and over
-        processes: {"val/<domain>/loss", ".../ppl", ".../tokens", "val/mean/loss", "val/mean/ppl"}."""
+        processes: {"val/<domain>/loss", ".../ppl", ".../tokens", "val/mean/loss", "val/mean/ppl"}; None when
+        `should_stop()` (asked before each batch) abandoned it."""
         e = self.cfg.eval
         return evaluate(self.eval_step, params, fp8_state, self.domains,
                         seq_len=validation_seq_len(self.cfg, step), batch_size=e.batch_size,
                         max_batches=e.max_batches, put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(self.mesh)),
-                        process_index=jax.process_index(), process_count=jax.process_count())
+                        process_index=jax.process_index(), process_count=jax.process_count(), should_stop=should_stop)
 
     def restore_or_init(self, ckpt: Checkpointer, explicit: tuple | None) -> tuple[Any, dict, int | None]:
         """(state, meta, restored step or None), laid out on the mesh: `explicit` (`read_checkpoint`'s
@@ -104,8 +107,8 @@ class RunContext:
         if explicit is not None:
             step, state, meta = explicit
             return state, meta, step
-        if ckpt.latest_step() is not None:
-            step, state, meta = ckpt.restore(abstract)
+        if ckpt.latest_step() is not None or quarantined(ckpt.directory):  # none usable: restore() refuses
+            step, state, meta = ckpt.restore(abstract, expect=same_model(cfg.model))
             return state, meta, step
         if cfg.init.from_hf:  # a fresh run from a Hugging Face Llama: its weights, fresh moments
             from yxanul_jax.model import hf
@@ -131,10 +134,36 @@ def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None
     fp8_lib.check_backend(cfg.fp8)
     sh.maybe_initialize_distributed(cfg.mesh)
     enable_compilation_cache()
-    if not checkpoint and not checkpoint_steps(os.path.join(run_dir, CHECKPOINT_DIR)):
+    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    if not checkpoint and not checkpoint_steps(ckpt_dir) and quarantined(ckpt_dir):
+        raise UserError(none_usable(ckpt_dir, [], read_only=True))
+    if not checkpoint and not checkpoint_steps(ckpt_dir):
         raise UserError(f"no checkpoint in run directory '{run_dir}' to validate; train it first, or pass "
                         "--checkpoint PATH")
     ctx = RunContext.open(cfg, mesh, training=False)
     step, model, _ = read_checkpoint(checkpoint or os.path.join(run_dir, CHECKPOINT_DIR),
-                                     ctx.layout.abstract.model_parts(), partial=True)
+                                     ctx.layout.abstract.model_parts(), partial=True, expect=same_model(cfg.model))
     return step, ctx.validate(model["params"], model["fp8"], step)
+
+
+def checkpoint_config(path: str, overrides: list[str] = ()) -> Config:
+    """The resolved config saved in `--checkpoint PATH`'s (verified) meta with `overrides` applied; a checkpoint
+    without one gives the defaults with `overrides`."""
+    saved = read_checkpoint_meta(path).get("config")
+    base = from_dict(Config, saved) if isinstance(saved, dict) else Config()
+    return validate(apply_overrides(base, list(overrides)))
+
+
+def same_model(model: ModelConfig) -> Callable[[dict], str | None]:
+    """A checkpoint check (`Checkpointer.restore(expect=...)`): why a checkpoint's saved model config does not
+    describe `model` (`config.model_mismatch`: the field, its saved value and this one), or None. A checkpoint
+    whose meta holds no config is read as before (its arrays' shapes are still compared)."""
+    def check(meta: dict) -> str | None:
+        saved = (meta.get("config") or {}).get("model") if isinstance(meta.get("config"), dict) else None
+        diff = model_mismatch(saved, model) if isinstance(saved, dict) else None
+        if diff is None:
+            return None
+        key, was, now = diff
+        return (f"was saved with {key}={was}, but {key}={now} is given here; a checkpoint is read only into the "
+                f"model it was saved from: drop that override, or pass {key}={was}")
+    return check

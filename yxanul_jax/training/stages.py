@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable
 
 import jax
 
@@ -104,10 +106,18 @@ class StageCompiler:
         if i not in self._futures:
             self._futures[i] = self._pool.submit(self._compile, i)
 
-    def get(self, i: int):
-        """Stage i's compiled step, waiting for its compilation if needed."""
+    def get(self, i: int, should_stop: Callable[[], bool] | None = None):
+        """Stage i's compiled step, waiting for its compilation if needed; None when `should_stop()` (asked
+        every 0.2 s of the wait) said to give up (the compile goes on in the background)."""
         self.prefetch(i)
-        return self._futures[i].result()
+        future = self._futures[i]
+        while should_stop is not None:
+            try:
+                return future.result(timeout=0.2)
+            except FutureTimeout:
+                if should_stop():
+                    return None
+        return future.result()
 
 
 def enable_compilation_cache(path: str | None = None) -> str:
