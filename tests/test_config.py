@@ -99,7 +99,7 @@ def test_unknown_yaml_key_and_bad_files(tmp_path):
 RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sample_tokens", "train.xla_options",
              "train.loss_kernel",  # the same sums by another kernel (tests/test_fused_ce.py)
              "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
-             "optim.lr", "data.num_workers", "data.prefetch")
+             "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch")
 
 
 def _field_keys(cls, prefix=""):

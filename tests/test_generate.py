@@ -45,12 +45,29 @@ def test_batched_prompts_of_different_lengths_equal_one_at_a_time():
     together = generate(m, OFF, variables, prompts, 8)["tokens"]
     alone = [generate(m, OFF, variables, [p], 8)["tokens"][0] for p in prompts]
     assert together == alone
-    # sampling again at shapes seen before compiles nothing: the decoder is kept across calls
-    from yxanul_jax.inference.sampling import _decoder
+    # sampling again at shapes seen before compiles nothing: the executables are kept across calls
+    from yxanul_jax.inference.sampling import _programs
 
-    compiled = _decoder(m, OFF)._cache_size()
-    assert generate(m, OFF, variables, prompts, 8)["tokens"] == together
-    assert _decoder(m, OFF)._cache_size() == compiled
+    compiled = dict(_programs(m, OFF).executables)
+    again = generate(m, OFF, variables, prompts, 8)
+    assert again["tokens"] == together
+    assert _programs(m, OFF).executables == compiled and again["compile_s"] < 0.05
+
+
+def test_speeds_are_measured_after_compilation():
+    # A model of shapes nothing else compiled: the first call compiles the prefill, the one-token step and
+    # the sampler before its clocks start, and reports that time apart.
+    m = micro_model(n_layers=3, d_model=48, n_heads=3, n_kv_heads=1, ffn_dim=96)
+    variables = init_variables(m, OFF, jax.random.key(3))
+    prompts = [[4, 5, 6, 7], [8, 9]]
+    first = generate(m, OFF, variables, prompts, 12, temperature=0.7, top_k=5)
+    assert first["prompt_tokens"] == 6 and first["new_tokens"] == 24
+    assert first["compile_s"] > 5 * (first["prefill_s"] + first["decode_s"]), first  # compile is not in them
+    second = generate(m, OFF, variables, prompts, 12, temperature=0.7, top_k=5)
+    assert second["tokens"] == first["tokens"]  # the same draws: the sampler's key is split as before
+    assert second["compile_s"] < 0.05 * first["compile_s"], (first, second)
+    other_length = generate(m, OFF, variables, [[1, 2, 3]], 12, temperature=0.7, top_k=5)
+    assert other_length["compile_s"] > 5 * other_length["prefill_s"]  # new shapes compile, timed apart again
 
 
 def test_decoding_stops_at_eos_and_runs_with_fp8_state():
@@ -94,14 +111,31 @@ def _cli(*args):
     return run_cli(main, list(args))
 
 
+def tok_ids(run_dir, text: str) -> list[int]:
+    from yxanul_jax.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(run_dir / "tokenizer.json")).tokenizer.encode(text).ids
+
+
 def test_cli_samples_a_trained_run_and_refuses_bad_prompts(trained_run):
     import json
+    import re
 
     rc, stdout, stderr = _cli("--run-dir", str(trained_run), "--prompt", "def ", "--prompt", "import os\nclass ",
                               "--max-new-tokens", "8", "--num-samples", "2", "--seed", "1", "--json")
     assert rc == 0, stderr[-2000:]
     out = json.loads(stdout.strip().splitlines()[-1])
     assert len(out["samples"]) == 4 and out["step"] == 6 and out["tokens_per_sec"] > 0
+    # prefill and decode speeds over running time only; compile time on its own
+    prompt_tokens = len(tok_ids(trained_run, "def ")) + len(tok_ids(trained_run, "import os\nclass "))
+    assert out["prompt_tokens"] == 2 * prompt_tokens  # --num-samples 2
+    assert out["new_tokens"] == sum(s["tokens"] for s in out["samples"])
+    assert out["prefill_tokens_per_sec"] == pytest.approx(out["prompt_tokens"] / out["prefill_s"])
+    assert out["decode_tokens_per_sec"] == pytest.approx(out["new_tokens"] / out["decode_s"]) == out["tokens_per_sec"]
+    assert out["compile_s"] >= 0
+    speed = stdout.strip().splitlines()[-2]
+    assert re.fullmatch(r"prefill \d+ prompt tokens in [\d.]+ s \([\d,]+ tokens/s\); decode \d+ tokens in [\d.]+ s "
+                        r"\([\d,]+ tokens/s, batch 4\); compile [\d.]+ s before them, not counted", speed), speed
     assert all(1 <= s["tokens"] <= 8 for s in out["samples"]) and "--- sample 4" in stdout
     for args, needle in ((["--prompt", ""], "prompt is empty"),
                          (["--prompt", "x", "--max-new-tokens", "5000"], "exceeds the model's max_position"),

@@ -197,6 +197,115 @@ def test_progress_line_and_eta():
     assert term.getvalue().endswith("\n")
 
 
+def test_progress_off_a_terminal_prints_every_log_every_steps_and_the_last():
+    out = io.StringIO()
+    progress = Progress(10, every=4, stream=out, clock=iter(range(100)).__next__)
+    lines = [progress.update(step, 0, 64, 1.0, 10.0, None) for step in range(1, 11)]
+    assert all(line.startswith(f"step {i}/10 ") for i, line in enumerate(lines, 1))  # each step recorded
+    assert [line.split(" |")[0] for line in out.getvalue().splitlines()] == ["step 4/10", "step 8/10", "step 10/10"]
+    assert out.getvalue().splitlines()[1].endswith("ETA 0m02s")  # the rate counts every step, printed or not
+
+    term = _Terminal()  # a terminal: one live line, rewritten at every step whatever `every` is
+    progress = Progress(10, every=4, stream=term, clock=iter(range(100)).__next__)
+    for step in range(1, 11):
+        progress.update(step, 0, 64, 1.0, 10.0, None)
+    assert term.getvalue().count("\r") == 10 and "\n" not in term.getvalue()
+    with pytest.raises(ValueError, match="every"):
+        Progress(10, every=0)
+
+
+def test_run_header_says_how_to_open_the_profile():
+    assert "profile" not in run_header(_cfg(), with_config=False)  # no trace, no word of it
+    cfg = _cfg("profile.start_step=3", "profile.num_steps=2")
+    header = run_header(cfg, with_config=False, run_dir="runs/my run")
+    assert ("profile: the 2 steps after step 3 traced into runs/my run/profile; open it with\n"
+            "  xprof --logdir 'runs/my run/profile' --port 8791  (pip install xprof; then open http://localhost:8791)\n"
+            "  tensorboard --logdir 'runs/my run/profile'  (pip install tensorboard tensorboard-plugin-profile; "
+            "then open http://localhost:6006/#profile)\n") in header
+    assert "traced into <run dir>/profile" in run_header(cfg, with_config=False)  # no run directory given
+
+
+@pytest.fixture(scope="module")
+def profiled_runs(tmp_path_factory, shared_caches):
+    """Two real runs of the session's tiny model with `profile.*` set (the steps compiled for conftest's trained
+    run): a trace of steps 3-4 of 6, and one cut short by the end of the run (5 steps asked after step 4). Each
+    gives (run directory, stdout, stderr)."""
+    import contextlib
+
+    from conftest import TRAINED_RUN
+    from yxanul_jax.training.loop import fit
+
+    runs = {}
+    for name, overrides in (("full", ["profile.start_step=2", "profile.num_steps=2", "train.log_every=2"]),
+                            ("cut", ["profile.start_step=4", "profile.num_steps=5"])):
+        run_dir = str(tmp_path_factory.mktemp("profiled") / name)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            fit(load_config(None, [*TRAINED_RUN, *overrides]), run_dir)
+        runs[name] = (run_dir, out.getvalue(), err.getvalue())
+    return runs
+
+
+def _traces(run_dir: str) -> list[str]:
+    import glob
+
+    return glob.glob(os.path.join(run_dir, "profile", "plugins", "profile", "*", "*.xplane.pb"))
+
+
+def test_a_profiled_run_says_where_its_trace_is_and_how_to_open_it(profiled_runs):
+    run_dir, out, err = profiled_runs["full"]
+    trace_dir = os.path.join(run_dir, "profile")
+    viewers = [f"  xprof --logdir {trace_dir} --port 8791  (pip install xprof; then open http://localhost:8791)",
+               f"  tensorboard --logdir {trace_dir}  (pip install tensorboard tensorboard-plugin-profile; then open "
+               "http://localhost:6006/#profile)"]
+    assert "\n".join([f"profile: the 2 steps after step 2 traced into {trace_dir}; open it with", *viewers]) in out
+    assert "\n".join([f"profile of the 2 steps after step 2 written to {trace_dir}; open it with", *viewers]) in out
+    assert len(_traces(run_dir)) == 1 and os.path.getsize(_traces(run_dir)[0]) > 0  # where both tools look
+    # stderr is not a terminal here: one progress line every train.log_every=2 steps
+    assert [line.split(" |")[0] for line in err.splitlines() if line.startswith("step ")] == [
+        "step 2/6", "step 4/6", "step 6/6"]
+
+    run_dir, out, _ = profiled_runs["cut"]
+    assert f"profile of the steps after step 4 written to {os.path.join(run_dir, 'profile')}; open it with" in out
+    assert len(_traces(run_dir)) == 1  # the run ended inside the trace: what it holds is kept
+
+
+def test_the_printed_xprof_command_opens_the_trace(profiled_runs):
+    """The header's xprof command, as printed (on a free port), serves the run's trace; skipped where xprof is
+    not installed (`pip install xprof`: an optional viewer, not a dependency)."""
+    import gzip
+    import shlex
+    import shutil
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    if shutil.which("xprof") is None:
+        pytest.skip("xprof is not installed (pip install xprof)")
+    run_dir, out, _ = profiled_runs["full"]
+    line = next(x for x in out.splitlines() if x.strip().startswith("xprof --logdir"))
+    argv = shlex.split(line.split("(pip install")[0])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv[argv.index("--port") + 1] = str(port)
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, runs = time.time() + 120, None
+        while runs is None and time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/profile/runs", timeout=5) as r:
+                    body = r.read()
+                    runs = json.loads(gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body)
+            except OSError:
+                time.sleep(1)
+        assert runs == [os.path.basename(os.path.dirname(_traces(run_dir)[0]))], runs
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 # --------------------------------------------------------------------------------------------
 # FLOPs and MFU
 

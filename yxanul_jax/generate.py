@@ -6,7 +6,8 @@
 
 Prompts of different lengths are decoded together as one batch; a row stops at the tokenizer's EOS.
 `--temperature 0` is greedy; otherwise top-k, then top-p (nucleus) filtering, then sampling (how:
-`yxanul_jax/inference/sampling.py`). Prints each sample and the decoding speed; `--json` adds one JSON line.
+`yxanul_jax/inference/sampling.py`). Prints each sample, then prefill and decode tokens/s measured after
+compilation (compile time reported apart); `--json` adds one JSON line with those numbers.
 """
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ def _prompts(args) -> list[str]:
     if not prompts:
         raise UserError("give a prompt: --prompt TEXT (repeatable) or --prompt-file FILE")
     return prompts
+
+
+def speed_report(result: dict, batch: int) -> dict:
+    """The speed line of a `sampling.generate` result, and its numbers for --json: prefill and decode
+    tokens/s over running time only, compilation timed apart (`tokens_per_sec` is the decode rate)."""
+    prefill = result["prompt_tokens"] / max(result["prefill_s"], 1e-9)
+    decode = result["new_tokens"] / max(result["decode_s"], 1e-9)
+    line = (f"prefill {result['prompt_tokens']} prompt tokens in {result['prefill_s']:.3f} s ({prefill:,.0f} "
+            f"tokens/s); decode {result['new_tokens']} tokens in {result['decode_s']:.2f} s ({decode:,.0f} tokens/s, "
+            f"batch {batch}); compile {result['compile_s']:.2f} s before them, not counted")
+    numbers = {"prompt_tokens": result["prompt_tokens"], "new_tokens": result["new_tokens"],
+               "prefill_s": result["prefill_s"], "decode_s": result["decode_s"], "compile_s": result["compile_s"],
+               "prefill_tokens_per_sec": prefill, "decode_tokens_per_sec": decode, "tokens_per_sec": decode}
+    return {"line": line, "numbers": numbers}
 
 
 @cli_entry
@@ -67,12 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         text = tok.tokenizer.decode([t for t in new if t != tok.eos_id])
         samples.append({"prompt": texts[i // args.num_samples], "completion": text, "tokens": len(new)})
         console.info(f"--- sample {i + 1} (step {trained.step}) ---\n{samples[-1]['prompt']}{text}")
-    rate = result["new_tokens"] / max(result["decode_s"], 1e-9)
-    console.info(f"{result['new_tokens']} tokens in {result['decode_s']:.2f} s ({rate:,.0f} tokens/s decoding, "
-                 f"batch {len(prompts)}, the one-token step's compile included); prefill {result['prefill_s']:.2f} s "
-                 "(its compile included)")
+    report = speed_report(result, len(prompts))
+    console.info(report["line"])
     if args.json:
-        console.info(json.dumps({"step": trained.step, "samples": samples, "tokens_per_sec": rate}))
+        console.info(json.dumps({"step": trained.step, "samples": samples, **report["numbers"]}))
     return 0
 
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_yaml
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import METRICS_FILE, TB_DIR, atomic_write
+from yxanul_jax.core.rundir import METRICS_FILE, PROFILE_DIR, TB_DIR, atomic_write
 
 # --------------------------------------------------------------------------------------------
 # Metrics
@@ -141,10 +142,31 @@ def gpu_driver_info() -> str | None:
     return "; ".join(rows) if out.returncode == 0 and rows else None
 
 
-def run_header(cfg: Config, with_config: bool = True) -> str:
+def profile_viewers(trace_dir: str) -> list[str]:
+    """How to open a `jax.profiler` trace written under `trace_dir` (its `plugins/profile/<time>/*.xplane.pb`):
+    one command for XProf and one for TensorBoard's profile plugin, each with its install and its address."""
+    quoted = shlex.quote(trace_dir)
+    return [f"xprof --logdir {quoted} --port 8791  (pip install xprof; then open http://localhost:8791)",
+            f"tensorboard --logdir {quoted}  (pip install tensorboard tensorboard-plugin-profile; then open "
+            "http://localhost:6006/#profile)"]
+
+
+def profile_note(cfg: Config, run_dir: str | None = None) -> str | None:
+    """The header's lines on `profile.*`: which steps are traced, where to, and how to open the trace; None
+    without a trace."""
+    if cfg.profile.start_step < 0:
+        return None
+    where = os.path.join(run_dir, PROFILE_DIR) if run_dir else os.path.join("<run dir>", PROFILE_DIR)
+    return "\n".join([f"profile: the {cfg.profile.num_steps} steps after step {cfg.profile.start_step} traced into "
+                      f"{where}; open it with",
+                      *(f"  {line}" for line in profile_viewers(where))])
+
+
+def run_header(cfg: Config, with_config: bool = True, run_dir: str | None = None) -> str:
     """The text every run log starts with: versions, Python, devices (and GPU driver), git commit,
-    the train step's XLA options, then (`with_config`) the resolved config YAML, which the train
-    command leaves to the run directory's config.yaml."""
+    the train step's XLA options, how to open the profile when `profile.*` traces one (under `run_dir`),
+    then (`with_config`) the resolved config YAML, which the train command leaves to the run directory's
+    config.yaml."""
     import jax  # deferred: initializing the backend is the caller's choice of moment
 
     dists = ("yxanul-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
@@ -159,6 +181,7 @@ def run_header(cfg: Config, with_config: bool = True) -> str:
         *([f"nvidia-smi: {gpus}"] if (gpus := gpu_driver_info()) else []),
         f"git commit: {git_commit()}",
         f"xla options of the train step: {dict(cfg.train.xla_options) or 'XLA defaults'}",
+        *([note] if (note := profile_note(cfg, run_dir)) else []),
     ]
     if with_config:
         lines += ["config:", to_yaml(cfg).rstrip()]
@@ -184,15 +207,20 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """A live progress line on stderr: one rewritten line on a terminal, plain lines otherwise.
+    """A live progress line on stderr: one line rewritten at every step on a terminal; otherwise (a log
+    file, a pipe) one plain line every `every` steps (the train loop passes `train.log_every`) and at the
+    last step.
 
     The ETA divides the remaining steps by the step rate over the last `window` updates, so the
     first step's compilation drops out after a few updates.
     """
 
-    def __init__(self, total_steps: int, *, stream: TextIO | None = None,
+    def __init__(self, total_steps: int, *, every: int = 1, stream: TextIO | None = None,
                  clock: Callable[[], float] = time.monotonic, window: int = 20):
+        if every < 1:
+            raise ValueError(f"Progress every={every}: must be >= 1")
         self.total_steps = total_steps
+        self.every = every
         self._stream = stream
         self._clock = clock
         self._history: collections.deque[tuple[float, int]] = collections.deque(maxlen=window)
@@ -213,7 +241,8 @@ class Progress:
 
     def update(self, step: int, stage: int, seq_len: int, loss: float, tokens_per_sec: float,
                mfu: float | None) -> str:
-        """Record `step` and print the line; returns the line (without control characters)."""
+        """Record `step` and print the line (off a terminal only every `every` steps and the last); returns
+        the line (without control characters)."""
         now = self._clock()
         if self._history and step < self._history[-1][1]:
             self._history.clear()  # restarted from a checkpoint
@@ -227,8 +256,10 @@ class Progress:
             stream.write("\r" + line.ljust(self._width))
             self._width = len(line)
             console.set_live(self)  # the next message ends this line first
-        else:
+        elif step % self.every == 0 or step >= self.total_steps:
             stream.write(line + "\n")
+        else:
+            return line
         stream.flush()
         return line
 
