@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
           "FLOPs with loop trip counts (remat recompute included).\n\n" + table(rows))
     record = {"rows": rows, "date": date, "machine": platform.platform(), "device": device, "steps": args.steps,
               "warmup": args.warmup}
-    from yxanul_jax.core.rundir import atomic_write
+    from yxanul_jax.core.rundir import atomic_write, write_report
 
     calib_text = ""
     if args.profile:
@@ -346,10 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             calib_text = "no calibration: no profiled cell had a GPU to predict for (--predict-for NAME)\n"
         md += "\n```\n" + calib_text + "```\n"
-    atomic_write(os.path.join(args.out, "bench.json"), json.dumps(record, indent=2) + "\n")
-    atomic_write(os.path.join(args.out, "bench.md"), md)
-    print(md)
-    print(json.dumps(record))
+    write_report(args.out, "bench", record, md)
     return 0
 
 

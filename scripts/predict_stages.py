@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import platform
 import sys
 import time
@@ -67,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_args(argv)
     from yxanul_jax.core.config import load_config
-    from yxanul_jax.core.rundir import atomic_write
+    from yxanul_jax.core.rundir import write_report
 
     rows = []
     for config in args.configs:
@@ -85,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     md = header + table(rows)
     record = {"rows": rows, "target": args.target, "date": time.strftime("%Y-%m-%d"), "machine": platform.platform(),
               "overrides": args.overrides}
-    os.makedirs(args.out, exist_ok=True)
-    atomic_write(os.path.join(args.out, "predicted.json"), json.dumps(record, indent=2) + "\n")
-    atomic_write(os.path.join(args.out, "predicted.md"), md)
-    print(md)
-    print(json.dumps(record))
+    write_report(args.out, "predicted", record, md)
     return 0
 
 

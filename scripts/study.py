@@ -21,7 +21,6 @@ directory's own resume logic), so an interrupted study picks up where it stopped
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from yxanul_jax.core.config import load_config  # noqa: E402
 from yxanul_jax.core.args import cli_entry  # noqa: E402
 from yxanul_jax.core.errors import UserError  # noqa: E402
-from yxanul_jax.core.rundir import atomic_write  # noqa: E402
+from yxanul_jax.core.rundir import write_report  # noqa: E402
 from yxanul_jax.plot import plot_runs, read_metrics, series  # noqa: E402
 from yxanul_jax.training.loop import fit  # noqa: E402
 
@@ -146,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
               colors=colors, title=f"{len(arms)} arms x {len(args.seeds)} seeds")
     record = {**summary, "seeds": args.seeds, "arms_overrides": arms, "common": args.set, "config": args.config,
               "eval_seq_len": args.eval_seq_len, "machine": platform.platform(), "date": time.strftime("%Y-%m-%d")}
-    atomic_write(os.path.join(args.out, "study.json"), json.dumps(record, indent=2) + "\n")
-    atomic_write(os.path.join(args.out, "study.md"), table)
-    print(table)
-    print(json.dumps(record))
+    write_report(args.out, "study", record, table)
     return 0
 
 

@@ -82,7 +82,7 @@ from yxanul_jax.analysis import gpus
 from yxanul_jax.analysis.accounting import fp8_gemms, param_count, state_bytes, vocab_matrix_elements
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.model.loss import head_input_width, loss_kernel
+from yxanul_jax.model.loss import loss_kernel
 from yxanul_jax.model.transformer import attention_implementation
 
 Platform = Literal["gpu", "cpu"]
@@ -269,7 +269,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     if loss_kernel(cfg.train.loss_kernel, m, cfg.fp8, platform) == "fused":
         # The fused kernels keep no logits: float32 lse, target logit and their gradients per token, the
         # head input x and its gradient (a N K each), the table's compute-dtype copy and its float32 gradient.
-        K = head_input_width(m)
+        K = m.head_width
         logits = 4 * 4 * N + 2 * a * N * K + (a + 4) * m.padded_vocab * K
     grads = 4 * P
     if stage.grad_accum_steps > 1:  # the accumulator and this micro-batch's gradient are both alive

@@ -262,11 +262,11 @@ class _Reader:
         return total + self._written_bytes(callee, root)
 
     def _plain_bytes(self, ins: Instr) -> float:
-        reads = sum(type_bytes(self._shape(ins.computation, o), skip_u8=True) for o in dict.fromkeys(ins.operands))
         if ins.op == "dynamic-update-slice" and len(ins.operands) > 1:
             return 2 * type_bytes(self._shape(ins.computation, ins.operands[1]))
         if ins.op in _SLICES:
             return 2 * type_bytes(ins.shape)
+        reads = sum(type_bytes(self._shape(ins.computation, o), skip_u8=True) for o in dict.fromkeys(ins.operands))
         return reads + type_bytes(ins.shape, skip_u8=ins.op == "custom-call")
 
     def _is_move(self, callee: str) -> bool:
@@ -295,8 +295,8 @@ class _Reader:
             if kind.startswith(_FMHA):
                 phase = "backward" if "Backward" in kind else "forward"
                 flops, precision = attention_flops(ins, phase), "attention"
-            elif _pallas_kernel(op_name):
-                flops, precision = _pallas_flops(ins, _pallas_kernel(op_name), self), "fused_ce"
+            elif pallas := _pallas_kernel(op_name):
+                flops, precision = _pallas_flops(ins, pallas, self), "fused_ce"
             elif kind.startswith("__cublas") or kind in ("te_gemm_v2_ffi", "te_gemm_ffi"):
                 flops, tiles, k = self._custom_gemm_flops(ins)
                 precision = self._dot_precision(ins)

@@ -96,6 +96,11 @@ class ModelConfig:
         return self.head_dim or self.d_model // self.n_heads
 
     @property
+    def head_width(self) -> int:
+        """K of the output head's GEMM (`Yxanul.head_operands`): embed_rank through the rank-r factors, else d_model."""
+        return self.embed_rank if self.embed_rank and self.head != "untied" else self.d_model
+
+    @property
     def padded_vocab(self) -> int:
         """Rows of the embedding table: vocab_size rounded up to a multiple of vocab_pad_to."""
         return -(-self.vocab_size // self.vocab_pad_to) * self.vocab_pad_to
@@ -481,7 +486,7 @@ def validate(cfg: Config) -> Config:
     for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint):
         section.check()
     if cfg.train.loss_kernel == "fused":  # the kernels' limits, named before anything runs
-        head_k = cfg.model.embed_rank if cfg.model.embed_rank and cfg.model.head != "untied" else cfg.model.d_model
+        head_k = cfg.model.head_width
         if cfg.fp8.active and "head" in cfg.fp8.targets:
             raise UserError("train.loss_kernel=fused runs the head in BF16, but fp8.targets has 'head'; remove "
                             "'head' from fp8.targets or set train.loss_kernel=chunked")

@@ -111,6 +111,15 @@ def atomic_write(path: str, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def write_report(out_dir: str, stem: str, record: dict, markdown: str) -> None:
+    """A script's report: OUT/STEM.json (the record) and OUT/STEM.md (its table), each written atomically;
+    then the table and the record as one JSON line on stdout (what every script in scripts/ ends with)."""
+    atomic_write(os.path.join(out_dir, f"{stem}.json"), json.dumps(record, indent=2) + "\n")
+    atomic_write(os.path.join(out_dir, f"{stem}.md"), markdown)
+    print(markdown)
+    print(json.dumps(record))
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory and a rename."""
     final = Path(path).absolute()

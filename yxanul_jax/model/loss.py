@@ -69,11 +69,6 @@ def masked_sums(lse_N, target_N, mask_N):
     return jnp.sum(nll_N), jnp.sum(jnp.where(keep_N, lse_N * lse_N * mask_N, 0.0))
 
 
-def head_input_width(model) -> int:
-    """K of the head's GEMM (`Yxanul.head_operands`): embed_rank through the rank-r factors, else d_model."""
-    return model.embed_rank if model.embed_rank and model.head != "untied" else model.d_model
-
-
 def loss_kernel(choice: str, model, fp8, platform: str | None = None) -> str:
     """`chunked` or `fused`, for `train.loss_kernel` = choice. `auto`: fused on a single GPU for a BF16
     model whose head is not FP8 and whose head width the kernels take (`fused_ce.supported`), else
@@ -85,7 +80,7 @@ def loss_kernel(choice: str, model, fp8, platform: str | None = None) -> str:
     head_fp8 = fp8.active and "head" in fp8.targets
     if choice == "auto":
         on_gpu = platform == "gpu" or (platform is None and jax.default_backend() == "gpu" and jax.device_count() == 1)
-        ok = on_gpu and model.dtype == "bfloat16" and not head_fp8 and supported(head_input_width(model))
+        ok = on_gpu and model.dtype == "bfloat16" and not head_fp8 and supported(model.head_width)
         return "fused" if ok else "chunked"
     return choice
 
