@@ -210,7 +210,7 @@ def test_tokenizer_file_that_does_not_parse(tmp_path, docs):
     assert "do not parse" in bad(tmp_path, vm, [src])
 
 
-def test_a_damaged_parquet_page_is_one_line_after_the_progress_bar(tmp_path, docs, tiny_tok_path):
+def test_a_damaged_parquet_page_is_one_line_and_no_progress_bar_off_a_terminal(tmp_path, docs, tiny_tok_path):
     src = tmp_path / "in.parquet"
     pq.write_table(pa.table({"text": docs * 4}), src, row_group_size=len(docs))  # snappy pages
     data = bytearray(src.read_bytes())
@@ -218,10 +218,9 @@ def test_a_damaged_parquet_page_is_one_line_after_the_progress_bar(tmp_path, doc
     data[mid:mid + 2000] = b"\xff" * 2000  # inside the pages, far from the footer
     src.write_bytes(bytes(data))
     assert "in.parquet' is damaged after row" in bad(tmp_path, tiny_tok_path, [src])
-    out = tmp_path / "out"  # with the progress bar on, the error still starts its own line
+    out = tmp_path / "out"  # progress asked for, but stderr is no terminal: no bar, the error is the one line
     rc, _, err = run_cli(prepare.main, ["--input", src, "--tokenizer", tiny_tok_path, "--output", out])
-    assert rc == 2 and "tokenizing" in err
-    assert [line for line in err.splitlines() if "error:" in line][0].startswith("error: input"), err
+    assert rc == 2 and "tokenizing" not in err and err.count("\n") == 1 and err.startswith("error: input"), err
 
 
 def test_temp_dirs_of_dead_runs_are_removed_and_live_ones_kept(tmp_path, docs, tiny_tok_path):

@@ -37,7 +37,7 @@ import os
 import sys
 
 from yxanul_jax.analysis.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
-from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, add_config_args, cli_entry
 from yxanul_jax.core.coerce import apply_overrides
 from yxanul_jax.core.config import Config, load_config
 from yxanul_jax.core.errors import UserError
@@ -212,7 +212,7 @@ def format_report(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m yxanul_jax.analyze", description=__doc__.splitlines()[0])
     add_config_args(parser)
-    parser.add_argument("--stage", type=int, default=0, help="curriculum stage to compile (default 0)")
+    parser.add_argument("--stage", type=Ranged(int, 0), default=0, help="curriculum stage to compile (default 0)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole report")
     parser.add_argument("--hlo-out", default=None, metavar="FILE", help="write the optimized HLO text here")
     parser.add_argument("--target", default=None, metavar="GPU",

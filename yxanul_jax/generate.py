@@ -15,7 +15,7 @@ import json
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
 from yxanul_jax.core.config import FP8Config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.inference.sampling import generate
@@ -56,17 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     add_source_args(p)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable: decoded as one batch)")
     p.add_argument("--prompt-file", action="append", help="a file whose whole text is one prompt (repeatable)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
-    p.add_argument("--top-k", type=int, default=50, help="0 keeps every token")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus mass; 1 keeps every token")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=Ranged(int, 1), default=64)
+    p.add_argument("--temperature", type=Ranged(float, 0), default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=Ranged(int, 0), default=50, help="0 keeps every token")
+    p.add_argument("--top-p", type=Ranged(float, 0, 1, lo_open=True), default=0.95,
+                   help="nucleus mass; 1 keeps every token")
+    p.add_argument("--seed", type=Ranged(int, 0), default=0)
+    p.add_argument("--num-samples", type=Ranged(int, 1), default=1, help="samples per prompt")
     p.add_argument("--disable-fp8", action="store_true", help="decode with BF16 GEMMs even if the model trained in FP8")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
     args = p.parse_args(argv)
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples must be >= 1, got {args.num_samples}")
     texts = _prompts(args)
     trained = load_trained(args.run_dir, args.checkpoint)
     tok = trained.tokenizer()

@@ -21,7 +21,7 @@ import sys
 import yaml
 
 from yxanul_jax.analysis import accounting, gpus, memory
-from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
+from yxanul_jax.core.args import ArgumentParser, Ranged, add_config_args, cli_entry, config_from_args
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.model.transformer import abstract_variables
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     parser.add_argument("--gpu", default=DEFAULT_GPU,
                         help=f"GPU to fit: {', '.join(gpus.names())} (also 4090, a100, ...), or its memory with a unit, 24GB (default {DEFAULT_GPU})")
-    parser.add_argument("--headroom", type=float, default=memory.DEFAULT_HEADROOM,
+    parser.add_argument("--headroom", type=Ranged(float, 0, 1, hi_open=True), default=memory.DEFAULT_HEADROOM,
                         help="share of JAX's memory pool kept free (default 0.1)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole plan")
     args = parser.parse_intermixed_args(argv)  # overrides may come before, between or after flags

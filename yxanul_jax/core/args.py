@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import functools
+import logging
+import math
 import re
+import threading
 from typing import Callable, TypeVar
 
 from yxanul_jax.core import console
@@ -20,6 +25,9 @@ class ArgumentParser(argparse.ArgumentParser):
     the fix, instead of printing the usage block; every command's parser is one of these."""
 
     def error(self, message: str):
+        ranged = re.fullmatch(r"argument (\S+): (\S+ must be .*)", message)  # a `Ranged` flag's value
+        if ranged:
+            message = f"{ranged.group(1).split('/')[-1]} {ranged.group(2)}"
         hint = ""
         unknown = re.findall(r"--([\w-]+)", message) if message.startswith("unrecognized arguments") else []
         if unknown:
@@ -27,6 +35,44 @@ class ArgumentParser(argparse.ArgumentParser):
             if keys:
                 hint = f"; config keys are set as key=value, e.g. {keys[0]}=VALUE"
         raise UserError(f"{message}{hint}; see {self.prog} --help")
+
+
+class Ranged:
+    """The `type=` of every numeric flag: parses an int or a finite float and checks it lies in [lo, hi] (an
+    open end with `lo_open` / `hi_open`; None: unbounded), so an out-of-range value is refused while the flags
+    are read, before anything is written: `error: --top-k -1 must be >= 0; see ... --help` (`why`, when given,
+    follows in parentheses)."""
+
+    def __init__(self, kind: type, lo: float | None = None, hi: float | None = None, *,
+                 lo_open: bool = False, hi_open: bool = False, why: str = ""):
+        self.kind, self.lo, self.hi, self.lo_open, self.hi_open, self.why = kind, lo, hi, lo_open, hi_open, why
+        self.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+
+    def describe(self) -> str:
+        """The range in words: `>= 0`, `in [0, 1)`."""
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        return f"{'<' if self.hi_open else '<='} {self.hi:g}" if self.hi is not None else "a number"
+
+    def outside(self) -> list[str]:
+        """Values just outside the range (what the tests try on every flag)."""
+        out = []
+        if self.lo is not None:
+            out.append(str(self.kind(self.lo) if self.lo_open else self.kind(self.lo) - 1))
+        if self.hi is not None:
+            out.append(str(self.kind(self.hi) if self.hi_open else self.kind(self.hi) + 1))
+        return out + (["nan"] if self.kind is float else [])
+
+    def __call__(self, text: str):
+        value = self.kind(text)  # ValueError: argparse says "invalid int value"
+        if not math.isfinite(value) or (
+                self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)) or (
+                self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)):
+            why = f" ({self.why})" if self.why else ""
+            raise argparse.ArgumentTypeError(f"{text} must be {self.describe()}{why}")
+        return value
 
 
 def add_config_args(parser) -> None:
@@ -37,6 +83,26 @@ def add_config_args(parser) -> None:
 
 def config_from_args(args) -> Config:
     return load_config(args.config, args.overrides)
+
+
+def _silence_logging() -> None:
+    logging.disable(logging.CRITICAL)
+
+
+def _quiet_at_exit() -> None:
+    """After a user error, nothing more is logged when the process ends: background threads that fail as the
+    interpreter shuts down (Orbax's after a failed save: "ERROR:absl:... cannot schedule new futures after
+    interpreter shutdown" and a traceback) would print below the one `error:` line. Registered with threading's
+    exit hooks, which run before those threads are joined (and never while a library caller goes on)."""
+    global _quiet_registered
+    if not _quiet_registered:
+        _quiet_registered = True
+        register = getattr(threading, "_register_atexit", atexit.register)  # CPython >= 3.9: before the joins
+        with contextlib.suppress(RuntimeError):  # already shutting down
+            register(_silence_logging)
+
+
+_quiet_registered = False
 
 
 def cli_entry(main: F) -> F:
@@ -50,8 +116,10 @@ def cli_entry(main: F) -> F:
             return main(*args, **kwargs)
         except UserError as e:
             console.error(str(e))
+            _quiet_at_exit()
             return EXIT_USER_ERROR
         except OSError as e:
+            _quiet_at_exit()
             where = f" '{e.filename}'" if getattr(e, "filename", None) else ""
             what = e.strerror or one_line(e)
             console.error(f"{what}{where} ({type(e).__name__}); free space, fix the permissions or pass "

@@ -6,7 +6,9 @@
 * `error(msg)`: `error: msg` on stderr (the CLIs' one-line user errors).
 
 Each message starts on a fresh line: a live progress line (`monitor.Progress`) registers itself here
-and is ended before anything else is printed, so an error never lands at the tail of a progress bar.
+and is ended before anything else is printed, so an error never lands at the tail of a progress bar (a
+tqdm bar is erased before an error: the error is the one line left). Bars are drawn on terminals only
+(`progress_wanted`), so a log or a pipe holds no bar line before an error.
 Library callers that want silence or a log file can point `set_streams` elsewhere.
 """
 from __future__ import annotations
@@ -32,11 +34,19 @@ def set_live(line) -> None:
     _live = line
 
 
-def _end_live() -> None:
+def _end_live(erase: bool = False) -> None:
     global _live
     if _live is not None:
         live, _live = _live, None
+        if erase and hasattr(live, "leave"):
+            live.leave = False  # a tqdm bar: close() clears its line, so an error stands alone
         live.close()
+
+
+def progress_wanted(asked: bool = True) -> bool:
+    """Whether to draw a progress bar: `asked` (no --no-progress) and stderr is a terminal."""
+    stream = _err or sys.stderr
+    return asked and bool(getattr(stream, "isatty", lambda: False)())
 
 
 def info(msg: str) -> None:
@@ -58,5 +68,5 @@ def warn(msg: str) -> None:
 
 
 def error(msg: str) -> None:
-    _end_live()
+    _end_live(erase=True)
     print(f"error: {msg}", file=_err or sys.stderr, flush=True)

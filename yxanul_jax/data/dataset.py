@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from yxanul_jax.core.errors import UserError, one_line
+from yxanul_jax.core.names import inside
 from yxanul_jax.data.layout import MANIFEST, TOKENIZER, manifest_path
 
 FORMAT = "yxanul-tokens"
@@ -26,16 +27,16 @@ class SplitIndex:
 
     def __init__(self, root: Path, split: str, info: dict):
         self.split = split
-        self.paths = [str(root / s["tokens"]) for s in info["shards"]]
+        self.paths = [str(inside(root, s["tokens"], "a token shard")) for s in info["shards"]]  # never outside root
         doc_lengths, shard_of, start_in = [], [], []
         for k, s in enumerate(info["shards"]):
-            path = root / s["offsets"]
-            if not path.is_file() or not (root / s["tokens"]).is_file():
+            path = inside(root, s["offsets"], "an offsets file")
+            if not path.is_file() or not Path(self.paths[k]).is_file():
                 raise UserError(f"prepared dataset '{root}' is missing '{s['offsets']}' or '{s['tokens']}'; "
                                 "it is incomplete: prepare it again into a new directory")
             try:
                 offsets = np.load(path)
-                tokens = np.load(root / s["tokens"], mmap_mode="r")  # maps only: the header and the size
+                tokens = np.load(self.paths[k], mmap_mode="r")  # maps only: the header and the size
             except (ValueError, OSError, EOFError) as e:  # e.g. a shard cut short by a full disk or a copy
                 raise UserError(f"prepared dataset '{root}': shard '{s['tokens']}' or its offsets cannot be read "
                                 f"({one_line(e)}); it is damaged: prepare the dataset again")
@@ -73,7 +74,7 @@ class PreparedDataset:
         self.manifest = manifest
         self.vocab_size: int = int(manifest["vocab_size"])
         self.eos_id: int = int(manifest["eos_id"])
-        tok = Path(path) / manifest.get("tokenizer", {}).get("file", TOKENIZER)
+        tok = inside(path, manifest.get("tokenizer", {}).get("file", TOKENIZER), "its tokenizer")  # never elsewhere
         self.tokenizer_path: str | None = str(tok) if tok.is_file() else None
         self._splits: dict[str, SplitIndex] = {}
 

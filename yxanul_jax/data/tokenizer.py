@@ -23,7 +23,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
-from yxanul_jax.core.errors import UserError, one_line
+from yxanul_jax.core.errors import UserError, one_line, writing
 from yxanul_jax.data.sources import DocumentSource
 
 # The stage-2 pre-tokenizer regex of SuperBPE (scripts/extend_tokenizer.sh in PythonNut/superbpe).
@@ -79,7 +79,9 @@ class LoadedTokenizer:
                 "eos_id": self.eos_id, "eos_token": self.eos_token, "superbpe": self.superbpe}
 
     def save(self, path: str | os.PathLike) -> None:
-        self.tokenizer.save(str(path))
+        """Write tokenizer.json to `path`; a full or read-only disk is one UserError line naming it."""
+        with writing(path):  # the Rust library raises a bare Exception "... (os error 28)"
+            self.tokenizer.save(str(path))
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -199,11 +201,15 @@ def _is_superbpe(tok: Tokenizer) -> bool:
 # Training and measuring
 
 
+MIN_BPE_VOCAB = 258
+"""The smallest byte-level BPE: 256 bytes + the end-of-text token + one merge."""
+BPE_VOCAB_WHY = "too small otherwise: a byte-level BPE needs 256 bytes + the end-of-text token + one merge"
+
+
 def check_bpe_args(vocab_size: int, min_frequency: int) -> None:
     """UserError unless a byte-level BPE can be trained with these settings."""
-    if vocab_size < 258:
-        raise UserError(f"--vocab-size {vocab_size} is too small; a byte-level BPE needs at least 258 "
-                        "(256 bytes + the end-of-text token + one merge)")
+    if vocab_size < MIN_BPE_VOCAB:
+        raise UserError(f"--vocab-size {vocab_size} must be >= {MIN_BPE_VOCAB} ({BPE_VOCAB_WHY})")
     if min_frequency < 1:
         raise UserError(f"--min-frequency {min_frequency} must be >= 1 (the least count of a pair worth a merge)")
 
