@@ -145,3 +145,14 @@ def load_script(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def stop_after(n: int):
+    """A train-loop hook that saves and stops after step `n`, as a signal would (a resume test's first half)."""
+    from yxanul_jax.training.hooks import Hook
+
+    class StopAfter(Hook):
+        def stop_reason(self, loop, done: int):
+            return "a test stop" if done == n else None
+
+    return StopAfter()

@@ -91,8 +91,8 @@ def test_no_step_is_logged_twice_and_a_finished_run_says_so(trained_run, tmp_pat
     with open(metrics, "a") as fh:  # rows a killed run logged after its last checkpoint
         for s in (7, 8, 9):
             fh.write(json.dumps({"step": s, "loss": 99.0}) + "\n")
-    more = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.steps=8"])
-    fit(more, str(run))  # train.steps may grow on resume
+    more = load_config(None, TRAINED_RUN + ["train.log_every=1", "train.steps=8", "train.extend=decay"])
+    fit(more, str(run))  # train.steps may grow on resume, saying how the schedule goes on
     steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if "loss" in json.loads(x)]
     assert steps == sorted(set(steps)) and steps[-1] == 8 and 99.0 not in [
         json.loads(x).get("loss") for x in metrics.read_text().splitlines()]
@@ -148,7 +148,7 @@ def test_a_failed_async_save_stops_cleanly_and_the_run_resumes(trained_run, tmp_
     shutil.copytree(trained_run, run)  # checkpoint at step 6
     # the demo corpus, and a compilation cache of its own: the capped run leaves truncated entries in it
     shutil.copytree(cache_root(), cache, ignore=lambda d, names: ["xla"] if d == str(cache_root()) else [])
-    more = TRAINED_RUN + ["train.steps=10", "checkpoint.interval=2", "checkpoint.async_save=true"]
+    more = TRAINED_RUN + ["train.steps=10", "train.extend=decay", "checkpoint.interval=2", "checkpoint.async_save=true"]
     proc = subprocess.run([sys.executable, "-c", _CAPPED, str(32 << 10), "yxanul_jax.train", "--run-dir", str(run),
                            *more], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", "YXANUL_CACHE": str(cache),

@@ -17,7 +17,7 @@ from yxanul_jax.core.config import load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.training import optim
 
-from conftest import REPO, TRAINED_RUN
+from conftest import REPO, TRAINED_RUN, stop_after
 
 
 def _params(overrides):
@@ -96,8 +96,7 @@ def test_resume_is_bit_exact_with_muon(tmp_path):
 
     overrides = TRAINED_RUN + ["optim.name=muon", "train.log_every=1", "checkpoint.interval=3"]
     whole = fit(load_config(None, overrides), str(tmp_path / "whole"))
-    part = load_config(None, overrides + ["train.steps=3"])
-    fit(part, str(tmp_path / "part"))
+    fit(load_config(None, overrides), str(tmp_path / "part"), hooks=[stop_after(3)])
     resumed = fit(load_config(None, overrides), str(tmp_path / "part"))  # steps 4..6 from the Orbax checkpoint
     assert whole.step == resumed.step == 6
 

@@ -7,8 +7,6 @@ The command only parses: flags and config -> run directory -> one library call
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import signal
 import sys
@@ -16,9 +14,8 @@ import sys
 import jax
 
 from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
-from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config, load_config
-from yxanul_jax.core.rundir import CONFIG_FILE
+from yxanul_jax.core.rundir import CONFIG_FILE, RUN_DIR_RULE, default_run_dir
 from yxanul_jax.inference.run_sample import EndOfRunSample
 from yxanul_jax.training.loop import fit, report_validation
 from yxanul_jax.training.session import checkpoint_config, evaluate_checkpoint
@@ -30,7 +27,7 @@ def parse_args(argv):
     p.add_argument("--checkpoint", default=None, help="resume from this checkpoint (directory or step dir)")
     p.add_argument("--eval-only", action="store_true", help="validate the checkpoint and exit")
     p.add_argument("--disable-fp8", action="store_true", help="train the same model in BF16 (fp8.enabled=false)")
-    p.add_argument("--run-dir", default=None, help="run directory (default: runs/<model.name>)")
+    p.add_argument("--run-dir", default=None, help=f"run directory (default: {RUN_DIR_RULE})")
     p.add_argument("--overwrite", action="store_true",
                    help="reuse a run directory that holds a different config (old files are moved aside)")
     return p.parse_intermixed_args(argv)  # overrides may come before, between or after flags
@@ -50,16 +47,6 @@ def load_run_config(args) -> Config:
     if args.disable_fp8:
         cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=False))
     return cfg
-
-
-def default_run_dir(cfg: Config, config_path: str | None) -> str:
-    """`runs/<model.name>`; when overrides changed the model but not its name, `runs/<name>-<hash>`,
-    so a modified model never takes (and is then refused by) the shipped model's run directory."""
-    shipped = load_config(config_path).model
-    if cfg.model == shipped:
-        return os.path.join("runs", cfg.model.name)
-    digest = hashlib.sha256(json.dumps(to_dict(cfg.model), sort_keys=True).encode()).hexdigest()[:8]
-    return os.path.join("runs", f"{cfg.model.name}-{digest}")
 
 
 def eval_only(cfg: Config, run_dir: str, checkpoint: str | None) -> int:

@@ -15,6 +15,13 @@ Run directory::
       profile/         jax.profiler traces (profile.start_step)
       hlo/             optimized HLO of each stage's step (profile.dump_hlo)
 
+Its name (`default_run_dir`, the one place the rule lives; the run header prints `RUN_DIR_RULE`): `--run-dir D`
+when given, else `runs/<model.name>`, and `runs/<model.name>-<hash>` when command-line overrides changed the
+model of the config file (or of the defaults) but not its name: `<hash>` is the first 8 hex digits of the
+SHA-256 of the resolved `model` section, so a modified model never takes (and is then refused by) the
+shipped model's run directory, and the same overrides always find their run again. Only `model.*` counts:
+`train.steps=5` or `optim.lr=1e-4` keep `runs/<model.name>`.
+
 Cache (`cache_root()`): `$YXANUL_CACHE`, else `~/.cache/yxanul_jax`; it holds the demo corpus,
 tokenized evaluation files and JAX's persistent compilation cache (`xla/`).
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -33,8 +41,8 @@ import yaml
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import from_dict, to_dict, to_yaml
-from yxanul_jax.core.config import Config, resumable
-from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.config import Config, load_config, resumable
+from yxanul_jax.core.errors import UserError, writing
 
 CACHE_ENV = "YXANUL_CACHE"
 
@@ -121,19 +129,37 @@ def write_report(out_dir: str, stem: str, record: dict, markdown: str) -> None:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file in the same directory and a rename."""
+    """Write `data` to `path` via a temporary file in the same directory and a rename (a full or read-only
+    disk: one UserError line naming `path`, nothing left behind)."""
     final = Path(path).absolute()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(final)
-    tmp = _temp_sibling(final)
+    with writing(final), _new_parents(final):
+        remove_stale_temps(final)
+        tmp = _temp_sibling(final)
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+@contextlib.contextmanager
+def _new_parents(final: Path) -> Iterator[None]:
+    """Make `final`'s missing folders; if the body fails, remove those it made (when still empty)."""
+    made, p = [], final.parent
+    while not p.exists():
+        made.append(p)
+        p = p.parent
     try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        yield
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for d in made:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
         raise
 
 
@@ -146,23 +172,40 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     leaves `final` untouched.
     """
     final = Path(final).expanduser().absolute()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(final)
-    tmp = _temp_sibling(final)
-    tmp.mkdir()
-    try:
-        yield tmp
+    with writing(final), _new_parents(final):  # a full or read-only disk: one line naming `final`
+        remove_stale_temps(final)
+        tmp = _temp_sibling(final)
+        tmp.mkdir()
         try:
-            os.rename(tmp, final)  # atomic; fails if final is a non-empty directory
-        except OSError as e:
-            raise FileExistsError(f"'{final}' appeared while writing it") from e
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+            yield tmp
+            try:
+                os.rename(tmp, final)  # atomic; fails if final is a non-empty directory
+            except OSError as e:
+                raise FileExistsError(f"'{final}' appeared while writing it") from e
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
 # Run directory
+
+
+RUNS_DIR = "runs"
+"""Where `default_run_dir` puts run directories (relative to the working directory)."""
+RUN_DIR_RULE = ("runs/<model.name>, with -<hash of the model config> when overrides changed the model; "
+                "--run-dir D chooses")
+"""`default_run_dir`'s rule in one line: the run header and `--run-dir`'s help show it."""
+
+
+def default_run_dir(cfg: Config, config_path: str | None) -> str:
+    """The run directory of `cfg` when no --run-dir is given (`RUN_DIR_RULE`, this module's docstring):
+    `runs/<model.name>`, or `runs/<model.name>-<hash>` when `cfg.model` differs from the model of
+    `config_path` (None: the defaults), `<hash>` the first 8 hex digits of the SHA-256 of its resolved fields."""
+    if cfg.model == load_config(config_path).model:
+        return os.path.join(RUNS_DIR, cfg.model.name)
+    digest = hashlib.sha256(json.dumps(to_dict(cfg.model), sort_keys=True).encode()).hexdigest()[:8]
+    return os.path.join(RUNS_DIR, f"{cfg.model.name}-{digest}")
 
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"

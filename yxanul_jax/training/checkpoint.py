@@ -8,7 +8,8 @@ One checkpoint is one Orbax step directory `<dir>/<step>/` holding two items wri
 * `meta`: a JSON dict (data-iterator state, curriculum position, the resolved config, ...) and
   `checksums`: per array, two wrap-around sums of its raw bits (plain and position-weighted),
   computed on device at save, and `meta_checksums`: the SHA-256 of every other meta key and the step
-  it was saved as (`yxanul_jax.training.integrity`).
+  it was saved as (`yxanul_jax.training.integrity`), and `format_version`: the checkpoint format
+  (`integrity.FORMAT_VERSION`; a newer one than this code reads is refused in one line, never moved aside).
 
 A restore verifies what it read: the meta first (no key edited, the step directory not renamed),
 then the arrays (checksums equal, every float finite). A checkpoint that fails that, or whose
@@ -51,8 +52,8 @@ from yxanul_jax.core import console
 from yxanul_jax.core.config import CheckpointConfig
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
-from yxanul_jax.training.integrity import (CHECKSUMS, LEGACY, META_CHECKSUMS, leaf_specs, meta_checksums, mismatch,
-                                           tree_checksums, verify, verify_meta)
+from yxanul_jax.training.integrity import (CHECKSUMS, FORMAT, FORMAT_VERSION, LEGACY, META_CHECKSUMS, format_refusal,
+                                           leaf_specs, meta_checksums, mismatch, tree_checksums, verify, verify_meta)
 from yxanul_jax.training.orbax_logs import keep_quiet_until_exit, quiet_orbax, write_failure
 
 
@@ -94,6 +95,10 @@ def _unreadable(e: BaseException) -> str:
 
 class CheckpointWriteError(UserError):
     """A checkpoint could not be written (disk full, read-only or unwritable folder)."""
+
+
+class CheckpointFormatError(UserError):
+    """An intact checkpoint of a format this code does not read (`integrity.format_refusal`: a newer yxanul-jax's)."""
 
 
 def _restore_args(abstract: Any) -> Any:
@@ -234,7 +239,7 @@ class Checkpointer:
             else:
                 console.warn(f"step {step}: validation perplexity is {value}; saving without a metric so it "
                              "can never be the best checkpoint")
-        meta = {**meta, CHECKSUMS: tree_checksums(state)}
+        meta = {**meta, FORMAT: FORMAT_VERSION, CHECKSUMS: tree_checksums(state)}
         meta[META_CHECKSUMS] = meta_checksums(meta, step)
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self.wait()  # the previous async save, finished first (a failure names its own step)
@@ -300,8 +305,8 @@ class Checkpointer:
         every later call, while the damaged ones sit in `corrupt/`), or when the requested `step` is
         missing or unusable: a run never silently restarts from step 0.
 
-        Returns `(step, state, meta)` (the meta without its checksums). A read-only Checkpointer leaves
-        an unusable step in place.
+        Returns `(step, state, meta)` (the meta without its checksums and format version). A read-only
+        Checkpointer leaves an unusable step in place.
         """
         self._mngr.reload()  # another process may have written here since we opened it
         present = self.all_steps()
@@ -371,6 +376,9 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - an unreadable meta makes the checkpoint unusable
             return None, _unreadable(e)
         reason = verify_meta(meta, step)
+        newer = format_refusal(meta) if reason in (None, LEGACY) else None
+        if newer:  # intact, but written by a later yxanul-jax: refused, never moved aside as damaged
+            raise CheckpointFormatError(f"checkpoint step {step} in '{self.directory}' {newer}")
         if reason == LEGACY:
             if note:
                 console.note(f"checkpoint step {step} in {self.directory} was saved before metadata checksums: its "
@@ -506,7 +514,8 @@ def none_usable(directory: str, failures: list[str], *, read_only: bool = False)
 
 
 def _without_checksums(meta: dict) -> dict:
-    return {k: v for k, v in meta.items() if k not in (CHECKSUMS, META_CHECKSUMS)}
+    """The meta as its writer passed it to `save`: without what `save` adds (checksums, the format version)."""
+    return {k: v for k, v in meta.items() if k not in (CHECKSUMS, META_CHECKSUMS, FORMAT)}
 
 
 def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:

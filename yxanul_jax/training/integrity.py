@@ -12,6 +12,11 @@ saved as (its directory name is what Orbax restores by). `verify_meta` names the
 or damaged, or the step a renamed directory claims. A checkpoint written before these existed has no
 `META_CHECKSUMS`: `verify_meta` answers `LEGACY` for it (its arrays are still verified).
 
+The meta also holds the checkpoint format's version under `FORMAT` (`FORMAT_VERSION` when saved; a meta
+without it is version 1, every checkpoint written before the field existed). `format_refusal` refuses a
+version newer than this code reads; every older one is read. `tests/golden/` holds a checkpoint of
+today's format that every later version must restore and train on (tests/test_golden_checkpoint.py).
+
 `leaf_specs` and `mismatch` compare a checkpoint's array shapes and dtypes with the template it is
 restored into (Orbax would otherwise cast silently).
 """
@@ -29,6 +34,14 @@ CHECKSUMS = "checksums"
 """The meta key holding `tree_checksums` of the saved state."""
 META_CHECKSUMS = "meta_checksums"
 """The meta key holding `meta_checksums` of the rest of the meta: {"step": int, "sha256": {key: hex}}."""
+FORMAT = "format_version"
+"""The meta key holding the checkpoint format's version."""
+FORMAT_VERSION = 1
+"""The checkpoint format this code writes, and the newest it reads. Raise it when what a checkpoint holds or
+how it is laid out changes in a way older code would misread (and teach the restore to read the older ones);
+regenerate tests/golden/ with scripts/make_golden_checkpoint.py only then, keeping the old one as a test too.
+1: `state` (params, opt_state, fp8, step: StandardSave) + `meta` JSON (data cursor, stage, tokens, config,
+checksums; meta_checksums optional)."""
 LEGACY = "legacy"
 """`verify_meta`'s answer for a checkpoint saved before metadata checksums (nothing to compare with)."""
 
@@ -141,6 +154,18 @@ def meta_checksums(meta: dict, step: int) -> dict:
     meta = json.loads(json.dumps(meta, allow_nan=False))  # tuples -> lists, int keys -> str: as read back
     return {"step": int(step), "sha256": {k: hashlib.sha256(_canonical(v)).hexdigest()
                                           for k, v in sorted(meta.items()) if k != META_CHECKSUMS}}
+
+
+def format_refusal(meta: dict) -> str | None:
+    """Why this code cannot read a checkpoint of this meta's format, or None: a version newer than
+    `FORMAT_VERSION` (written by a later yxanul-jax) or not a version at all. No `FORMAT`: version 1."""
+    version = meta.get(FORMAT, 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return f"has checkpoint format version {version!r}, which no yxanul-jax writes (its metadata is damaged)"
+    if version > FORMAT_VERSION:
+        return (f"has checkpoint format version {version}, newer than the {FORMAT_VERSION} this yxanul-jax reads; "
+                "upgrade yxanul-jax (pip install -U yxanul-jax) to resume it")
+    return None
 
 
 def verify_meta(meta: dict, step: int) -> str | None:

@@ -12,23 +12,52 @@ embedding table, the head's factors, the norm scales) AdamW. Written here rather
 The schedule is one pure function of the optimizer step: global warmup, then cosine / WSD /
 constant decay to `min_lr_ratio`, times the active stage's `lr_scale`, ramped over that stage's own
 `warmup_steps`. Because it depends only on the step, a resumed run gets the same rates.
+
+A resumed run whose train.steps differs from its checkpoint's (a finished run asked for more) would get a
+different schedule, jumping at the first new step (a cosine at its floor back to mid-decay). `continued`
+refuses that unless `train.extend` says how to go on (`decay`: from the current rate down to the floor at the
+new end; `wsd`: back at the peak, then the last `decay_fraction` of the new total decaying), and records the
+choice as `optim.continue_as/continue_from/continue_lr`, which every later resume carries over from the
+checkpoint's config, so the schedule stays one pure function of the step.
 Gradient clipping is per stage and lives in the train step (it must leave FP8 state out).
 """
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
+from yxanul_jax.core.coerce import from_dict
 from yxanul_jax.core.config import Config
+from yxanul_jax.core.errors import UserError
+
+
+def _decay(shape: str, step, start: float, end: float, high: float, low: float):
+    """`high` at `start` down to `low` at `end` (and after): half a cosine or a straight line."""
+    frac = jnp.clip((step - start) / max(end - start, 1), 0.0, 1.0)
+    if shape == "cosine":
+        return low + 0.5 * (high - low) * (1 + jnp.cos(jnp.pi * frac))
+    return high - (high - low) * frac
+
+
+def wsd_decay_start(cfg: Config, start: int = 0) -> float:
+    """The step at which a WSD schedule (or a `wsd` continuation from `start`) begins its decay: the last
+    `decay_fraction` of the total, never before `start`."""
+    total = cfg.train.steps
+    return max(total - cfg.optim.decay_fraction * total, start)
 
 
 def base_schedule(cfg: Config):
-    """lr(step) before stage scaling: linear warmup, then the configured decay."""
+    """lr(step) before stage scaling: linear warmup, then the configured decay; from `optim.continue_from`
+    on, the continuation `optim.continue_as` (see the module's docstring)."""
     o, total = cfg.optim, cfg.train.steps
     peak, floor = o.lr, o.lr * o.min_lr_ratio
     warm = max(o.warmup_steps, 0)
+    shape = "linear" if o.schedule == "wsd" else o.schedule
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
@@ -36,15 +65,54 @@ def base_schedule(cfg: Config):
         if o.schedule == "constant":
             decayed = jnp.asarray(peak, jnp.float32)
         elif o.schedule == "cosine":
-            frac = jnp.clip((step - warm) / max(total - warm, 1), 0.0, 1.0)
-            decayed = floor + 0.5 * (peak - floor) * (1 + jnp.cos(jnp.pi * frac))
+            decayed = _decay("cosine", step, warm, total, peak, floor)
         else:  # wsd: stable at peak, then linear decay over the last decay_fraction of the steps
-            decay_start = total - o.decay_fraction * total
-            frac = jnp.clip((step - decay_start) / max(total - decay_start, 1), 0.0, 1.0)
-            decayed = peak - (peak - floor) * frac
-        return jnp.where(step < warm, warm_lr, decayed)
+            decayed = _decay("linear", step, wsd_decay_start(cfg), total, peak, floor)
+        lr = jnp.where(step < warm, warm_lr, decayed)
+        if o.continue_as == "decay":  # the configured shape, from the rate reached at continue_from
+            kept = _decay(shape, step, o.continue_from, total, o.continue_lr, floor)
+            lr = jnp.where(step >= o.continue_from, kept, lr)
+        elif o.continue_as == "wsd":  # stable at the peak, then a linear decay to the floor at the new end
+            start = wsd_decay_start(cfg, o.continue_from)
+            lr = jnp.where(step >= o.continue_from, _decay("linear", step, start, total, peak, floor), lr)
+        return lr
 
     return schedule
+
+
+def continued(cfg: Config, saved: dict | None, step: int) -> Config:
+    """`cfg` for a run resumed at `step` from a checkpoint whose resolved config is `saved` (a dict; None or
+    unreadable: `cfg` as it is): the checkpoint's schedule continuation carried over, and, when train.steps
+    changed so that the schedule would jump at `step`, the continuation `train.extend` chooses recorded from
+    `step` on. `refuse` (the default) raises UserError saying what would happen and the two choices."""
+    try:
+        old = from_dict(Config, saved) if isinstance(saved, dict) else None
+    except (UserError, TypeError, ValueError):
+        old = None
+    if old is None:
+        return cfg
+    carried = {k: getattr(old.optim, k) for k in ("continue_as", "continue_from", "continue_lr")}
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, **carried))
+    before, after = old.train.steps, cfg.train.steps
+    if before == after or step <= 0 or step >= after:  # same schedule, nothing trained yet, or nothing to train
+        return cfg
+    as_saved = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=before))
+    was, now = float(base_schedule(as_saved)(step)), float(base_schedule(cfg)(step))
+    if abs(now - was) <= 1e-6 * max(abs(was), 1e-12):
+        return cfg  # no jump (the stable phase of a WSD run, a constant schedule): the new end holds
+    o, how = cfg.optim, cfg.train.extend
+    floor = o.lr * o.min_lr_ratio
+    if how == "refuse":
+        wsd_from = int(wsd_decay_start(cfg, step))
+        decay = (f"stays at the floor {floor:.3g} to step {after}" if math.isclose(was, floor, rel_tol=1e-4)
+                 else f"from {was:.3g} down to {floor:.3g} at step {after}")
+        raise UserError(
+            f"train.steps went from {before} to {after} on a run resuming at step {step}: its {o.schedule} "
+            f"schedule would jump from lr {was:.3g} to {now:.3g} there; choose how it goes on: train.extend=decay "
+            f"({decay}, no jump) or train.extend=wsd (back at the peak "
+            f"{o.lr:.3g} from step {step}, decaying to {floor:.3g} from step {wsd_from} to {after})")
+    optim = dataclasses.replace(o, continue_as=how, continue_from=int(step), continue_lr=was)
+    return dataclasses.replace(cfg, optim=optim)
 
 
 def stage_scale(cfg: Config):
