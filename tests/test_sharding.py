@@ -2,7 +2,6 @@
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -13,18 +12,9 @@ from yxanul_jax.core.errors import UserError
 from yxanul_jax.training.sharding import mesh_shape
 
 from conftest import REPO
+from multihost import RUN, cpu_env, free_port, losses, train
 
 pytestmark = pytest.mark.slow  # subprocesses on 8 CPU devices and several processes: `pytest -m "not slow"` skips it
-
-# float32, no FP8: the comparison across layouts is then a pure reduction-order question (tol 1e-5).
-
-RUN = ["model.vocab_size=512", "model.d_model=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
-       "model.ffn_dim=128", "model.embed_rank=16", "model.dtype=float32", "fp8.enabled=false",
-       "curriculum.0.seq_len=32", "curriculum.0.batch_size=8", "curriculum.1.start_step=10",
-       "curriculum.1.seq_len=64", "curriculum.1.batch_size=8", "train.steps=20", "train.log_every=1",
-       "eval.interval=0", "eval.max_batches=2", "eval.batch_size=8", "checkpoint.interval=0",
-       "checkpoint.async_save=false", "train.sample_tokens=0"]
-
 
 def test_mesh_shape_resolution_and_errors():
     assert mesh_shape(MeshConfig(data=-1, fsdp=4), 8) == (2, 4)
@@ -40,21 +30,7 @@ def cache():
 
 
 def _env(cache, devices=1):
-    env = {**os.environ, "YXANUL_CACHE": cache, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
-    return env
-
-
-def _losses(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [r["loss"] for r in map(json.loads, fh) if "loss" in r]
-
-
-def _train(env, *args):
-    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", *args], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc
+    return cpu_env(devices, YXANUL_CACHE=cache)
 
 
 def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, capsys):
@@ -63,9 +39,9 @@ def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, caps
 
     fit(load_config(None, RUN), str(tmp_path / "one"))  # this process: one CPU device
     assert "data=1 x fsdp=1" in capsys.readouterr().out
-    eight = _train(_env(cache, 8), "--run-dir", str(tmp_path / "eight"), *RUN, "mesh.data=2", "mesh.fsdp=4")
+    eight = train(_env(cache, 8), "--run-dir", str(tmp_path / "eight"), *RUN, "mesh.data=2", "mesh.fsdp=4")
     assert "data=2 x fsdp=4" in eight.stdout
-    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "eight")
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "eight")
     assert len(a) == len(b) == 20
     for x, y in zip(a, b):
         assert abs(x - y) <= 1e-5 * abs(x), (a, b)
@@ -93,14 +69,8 @@ print(p['layers']['mlp']['up']['kernel'].spec, p['embedding'].spec, s.opt_state[
     assert out.endswith("P()"), out  # FP8 state replicated
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_train_together_and_agree(cache, tmp_path):
-    port = _free_port()
+    port = free_port()
     run = str(tmp_path / "multi")
     args = [*RUN, "train.steps=6", "curriculum.1.start_step=3", f"mesh.coordinator_address=127.0.0.1:{port}",
             "mesh.num_processes=2"]
@@ -111,8 +81,8 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out[-2000:] + err[-3000:]
     assert "data=2 x fsdp=1" in outs[0][0]
-    losses = _losses(run)
-    assert len(losses) == 6 and all(x > 0 for x in losses)
+    got = losses(run)
+    assert len(got) == 6 and all(x > 0 for x in got)
     # Both processes computed the same global validation loss from their own halves of the data.
     vals = [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for out, _ in outs]
     assert vals[0]["val/mean/loss"] > 0 and vals[0] == vals[1]
@@ -122,7 +92,7 @@ def test_a_sigterm_on_one_process_stops_both_at_the_same_step(cache, tmp_path):
     import signal
     import time
 
-    port = _free_port()
+    port = free_port()
     run = str(tmp_path / "multi-stop")
     args = [*RUN, "train.steps=400", "curriculum.1.start_step=300", "eval.interval=0", "checkpoint.interval=0",
             f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2"]

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from yxanul_jax.core import console
 from yxanul_jax.core.config import Config, MeshConfig
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model.transformer import Yxanul
@@ -36,18 +37,162 @@ LOGICAL_RULES = (
 )
 
 
-def maybe_initialize_distributed(cfg: MeshConfig) -> None:
-    """`jax.distributed.initialize` from the config, else from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-    JAX_PROCESS_ID; a single process needs neither."""
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup:
+    """How this process joins a multi-process run: what `jax.distributed.initialize` is given, and whence."""
+
+    how: str  # "slurm" | "ompi" | "k8s" | "flags"
+    coordinator_address: str
+    num_processes: int
+    process_id: int
+    one_device: bool  # several processes share a node: JAX binds each to the GPU of its node-local rank
+    source: str  # where the values came from, for the log line
+
+    def describe(self) -> str:
+        devices = "one GPU per process (its node-local rank)" if self.one_device else "all local devices"
+        return (f"process {self.process_id} of {self.num_processes} via {self.how} ({self.source}); coordinator "
+                f"{self.coordinator_address}; {devices}")
+
+
+_FLAGS = "mesh.coordinator_address / mesh.num_processes / mesh.process_id (or JAX_COORDINATOR_ADDRESS / " \
+         "JAX_NUM_PROCESSES / JAX_PROCESS_ID)"
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"environment variable {name}={value!r} is not an integer; the cluster's launcher sets it, "
+                        "so unset it or fix the job script") from None
+
+
+def _flags(cfg: MeshConfig) -> tuple[str, int | None, int | None]:
+    """(coordinator address, process count, process id) given by the config, else by the JAX_* variables."""
     address = cfg.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS", "")
-    if not address:
-        return
-    num = cfg.num_processes or int(os.environ.get("JAX_NUM_PROCESSES", "0") or 0)
-    pid = cfg.process_id if cfg.process_id >= 0 else int(os.environ.get("JAX_PROCESS_ID", "-1") or -1)
-    if not num or pid < 0:
-        raise UserError(f"multi-host start at '{address}' needs the process count and this process's id: set "
-                        "mesh.num_processes and mesh.process_id (or JAX_NUM_PROCESSES and JAX_PROCESS_ID)")
-    jax.distributed.initialize(coordinator_address=address, num_processes=num, process_id=pid)
+    num = cfg.num_processes or _env_int("JAX_NUM_PROCESSES")
+    pid = cfg.process_id if cfg.process_id >= 0 else _env_int("JAX_PROCESS_ID")
+    return address, num, pid
+
+
+def _detect(cfg: MeshConfig) -> str:
+    """`mesh.cluster: auto`: the launcher that started several processes, innermost first (an `mpirun` inside a
+    SLURM allocation is Open MPI's), else "none"."""
+    if (_env_int("OMPI_COMM_WORLD_SIZE") or 1) > 1:
+        return "ompi"
+    if "SLURM_JOB_ID" in os.environ and (_env_int("SLURM_NTASKS") or 1) > 1:
+        return "slurm"
+    address, num, _ = _flags(cfg)
+    if "JOB_COMPLETION_INDEX" in os.environ and (address or num):  # an Indexed Job alone may be a sweep
+        return "k8s"
+    return "none"
+
+
+def _jax_address(name: str) -> str:
+    """The coordinator address JAX's own detection derives for cluster `name` (jax/_src/clusters: SLURM's first
+    node of the step and a port from the job id, Open MPI's launcher address), honouring JAX_COORDINATOR_PORT."""
+    from jax._src import clusters
+
+    env = next(c for c in clusters.ClusterEnv._cluster_types if c.name == name)
+    try:
+        return env.get_coordinator_address(timeout_secs=None,
+                                           override_coordinator_port=os.environ.get("JAX_COORDINATOR_PORT"))
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise UserError(f"cannot derive the coordinator address from the {name} environment ({e}); set "
+                        "mesh.coordinator_address=HOST:PORT of process 0 (or JAX_COORDINATOR_ADDRESS)") from None
+
+
+def _cluster_values(method: str, chosen: str) -> tuple[int, int, bool, str]:
+    """(process count, process id, one device per process, what said so) from the `method` cluster's variables."""
+    if method == "slurm":
+        needed = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+        missing = [v for v in needed if v not in os.environ]
+        if missing and chosen == "auto":
+            raise UserError(f"SLURM job {os.environ.get('SLURM_JOB_ID')} has SLURM_NTASKS={os.environ['SLURM_NTASKS']} "
+                            f"tasks but this process was not started by srun (no {', '.join(missing)}): launch the "
+                            "trainer with `srun python -m yxanul_jax.train ...` (docs/CLUSTER.md), or set "
+                            "mesh.cluster=none to train as one process")
+        if missing:
+            raise UserError(f"mesh.cluster=slurm but this process is not a task of a SLURM job step (no "
+                            f"{', '.join(missing)}): launch it with srun inside an sbatch/salloc allocation, or set "
+                            "mesh.cluster=auto")
+        n, pid = _env_int("SLURM_NTASKS"), _env_int("SLURM_PROCID")
+        nodes = _env_int("SLURM_STEP_NUM_NODES") or _env_int("SLURM_NNODES") or n
+        return n, pid, n > nodes, f"SLURM job {os.environ['SLURM_JOB_ID']}: SLURM_PROCID of SLURM_NTASKS"
+    if method == "ompi":
+        missing = [v for v in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
+                   if v not in os.environ]
+        if missing:
+            raise UserError(f"mesh.cluster=ompi but this process was not started by Open MPI's mpirun (no "
+                            f"{', '.join(missing)}): launch it with mpirun, or set mesh.cluster=auto")
+        local = _env_int("OMPI_COMM_WORLD_LOCAL_SIZE") or 1
+        return (_env_int("OMPI_COMM_WORLD_SIZE"), _env_int("OMPI_COMM_WORLD_RANK"), local > 1,
+                "Open MPI: OMPI_COMM_WORLD_RANK of OMPI_COMM_WORLD_SIZE")
+    # k8s: the pod knows its index; the count and the coordinator come from the pod spec (no API access needed)
+    index = _env_int("JOB_COMPLETION_INDEX")
+    if index is None:
+        raise UserError("mesh.cluster=k8s but JOB_COMPLETION_INDEX is not set: run the pods as a Kubernetes "
+                        "Indexed Job (completionMode: Indexed, docs/CLUSTER.md), or set mesh.cluster=auto")
+    return 0, index, False, "Kubernetes Indexed Job: JOB_COMPLETION_INDEX"
+
+
+def process_group(cfg: MeshConfig) -> ProcessGroup | None:
+    """How this process joins a multi-process run (`mesh.cluster`, read from the environment), or None for a
+    single process. Raises UserError naming the variable or flag when the environment is inconsistent."""
+    method = _detect(cfg) if cfg.cluster == "auto" else cfg.cluster
+    address, num, pid = _flags(cfg)
+    if method == "none":
+        if not address:
+            return None
+        if not num or pid is None or pid < 0:
+            raise UserError(f"multi-host start at '{address}' needs the process count and this process's id: set "
+                            "mesh.num_processes and mesh.process_id (or JAX_NUM_PROCESSES and JAX_PROCESS_ID)")
+        if not 0 <= pid < num:
+            raise UserError(f"process id {pid} is not in [0, {num}): give each of the {num} processes its own id "
+                            "(mesh.process_id or JAX_PROCESS_ID)")
+        return ProcessGroup("flags", address, num, pid, False, _FLAGS)
+    n, index, one_device, source = _cluster_values(method, cfg.cluster)
+    if method == "k8s":
+        if not num or not address:
+            raise UserError(f"a Kubernetes Indexed Job pod (JOB_COMPLETION_INDEX={index}) needs the process count "
+                            "and the coordinator address: set JAX_NUM_PROCESSES=<parallelism> and "
+                            "JAX_COORDINATOR_ADDRESS=<job>-0.<headless service>:<port> in the pod's env "
+                            "(docs/CLUSTER.md), or mesh.cluster=none for one process")
+        n = num
+    if num and num != n:
+        raise UserError(f"mesh.num_processes / JAX_NUM_PROCESSES ({num}) disagrees with the {method} launcher's "
+                        f"{n} processes: drop it (the launcher says how many there are), or set mesh.cluster=none to "
+                        "use only the flags")
+    if pid is not None and pid >= 0 and pid != index:
+        raise UserError(f"mesh.process_id / JAX_PROCESS_ID ({pid}) disagrees with the {method} launcher's id {index} "
+                        "for this process: drop it, or set mesh.cluster=none to use only the flags")
+    if not 0 <= index < n:
+        raise UserError(f"inconsistent {method} environment: process id {index} is not in [0, {n}) ({source}); "
+                        "start the processes with the cluster's launcher, not by hand")
+    if address:
+        source += ", coordinator from mesh.coordinator_address / JAX_COORDINATOR_ADDRESS"
+    elif method == "slurm":
+        source += (", coordinator: first node of SLURM_STEP_NODELIST, port "
+                   + ("JAX_COORDINATOR_PORT" if os.environ.get("JAX_COORDINATOR_PORT") else
+                      "61440 + SLURM_JOB_ID % 4096"))
+    return ProcessGroup(method, address or _jax_address(method), n, index, one_device, source)
+
+
+def maybe_initialize_distributed(cfg: MeshConfig) -> ProcessGroup | None:
+    """Join the multi-process run the environment or the config describes (`process_group`), logging how the
+    group was formed; a single process does nothing. Call it before anything touches a device."""
+    group = process_group(cfg)
+    if group is None:
+        return None
+    console.info(f"process group: {group.describe()}")
+    # JAX's own detection of the same cluster binds a process to its node-local GPU; elsewhere it is kept out
+    # (the values are already settled, and each process sees all its devices: one process per node).
+    jax.distributed.initialize(coordinator_address=group.coordinator_address, num_processes=group.num_processes,
+                               process_id=group.process_id, heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
+                               cluster_detection_method=group.how if group.one_device else "deactivate")
+    return group
 
 
 def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int]:
