@@ -1,6 +1,6 @@
 """`python -m yxanul_jax.prepare` (`yxanul prepare`): tokenize a corpus once into token shards + manifest.
 
-    python -m yxanul_jax.prepare --input PATH... --tokenizer PATH --output DIR
+    python -m yxanul_jax.prepare --input PATH... | --hf-dataset NAME_OR_PATH [--split S] --tokenizer PATH --output DIR
         [--text-column C | --text-template T] [--val-fraction 0.05] [--workers N]
 
 What it writes, and how the split is chosen: `yxanul_jax/data/prepare.py`.
@@ -12,8 +12,9 @@ import sys
 from typing import Sequence
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.data.hf_source import hf_source_from_args
 from yxanul_jax.data.prepare import prepare_dataset
 from yxanul_jax.data.sources import add_source_args, source_from_args, warn_replaced
 from yxanul_jax.data.tokenizer import SUPERBPE_CHOICES, load_tokenizer, superbpe_flag
@@ -31,24 +32,29 @@ def _print_summary(manifest: dict, output: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """`prepare`: tokenize inputs into token shards + a manifest (`data.layout`); returns the exit code."""
     parser = ArgumentParser(prog="yxanul prepare", description=__doc__.split("\n\n")[0])
-    add_source_args(parser)
+    add_source_args(parser, input_required=False)
+    parser.add_argument("--hf-dataset", default=None, metavar="NAME_OR_PATH",
+                        help="instead of --input: a Hugging Face `datasets` dataset (a save_to_disk folder, a folder "
+                             "of data files, or a name in the local cache); needs the `hf` extra")
+    parser.add_argument("--split", default=None, help="--hf-dataset's split (default: its only one, else train)")
     parser.add_argument("--tokenizer", required=True, help="tokenizer.json, or a directory with it or vocab.json + merges.txt")
     parser.add_argument("--output", required=True, help="new directory for the prepared dataset")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents held out (default 0.05)")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--val-fraction", type=Ranged(float, 0, 1), default=0.05,
+                        help="share of documents held out (default 0.05)")
+    parser.add_argument("--workers", type=Ranged(int, 1), default=None,
                         help="encoder threads (default: all cores); set before the tokenizer is first used")
     parser.add_argument("--superbpe", choices=SUPERBPE_CHOICES, default="auto",
                         help="SuperBPE pre-tokenizer for vocab.json + merges.txt (auto: when superwords exist)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if bool(args.input) == bool(args.hf_dataset):
+        raise UserError("pass the documents as --input PATH... or as --hf-dataset NAME_OR_PATH (one of them)")
+    if args.split is not None and not args.hf_dataset:
+        raise UserError("--split chooses a split of --hf-dataset; leave it out with --input")
     if args.workers is not None:
-        if args.workers < 1:
-            raise UserError(f"--workers must be >= 1, got {args.workers}")
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # read once, at the encoder's first use
-    if not 0.0 <= args.val_fraction <= 1.0:
-        raise UserError(f"--val-fraction must be in [0, 1], got {args.val_fraction}")
     tok = load_tokenizer(args.tokenizer, superbpe=superbpe_flag(args.superbpe))
-    source = source_from_args(args)
+    source = hf_source_from_args(args) if args.hf_dataset else source_from_args(args)
     manifest = prepare_dataset(source, tok, args.output, val_fraction=args.val_fraction,
                                progress=not args.no_progress)
     warn_replaced(source)

@@ -42,6 +42,8 @@ from yxanul_jax.core.errors import UserError
 from yxanul_jax.data.dataset import PreparedDataset, SplitIndex, open_dataset
 
 _STATE_KIND = "yxanul-train-stream"
+MIXTURE_STATE_KIND = "yxanul-mixture-stream"
+"""The `kind` of a mixture's saved state (`yxanul_jax.data.mixture`), told apart from a single stream's here."""
 _EPOCHS_CACHED = 2
 
 
@@ -212,23 +214,32 @@ def _allow_grain_workers() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-class TrainStream:
-    """Infinite packed training batches; `next_batch(seq_len, batch_size)` may change shape at any call."""
+class BatchStream:
+    """What every training stream shares: batch k of a stage from `batch_fn(seq_len, batch_size)` through a Grain
+    iterator (thread prefetch, worker processes with num_workers > 0), restarted at a shape change or a restore.
 
-    def __init__(self, ds: PreparedDataset, *, seed: int, lanes: int = 1, process_index: int = 0,
-                 process_count: int = 1, num_workers: int = 0, prefetch: int = 2):
+    A subclass says where it stands (`position`: an int every batch carries as "cursor", checked on arrival) and
+    how a delivered batch moves it (`_advance`)."""
+
+    def __init__(self, *, process_index: int, process_count: int, num_workers: int, prefetch: int):
         if not 0 <= process_index < process_count:
             raise UserError(f"process_index {process_index} is not in [0, {process_count})")
         if num_workers < 0 or prefetch < 0:
             raise UserError(f"data.num_workers ({num_workers}) and data.prefetch ({prefetch}) must be >= 0")
-        self.ds, self.seed = ds, int(seed)
         self.process_index, self.process_count = process_index, process_count
         self.num_workers, self.prefetch = num_workers, prefetch
-        self.stream = TokenStream(ds.split("train"), ds.eos_id, self.seed)
-        self.lanes = Lanes(self.stream, lanes)
-        self.cursor = 0
         self._iter = None
         self._shape: tuple[int, int] | None = None
+
+    def batch_fn(self, seq_len: int, batch_size: int):
+        raise NotImplementedError
+
+    @property
+    def position(self) -> int:
+        raise NotImplementedError
+
+    def _advance(self, seq_len: int, batch_size: int) -> None:
+        raise NotImplementedError
 
     def _restart(self, seq_len: int, batch_size: int) -> None:
         self.close()
@@ -243,14 +254,6 @@ class TrainStream:
         self._iter = iter(it_ds)
         self._shape = (seq_len, batch_size)
 
-    def batch_fn(self, seq_len: int, batch_size: int) -> _TrainBatchAt:
-        """Batch k (k = 0, 1, ...) of shape (seq_len, batch_size) from the current cursor, as a function."""
-        if seq_len < 1 or batch_size < 1 or batch_size % self.process_count or batch_size % self.lanes.lanes:
-            raise UserError(f"batch_size {batch_size} must be a positive multiple of the process count "
-                            f"{self.process_count} and of data.lanes ({self.lanes.lanes}), and seq_len "
-                            f"{seq_len} positive")
-        return _TrainBatchAt(self.lanes, self.cursor, seq_len, batch_size, self.process_index, self.process_count)
-
     def next_batch(self, seq_len: int, batch_size: int) -> dict:
         """Next global batch's local rows: inputs / targets int32[B_local, L], mask float32[B_local, L].
 
@@ -260,38 +263,10 @@ class TrainStream:
         if self._shape != (seq_len, batch_size) or self._iter is None:
             self._restart(seq_len, batch_size)
         batch = next(self._iter)
-        if int(batch.pop("cursor")) != self.cursor:  # Grain returned batches out of order: a bug
-            raise RuntimeError(f"data stream out of step: expected cursor {self.cursor}")
-        self.cursor += seq_len * batch_size
+        if int(batch.pop("cursor")) != self.position:  # Grain returned batches out of order: a bug
+            raise RuntimeError(f"data stream out of step: expected cursor {self.position}")
+        self._advance(seq_len, batch_size)
         return batch
-
-    @property
-    def tokens_consumed(self) -> int:
-        """Target tokens delivered so far, over all processes (equals the cursor)."""
-        return self.cursor
-
-    def get_state(self) -> dict:
-        """JSON-serializable exact position (the same on every process)."""
-        return {"kind": _STATE_KIND, "version": 1, "cursor": self.cursor, "tokens_consumed": self.cursor,
-                "epoch": self.cursor // self.lanes.epoch_len, "seed": self.seed, "lanes": self.lanes.lanes,
-                "dataset": self.ds.fingerprint("train")}
-
-    def set_state(self, state: dict) -> None:
-        """Continue from a `get_state()` result; UserError if it belongs to another seed or dataset."""
-        if not isinstance(state, dict) or state.get("kind") != _STATE_KIND or not isinstance(state.get("cursor"), int):
-            raise UserError("saved data-stream state is not a yxanul train stream state; "
-                            "restore it from the same run's checkpoint")
-        if state.get("seed") != self.seed:
-            raise UserError(f"saved data-stream state used data.shuffle_seed={state.get('seed')} but this run "
-                            f"uses {self.seed}; set data.shuffle_seed={state.get('seed')} to resume exactly")
-        if state.get("lanes", 1) != self.lanes.lanes:
-            raise UserError(f"saved data-stream state read {state.get('lanes', 1)} lanes but this run reads "
-                            f"{self.lanes.lanes}; set data.lanes={state.get('lanes', 1)} to resume exactly")
-        if state.get("dataset") != self.ds.fingerprint("train"):
-            raise UserError(f"saved data-stream state belongs to another dataset than '{self.ds.path}' "
-                            "(documents, tokens or tokenizer differ); resume with the same data.train")
-        self.close()
-        self.cursor = int(state["cursor"])
 
     def close(self) -> None:
         """Stop prefetch threads / worker processes (a later next_batch restarts them)."""
@@ -313,6 +288,65 @@ class TrainStream:
             self.close()
         except Exception:
             pass
+
+
+class TrainStream(BatchStream):
+    """Infinite packed training batches; `next_batch(seq_len, batch_size)` may change shape at any call."""
+
+    def __init__(self, ds: PreparedDataset, *, seed: int, lanes: int = 1, process_index: int = 0,
+                 process_count: int = 1, num_workers: int = 0, prefetch: int = 2):
+        super().__init__(process_index=process_index, process_count=process_count, num_workers=num_workers,
+                         prefetch=prefetch)
+        self.ds, self.seed = ds, int(seed)
+        self.stream = TokenStream(ds.split("train"), ds.eos_id, self.seed)
+        self.lanes = Lanes(self.stream, lanes)
+        self.cursor = 0
+
+    def batch_fn(self, seq_len: int, batch_size: int) -> _TrainBatchAt:
+        """Batch k (k = 0, 1, ...) of shape (seq_len, batch_size) from the current cursor, as a function."""
+        if seq_len < 1 or batch_size < 1 or batch_size % self.process_count or batch_size % self.lanes.lanes:
+            raise UserError(f"batch_size {batch_size} must be a positive multiple of the process count "
+                            f"{self.process_count} and of data.lanes ({self.lanes.lanes}), and seq_len "
+                            f"{seq_len} positive")
+        return _TrainBatchAt(self.lanes, self.cursor, seq_len, batch_size, self.process_index, self.process_count)
+
+    @property
+    def position(self) -> int:
+        return self.cursor
+
+    def _advance(self, seq_len: int, batch_size: int) -> None:
+        self.cursor += seq_len * batch_size
+
+    @property
+    def tokens_consumed(self) -> int:
+        """Target tokens delivered so far, over all processes (equals the cursor)."""
+        return self.cursor
+
+    def get_state(self) -> dict:
+        """JSON-serializable exact position (the same on every process)."""
+        return {"kind": _STATE_KIND, "version": 1, "cursor": self.cursor, "tokens_consumed": self.cursor,
+                "epoch": self.cursor // self.lanes.epoch_len, "seed": self.seed, "lanes": self.lanes.lanes,
+                "dataset": self.ds.fingerprint("train")}
+
+    def set_state(self, state: dict) -> None:
+        """Continue from a `get_state()` result; UserError if it belongs to another seed or dataset."""
+        if isinstance(state, dict) and state.get("kind") == MIXTURE_STATE_KIND:
+            raise UserError(f"saved data-stream state is of a mixture ({', '.join(state.get('domains', {}))}) but "
+                            "data.train is one dataset now; resume with the same data.train")
+        if not isinstance(state, dict) or state.get("kind") != _STATE_KIND or not isinstance(state.get("cursor"), int):
+            raise UserError("saved data-stream state is not a yxanul train stream state; "
+                            "restore it from the same run's checkpoint")
+        if state.get("seed") != self.seed:
+            raise UserError(f"saved data-stream state used data.shuffle_seed={state.get('seed')} but this run "
+                            f"uses {self.seed}; set data.shuffle_seed={state.get('seed')} to resume exactly")
+        if state.get("lanes", 1) != self.lanes.lanes:
+            raise UserError(f"saved data-stream state read {state.get('lanes', 1)} lanes but this run reads "
+                            f"{self.lanes.lanes}; set data.lanes={state.get('lanes', 1)} to resume exactly")
+        if state.get("dataset") != self.ds.fingerprint("train"):
+            raise UserError(f"saved data-stream state belongs to another dataset than '{self.ds.path}' "
+                            "(documents, tokens or tokenizer differ); resume with the same data.train")
+        self.close()
+        self.cursor = int(state["cursor"])
 
 
 # --------------------------------------------------------------------------------------------

@@ -135,7 +135,8 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
         with staged_dir(output) as tmp:
             tokenizer.save(tmp / TOKENIZER)
             writers = {s: _ShardWriter(tmp, s, dtype, shard_tokens) for s in SPLITS}
-            bar = tqdm(total=documents_hint, unit="doc", disable=not progress, desc="tokenizing", file=sys.stderr)
+            bar = tqdm(total=documents_hint, unit="doc", disable=not console.progress_wanted(progress),
+                       desc="tokenizing", file=sys.stderr)  # on a terminal only: no bar line in a log
             console.set_live(bar)  # an error ends the bar's line first, never lands at its tail
             tokens = 0
             # Two batches encode at once so that the Rust thread pool never idles at the tail of one

@@ -323,9 +323,10 @@ class DocumentSource:
 # The command-line form of a source (the `tokenizer` and `prepare` commands)
 
 
-def add_source_args(parser: argparse.ArgumentParser) -> None:
-    """--input / --text-column / --text-template / --bad-utf8 / --txt-docs, of `tokenizer` and `prepare`."""
-    parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
+def add_source_args(parser: argparse.ArgumentParser, input_required: bool = True) -> None:
+    """--input / --text-column / --text-template / --bad-utf8 / --txt-docs, of `tokenizer` and `prepare`
+    (`input_required=False`: the command has another source, e.g. prepare's --hf-dataset, and checks itself)."""
+    parser.add_argument("--input", nargs="+", required=input_required, metavar="PATH",
                         help="parquet / .jsonl[.gz] / .txt[.gz] files, directories or globs")
     text = parser.add_mutually_exclusive_group()
     text.add_argument("--text-column", default="text", help="column holding the text (default: text)")

@@ -53,8 +53,9 @@ def tokenizer_path_of(cfg: Config, run_dir: str | None = None) -> str:
 
     if run_dir and os.path.isfile(os.path.join(run_dir, TOKENIZER_FILE)):
         return os.path.join(run_dir, TOKENIZER_FILE)
-    if cfg.data.train:
-        path = open_dataset(cfg.data.train).tokenizer_path
+    if cfg.data.train:  # a mixture's datasets share one tokenizer: its first one's
+        train = cfg.data.train
+        path = open_dataset(next(iter(train.values())) if isinstance(train, dict) else train).tokenizer_path
     else:
         from yxanul_jax.data.corpus import ensure_demo_dataset
         path = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size)).tokenizer_path

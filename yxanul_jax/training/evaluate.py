@@ -3,9 +3,10 @@
 A domain value is either a prepared dataset directory (its `val` split is used) or a raw input
 file (parquet / jsonl / txt) with an optional text template after `::`, e.g.
 `data/gsm8k.parquet::{question}\\n{answer}`. Raw files are tokenized with the training data's
-tokenizer on first use into a cache keyed by file identity and tokenizer hash. A missing file is
-skipped with a warning; with no domain left (or none configured) the training data's held-out
-split is used, so validation always reports something.
+tokenizer on first use into a cache keyed by file identity and tokenizer hash. A missing file is a
+UserError (a run never validates on something other than what it was told). The training data's own
+held-out split comes first, as domain `heldout` (a mixture: `heldout-<name>` per dataset), unless
+`eval.in_domain` is false; `eval.domains` add to it.
 """
 from __future__ import annotations
 
@@ -49,10 +50,32 @@ def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedD
     return open_dataset(out)
 
 
-def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[Domain]:
-    """Domains to validate on, in config order; falls back to the training data's held-out split."""
-    out = []
+IN_DOMAIN = "heldout"
+"""The name of the training data's held-out split as a domain (a mixture's dataset `books`: `heldout-books`)."""
+
+
+def in_domain_name(dataset: str) -> str:
+    """The domain name of training dataset `dataset`'s held-out split ('' : one dataset)."""
+    return f"{IN_DOMAIN}-{dataset}" if dataset else IN_DOMAIN
+
+
+def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset,
+                    in_domain: dict[str, PreparedDataset] | None = None) -> list[Domain]:
+    """Domains to validate on: the held-out split of every training dataset of `in_domain` (name -> dataset, ''
+    for one dataset; None: `train_ds`'s), then `domains` in config order. UserError for a domain name that is
+    taken, a missing path, or a training dataset without held-out documents."""
+    in_domain = {"": train_ds} if in_domain is None else in_domain
+    out = [Domain(in_domain_name(name), ds) for name, ds in in_domain.items()]
+    for d in out:
+        try:
+            d.dataset.split(d.split)
+        except UserError as e:
+            raise UserError(f"{e}, or set eval.in_domain=false to validate on eval.domains only") from None
+    taken = {d.name for d in out} | {"mean"}
     for name, spec in domains.items():
+        if name in taken:
+            raise UserError(f"eval domain '{name}': the name is taken (by the training data's held-out split, or "
+                            f"'mean' by the average); rename eval.domains.{name}")
         path, _, template = spec.partition("::")
         template = template.replace("\\n", "\n") or None
         if not os.path.exists(path):
@@ -64,8 +87,6 @@ def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset) -> list[
             ds = _prepare_raw(name, path, template, train_ds)
         ds.check_vocab(train_ds.vocab_size)
         out.append(Domain(name, ds))
-    if not out:
-        out.append(Domain("heldout", train_ds))
     for d in out:  # no validation split: a UserError now, not at the first validation after training
         d.dataset.split(d.split)
     return out

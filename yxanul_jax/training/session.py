@@ -20,7 +20,8 @@ from yxanul_jax.core.config import Config, ModelConfig, model_mismatch, stream_l
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, checkpoint_steps
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
-from yxanul_jax.data.loader import Lanes, TokenStream
+from yxanul_jax.data.loader import BatchStream, TrainStream
+from yxanul_jax.data.mixture import MixtureStream
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.checkpoint import (Checkpointer, none_usable, quarantined, read_checkpoint,
@@ -30,8 +31,30 @@ from yxanul_jax.training.stages import enable_compilation_cache, stage_index
 from yxanul_jax.training.steps import init_train_state, make_eval_step
 
 
+def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
+    """name -> prepared dataset of a mixture (`data.train` a mapping), each checked against the model's vocabulary;
+    UserError naming the dataset whose tokenizer differs from the first one's (one tokenizer for all)."""
+    sets: dict[str, PreparedDataset] = {}
+    for name, path in cfg.data.train.items():
+        ds = open_dataset(path)
+        ds.check_vocab(cfg.model.vocab_size)
+        if sets:
+            first_name, first = next(iter(sets.items()))
+            theirs, ours = (d.manifest.get("tokenizer", {}) for d in (first, ds))
+            if ours.get("sha256") != theirs.get("sha256"):
+                raise UserError(f"data.train.{name} ('{path}') was tokenized with another tokenizer ("
+                                f"{ours.get('source', '?')}, sha256 {str(ours.get('sha256'))[:12]}) than "
+                                f"data.train.{first_name} ({theirs.get('source', '?')}, sha256 "
+                                f"{str(theirs.get('sha256'))[:12]}); prepare every dataset of a mixture with one tokenizer")
+        sets[name] = ds
+    return sets
+
+
 def open_training_data(cfg: Config) -> PreparedDataset:
-    """The prepared dataset of `data.train`, or the embedded demo corpus (built on first use)."""
+    """The prepared dataset of `data.train` (a mixture's first: they share the tokenizer), or the embedded demo
+    corpus (built on first use)."""
+    if cfg.data.mixture() is not None:
+        return next(iter(open_training_sets(cfg).values()))
     if cfg.data.train:
         ds = open_dataset(cfg.data.train)
     else:
@@ -55,11 +78,22 @@ def validation_seq_len(cfg: Config, step: int) -> int:
     return cfg.curriculum[stage_index(cfg, max(step - 1, 0))].seq_len
 
 
-def _check_training(cfg: Config, ds: PreparedDataset, mesh) -> None:
+def open_train_stream(cfg: Config, train_sets: dict[str, PreparedDataset]) -> BatchStream:
+    """The training stream of `data.train` (`train_sets`: `RunContext.train_sets`) on this process: one dataset's
+    `TrainStream`, or a mixture's `MixtureStream`."""
+    kw = dict(seed=cfg.data.shuffle_seed, lanes=stream_lanes(cfg), process_index=jax.process_index(),
+              process_count=jax.process_count(), num_workers=cfg.data.num_workers, prefetch=cfg.data.prefetch)
+    mixture = cfg.data.mixture()
+    if mixture is None:
+        return TrainStream(next(iter(train_sets.values())), **kw)
+    return MixtureStream(train_sets, mixture, **kw)
+
+
+def _check_training(cfg: Config, train_sets: dict[str, PreparedDataset], mesh) -> None:
     """The checks only training needs, on this machine's devices and data: batches divide over the mesh,
     the stream has tokens for its lanes, evaluation batches divide over the processes."""
     sh.check_divisible(cfg, mesh)
-    Lanes(TokenStream(ds.split("train"), ds.eos_id, cfg.data.shuffle_seed), stream_lanes(cfg))  # enough tokens
+    open_train_stream(cfg, train_sets).close()  # enough tokens for the lanes, in every dataset
     if cfg.eval.batch_size % jax.process_count():
         raise UserError(f"config key 'eval.batch_size' ({cfg.eval.batch_size}) must divide evenly over "
                         f"{jax.process_count()} processes")
@@ -74,16 +108,19 @@ class RunContext:
     layout: sh.StateLayout
     domains: list[Domain]
     eval_step: Callable
+    train_sets: dict[str, PreparedDataset] = dataclasses.field(default_factory=dict)
+    """name -> dataset of a mixture; one dataset: {"": ds}."""
 
     @classmethod
     def open(cls, cfg: Config, mesh=None, *, training: bool = True) -> "RunContext":
         """Open the data and check everything a run (`training`) or a validation needs; writes nothing."""
         mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
-        ds = open_training_data(cfg)
+        train_sets = open_training_sets(cfg) if cfg.data.mixture() is not None else {"": open_training_data(cfg)}
+        ds = next(iter(train_sets.values()))
         if training:
-            _check_training(cfg, ds, mesh)
-        return cls(cfg, ds, sh.state_layout(cfg, mesh), resolve_domains(cfg.eval.domains, ds),
-                   jax.jit(make_eval_step(cfg)))
+            _check_training(cfg, train_sets, mesh)
+        domains = resolve_domains(cfg.eval.domains, ds, in_domain=train_sets if cfg.eval.in_domain else {})
+        return cls(cfg, ds, sh.state_layout(cfg, mesh), domains, jax.jit(make_eval_step(cfg)), train_sets)
 
     @property
     def mesh(self):
