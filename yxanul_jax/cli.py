@@ -12,7 +12,9 @@ COMMANDS = {
     "analyze": "cost, memory and GEMM analysis of a compiled train step, here or for an H100 (--target)",
     "generate": "sample text from a trained model (KV cache)",
     "export": "write a trained model as a Hugging Face Llama folder",
+    "evaluate": "downstream evaluation of a trained model with lm-eval-harness (the lm-eval extra)",
     "plot": "training / validation loss, tokens/s and lr of runs against tokens, in one PNG",
+    "config": "every config key with its type, default, current value and doc (config show)",
 }
 
 # `inspect` shadowed the standard library's module when a file of the package ran as a script.

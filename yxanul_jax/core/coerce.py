@@ -7,12 +7,16 @@ failure raises `UserError` with one line naming the dotted key.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import functools
+import inspect
 import os
+import textwrap
 import types
 import typing
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import yaml
 
@@ -31,11 +35,18 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def _type_name(tp) -> str:
-    origin = typing.get_origin(tp)
+def type_name(tp) -> str:
+    """An annotation as a user reads it: `int`, `'a' | 'b'`, `list[str]` (a tuple), `dict[str, str]`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    return getattr(tp, "__name__", str(tp))
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in args)
+    if origin is tuple:
+        return f"list[{type_name(args[0])}]"
+    if origin is dict:
+        return f"dict[{type_name(args[0])}, {type_name(args[1])}]"
+    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
 def _coerce(value: Any, tp, key: str) -> Any:
@@ -50,7 +61,7 @@ def _coerce(value: Any, tp, key: str) -> Any:
         return from_dict(tp, value, key)
     if origin is Literal:
         if value not in args:
-            raise UserError(f"config key '{key}' must be one of {_type_name(tp)}, got {value!r}"
+            raise UserError(f"config key '{key}' must be one of {type_name(tp)}, got {value!r}"
                             + (suggest(str(value), [str(a) for a in args]) if isinstance(value, str) else ""))
         return value
     if origin in (typing.Union, types.UnionType):
@@ -204,6 +215,40 @@ def keys_named(name: str, cls, prefix: str = "") -> list[str]:
         elif f.name == name:
             found.append(key)
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls) -> dict[str, str]:
+    """The docstring written under each field of dataclass `cls` (the string literal after it), whitespace
+    collapsed to one line; {} where the source cannot be read (a frozen build without .py files)."""
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    except (OSError, TypeError):
+        return {}
+    return {node.target.id: " ".join(doc.value.value.split())
+            for node, doc in zip(body, body[1:])
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(doc, ast.Expr)
+            and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
+
+
+def leaves(obj, base, prefix: str = "") -> Iterator[tuple[str, Any, Any, Any, str]]:
+    """(dotted key, annotation, value in `base`, value in `obj`, doc) of every key of dataclass `obj` that an
+    override sets, in schema order; `base` is a reference of the same type (the defaults). A list of
+    dataclasses is one leaf for the whole list (doc: the element's class docstring), then each entry's keys
+    (`curriculum.1.seq_len`) against `base`'s entry of that index, or past its end the element's defaults.
+    Other lists and mappings are one leaf each."""
+    types_, docs = _hints(type(obj)), field_docs(type(obj))
+    for f in dataclasses.fields(obj):
+        key, tp, value, default = _join(prefix, f.name), types_[f.name], getattr(obj, f.name), getattr(base, f.name)
+        elem = typing.get_args(tp)[0] if typing.get_origin(tp) is tuple else None
+        if dataclasses.is_dataclass(tp):
+            yield from leaves(value, default, key)
+        elif dataclasses.is_dataclass(elem):
+            yield key, tp, default, value, " ".join((elem.__doc__ or "").split())
+            for i, entry in enumerate(value):
+                yield from leaves(entry, default[i] if i < len(default) else elem(), _join(key, i))
+        else:
+            yield key, tp, default, value, docs.get(f.name, "")
 
 
 def to_yaml(obj) -> str:

@@ -38,12 +38,14 @@ larger-amax side is the smaller value, and it is min-merged.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from yxanul_jax.core import console, scopes
+from yxanul_jax.core.config import FP8_TARGETS
 from yxanul_jax.core.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
@@ -315,7 +317,9 @@ def nonfinite_total(fp8_state: dict) -> jax.Array:
 
 
 SATURATION_WARN = 4.0
-"""`saturation` at or above which the train loop warns: the largest values lost two binades to clipping."""
+"""`saturation` at or above which a step counts as clipping (the largest values lost two binades). The train loop
+warns only when such steps keep coming for longer than the amax history (`training.hooks.SaturationWatch`):
+one, or a few close together, is delayed scaling catching up with a jump, which its history then absorbs."""
 
 
 def _operands(fp8_state: dict) -> list[tuple[str, str, dict]]:
@@ -356,11 +360,36 @@ def saturation(old_state: dict, new_state: dict) -> tuple[jax.Array, jax.Array]:
     return jnp.max(flat), jnp.argmax(flat).astype(jnp.int32)
 
 
-def saturation_warning(step: int, ratio: float, name: str) -> str:
-    """The train loop's warning when `saturation` reaches SATURATION_WARN."""
-    return (f"FP8 step {step}: {name} amax was {ratio:.1f}x what its delayed scale can hold, so its largest "
-            "values were clipped; if the loss spikes, give the scales headroom (fp8.margin=2) or use "
-            "fp8.scaling=current (metric fp8_saturation)")
+def saturation_targets(names) -> list[str]:
+    """The `fp8.targets` entries that `saturation_names` entries belong to, in FP8_TARGETS order:
+    "layer_1/attn/k/gemm grad" -> k, a fused "layer_0/attn/qkv ..." -> q, k, v, "head_gemm ..." -> head."""
+    found = set()
+    for name in names:
+        for part in name.split(" ")[0].split("/"):
+            found.update(("q", "k", "v") if part == "qkv" else ("head",) if part.startswith("head") else (part,))
+    return [t for t in FP8_TARGETS if t in found]
+
+
+def saturation_warning(first: int, last: int, history: int, worst: tuple[float, int], counts: dict[str, int],
+                       cfg) -> str:
+    """The train loop's warning about clipping that persisted from step `first` to `last`, longer than the
+    `history`-step amax history: `worst` = (ratio, step), `counts` = operand name -> its clipping steps (most
+    first), `cfg` the run's `Config` (the fixes name its keys with values to set)."""
+    ratio, at = worst
+    names = list(counts)
+    shown = ", ".join(f"{n} ({counts[n]} step{'s' if counts[n] > 1 else ''})" for n in names[:3])
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    margin = cfg.fp8.margin + max(1, math.ceil(math.log2(max(ratio, 1.0))))
+    clipped = saturation_targets(names)
+    keep = [t for t in cfg.fp8.targets if t not in clipped]
+    bf16 = (f"keep those projections in BF16 with fp8.targets=[{','.join(keep)}], or " if clipped and keep
+            else "train in BF16 with fp8.enabled=false, or " if clipped else "")
+    return (f"FP8 clipping has persisted from step {first} to step {last}, longer than the {history}-step amax "
+            f"history (fp8.amax_history_len), so it is not delayed scaling catching up: the delayed scale of "
+            f"{shown}{more} fell {SATURATION_WARN:g}x or more short of its amax (worst {ratio:.1f}x, step {at}), "
+            "and the largest values were clipped to the FP8 maximum. If the loss spikes or stalls: give the scales "
+            f"headroom with fp8.margin={margin}, or scale each step from its own amax with fp8.scaling=current, or "
+            f"{bf16}or lower optim.lr (now {cfg.optim.lr:g}); the per-step ratio is the metric fp8_saturation")
 
 
 def underflow_mean(fp8_state: dict, operand: str = "grad") -> jax.Array:

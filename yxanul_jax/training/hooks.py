@@ -22,6 +22,7 @@ A researcher's own hook subclasses `Hook`, overrides what it needs and is passed
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 
@@ -98,15 +99,49 @@ class NullWriter:
         pass
 
 
+class SaturationWatch:
+    """Whether FP8 clipping persists. A step counts as clipping when its `fp8_saturation` reaches
+    `fp8.SATURATION_WARN` (some operand's largest values lost two binades); an episode is a run of such steps,
+    each within `history` steps (the amax history, fp8.amax_history_len) of the one before. Delayed scaling clips at a jump of an amax and its history absorbs it, so a short
+    episode is expected; one that lasts more than `history` steps (first to latest clipping step: for
+    clipping at every step, more than `history` consecutive steps) is not, and `update` says so once."""
+
+    def __init__(self, history: int):
+        self.history = history
+        self.first = self.last = -1  # the episode's first and latest clipping steps (-1: none yet)
+        self.worst = (0.0, -1)  # (ratio, step)
+        self.counts: collections.Counter[str] = collections.Counter()  # operand -> its clipping steps
+        self.warned = False
+
+    def update(self, step: int, ratio: float, name: str) -> bool:
+        """Record step `step`'s largest ratio and the operand it names; True when the warning is due."""
+        if ratio < fp8_lib.SATURATION_WARN:
+            return False
+        if self.last < 0 or step - self.last > self.history:  # a new episode
+            self.first, self.worst, self.counts, self.warned = step, (0.0, -1), collections.Counter(), False
+        self.last = step
+        self.counts[name] += 1
+        self.worst = max(self.worst, (ratio, step))
+        if self.warned or self.last - self.first + 1 <= self.history:
+            return False
+        self.warned = True
+        return True
+
+    def warning(self, cfg) -> str:
+        """The warning's text for the current episode (`fp8.saturation_warning`)."""
+        return fp8_lib.saturation_warning(self.first, self.last, self.history, self.worst,
+                                          dict(self.counts.most_common()), cfg)
+
+
 class MetricsLog(Hook):
-    """metrics.jsonl + TensorBoard rows (every train.log_every steps and the last), the progress bar, and the
-    FP8 saturation warning (once per stage, again at twice the ratio). `writer` is a `MetricsWriter`, or
-    `NullWriter` on processes other than 0."""
+    """metrics.jsonl + TensorBoard (+ W&B) rows (every train.log_every steps and the last), the progress bar and the
+    FP8 saturation warning (once per episode of clipping that outlasts the amax history: `SaturationWatch`).
+    `writer` is a `MetricsWriter`, or `NullWriter` on processes other than 0."""
 
     def __init__(self, cfg, writer: MetricsWriter | NullWriter, progress: Progress):
         self.cfg, self.writer, self.progress = cfg, writer, progress
         self._names: list[str] = []
-        self._warned: dict[int, float] = {}  # stage -> the saturation ratio last warned about
+        self.saturation = SaturationWatch(cfg.fp8.amax_history_len)
 
     def on_start(self, loop, state, step: int) -> None:
         self._names = fp8_lib.saturation_names(state.fp8)
@@ -114,10 +149,9 @@ class MetricsLog(Hook):
     def on_metrics(self, loop, info: StepInfo) -> None:
         cfg, m = self.cfg, info.metrics
         self.progress.update(info.step, info.stage, info.seq_len, m["loss"], info.tokens_per_sec, info.mfu)
-        ratio = m.get("fp8_saturation", 0.0)
-        if ratio >= max(fp8_lib.SATURATION_WARN, 2 * self._warned.get(info.stage, 0.0)):
-            self._warned[info.stage] = ratio
-            console.warn(fp8_lib.saturation_warning(info.step, ratio, self._names[int(m["fp8_saturation_at"])]))
+        if "fp8_saturation" in m and self.saturation.update(info.step, float(m["fp8_saturation"]),
+                                                             self._names[int(m["fp8_saturation_at"])]):
+            console.warn(self.saturation.warning(cfg))
         if info.step % cfg.train.log_every == 0 or info.step == cfg.train.steps:
             self.writer.write({"step": info.step, "stage": info.stage, "seq_len": info.seq_len, "loss": m["loss"],
                                "lr": m["lr"], "grad_norm": m["grad_norm"], "tokens": info.tokens,

@@ -1,4 +1,4 @@
-"""Run monitoring: the metrics writer (metrics.jsonl and TensorBoard), the run-log header (versions,
+"""Run monitoring: the metrics writer (metrics.jsonl, TensorBoard, optionally W&B), the run-log header (versions,
 devices, git commit, config), the live progress line, and MFU. The run directory's layout is
 `yxanul_jax.core.rundir`'s."""
 from __future__ import annotations
@@ -16,10 +16,10 @@ from importlib import metadata
 from typing import Any, Callable, TextIO
 
 from yxanul_jax.core import console
-from yxanul_jax.core.coerce import to_yaml
+from yxanul_jax.core.coerce import to_dict, to_yaml
 from yxanul_jax.core.config import Config
-from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import METRICS_FILE, PROFILE_DIR, TB_DIR, atomic_write
+from yxanul_jax.core.errors import UserError, one_line, writing
+from yxanul_jax.core.rundir import METRICS_FILE, PROFILE_DIR, RUN_DIR_RULE, TB_DIR, atomic_write
 
 # --------------------------------------------------------------------------------------------
 # Metrics
@@ -57,9 +57,12 @@ class MetricsWriter:
     `resume_step`: when a run resumes from checkpoint step N, rows after N (written by the lost
     part of the interrupted run) are dropped from metrics.jsonl, and TensorBoard is told to purge
     its events after N (`purge_step`), so no step appears twice.
+
+    `cfg` with `monitor.wandb`: the same scalars also go to a Weights & Biases run (`open_wandb`), the same
+    one again when the run resumes from a checkpoint (`resume_step` > 0).
     """
 
-    def __init__(self, run_dir: str, *, resume_step: int | None = None):
+    def __init__(self, run_dir: str, *, resume_step: int | None = None, cfg: Config | None = None):
         from tensorboardX import SummaryWriter  # deferred: only writers need TensorBoard
 
         self.path = os.path.join(run_dir, METRICS_FILE)
@@ -67,9 +70,11 @@ class MetricsWriter:
             with open(self.path, encoding="utf-8") as fh:
                 kept = [line for line in fh if _row_step(line) is not None and _row_step(line) <= resume_step]
             atomic_write(self.path, "".join(kept))
-        self._file = open(self.path, "a", encoding="utf-8")
+        with writing(self.path):  # a full or read-only disk: one line naming the file
+            self._file = open(self.path, "a", encoding="utf-8")
         self._tb = SummaryWriter(logdir=os.path.join(run_dir, TB_DIR), flush_secs=30,
                                  purge_step=None if resume_step is None else resume_step + 1)
+        self._wandb = open_wandb(cfg, run_dir, resume_step) if cfg is not None and cfg.monitor.wandb else None
 
     def write(self, row: dict) -> None:
         """Append one row (a dict with "step"; values are scalars or strings)."""
@@ -77,11 +82,15 @@ class MetricsWriter:
             raise ValueError(f"metrics row without 'step': {sorted(row)}")
         values = {k: _scalar(v) for k, v in row.items()}
         step = int(values["step"])
-        self._file.write(json.dumps({k: _json_value(v) for k, v in values.items()}, allow_nan=False) + "\n")
-        self._file.flush()
-        for key, value in values.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._tb.add_scalar(key, float(value), global_step=step)
+        with writing(self.path):
+            self._file.write(json.dumps({k: _json_value(v) for k, v in values.items()}, allow_nan=False) + "\n")
+            self._file.flush()
+        scalars = {key: float(value) for key, value in values.items()
+                   if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+        for key, value in scalars.items():
+            self._tb.add_scalar(key, value, global_step=step)
+        if self._wandb is not None and step >= self._wandb.step:  # W&B keeps a resumed run's logged steps
+            self._wandb.log(scalars, step=step)
 
     def flush(self) -> None:
         """Push TensorBoard's buffered events to disk (called at every checkpoint save)."""
@@ -90,12 +99,57 @@ class MetricsWriter:
     def close(self) -> None:
         self._file.close()
         self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> "MetricsWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+WANDB_ID_FILE = "wandb_run_id"
+"""The run directory's file holding its Weights & Biases run id (`monitor.wandb`), so a resume continues that run."""
+WANDB_EXTRA = 'pip install -e ".[wandb]"'
+
+
+def check_wandb(cfg: Config) -> None:
+    """UserError, before anything is written, when `monitor.wandb` is on and wandb is not installed."""
+    import importlib.util
+
+    if cfg.monitor.wandb and importlib.util.find_spec("wandb") is None:
+        raise UserError(f"monitor.wandb=true needs the wandb package, which is not installed; {WANDB_EXTRA} "
+                        "(or pip install wandb), or set monitor.wandb=false")
+
+
+def open_wandb(cfg: Config, run_dir: str, resume_step: int | None):
+    """The W&B run of `run_dir` (files in `<run_dir>/wandb/`, the resolved config as its config): a new one
+    for a run that starts at step 0, whose id is kept in `WANDB_ID_FILE`; that same run again (`resume="allow"`)
+    when the run resumes from a checkpoint. W&B cannot forget the steps a killed run logged after its last
+    checkpoint (TensorBoard purges them), so until the resumed run passes them only the first values stay."""
+    check_wandb(cfg)
+    import wandb  # deferred: an optional extra, imported only when monitor.wandb is on
+    from wandb.sdk.lib.runid import generate_id
+
+    m, id_path = cfg.monitor, os.path.join(run_dir, WANDB_ID_FILE)
+    run_id = None
+    if resume_step and os.path.isfile(id_path):
+        with open(id_path, encoding="utf-8") as fh:
+            run_id = fh.read().strip() or None
+    if run_id is None:
+        run_id = generate_id()
+        atomic_write(id_path, run_id + "\n")
+    try:
+        return wandb.init(project=m.wandb_project, entity=m.wandb_entity or None, id=run_id, resume="allow",
+                          name=m.wandb_name or os.path.basename(os.path.abspath(run_dir)), dir=run_dir,
+                          mode=None if m.wandb_mode == "auto" else m.wandb_mode, config=to_dict(cfg),
+                          settings=wandb.Settings(console="off"))  # our console stays ours (progress line)
+    except wandb.errors.Error as e:
+        raise UserError(f"Weights & Biases did not start ({type(e).__name__}: {one_line(e, 200)}); run "
+                        "'wandb login', or set monitor.wandb_mode=offline (upload later with wandb sync) or "
+                        "monitor.wandb=false") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,7 +218,8 @@ def profile_note(cfg: Config, run_dir: str | None = None) -> str | None:
 
 def run_header(cfg: Config, with_config: bool = True, run_dir: str | None = None) -> str:
     """The text every run log starts with: versions, Python, devices (and GPU driver), git commit,
-    the train step's XLA options, how to open the profile when `profile.*` traces one (under `run_dir`),
+    the train step's XLA options, the run directory and its naming rule (`run_dir`), how to open the
+    profile when `profile.*` traces one (under `run_dir`),
     then (`with_config`) the resolved config YAML, which the train command leaves to the run directory's
     config.yaml."""
     import jax  # deferred: initializing the backend is the caller's choice of moment
@@ -181,6 +236,7 @@ def run_header(cfg: Config, with_config: bool = True, run_dir: str | None = None
         *([f"nvidia-smi: {gpus}"] if (gpus := gpu_driver_info()) else []),
         f"git commit: {git_commit()}",
         f"xla options of the train step: {dict(cfg.train.xla_options) or 'XLA defaults'}",
+        *([f"run dir: {run_dir} (named {RUN_DIR_RULE})"] if run_dir else []),
         *([note] if (note := profile_note(cfg, run_dir)) else []),
     ]
     if with_config:
