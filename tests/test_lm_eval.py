@@ -1,0 +1,158 @@
+"""Downstream evaluation with lm-eval-harness (`yxanul_jax.evaluate`): the real harness scores the real export of
+a trained run on tasks built from the shared data, offline, and its numbers are what our own model computes on
+the same text; mistakes end in one error line."""
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from yxanul_jax.core.config import FP8Config
+from yxanul_jax.evaluate import HELDOUT_TASK
+from yxanul_jax.evaluate import main as evaluate_main
+from yxanul_jax.inference.trained import load_trained
+from yxanul_jax.model.transformer import Yxanul
+
+from conftest import REPO, shared_path
+from data_fixtures import run_cli, write_jsonl
+
+pytest.importorskip("lm_eval", reason="evaluation needs the lm-eval extra (in dev): pip install -e '.[lm-eval]'")
+pytest.importorskip("accelerate", reason="lm-eval's hf model needs accelerate: the lm-eval extra")
+
+REL = 1e-4  # float32 on both sides (JAX here, torch in lm-eval), different summation orders
+
+
+def _next_line_docs(text: str) -> list[dict]:
+    """A multiple-choice task from real text: which of four lines follows this one (the others drawn at random)."""
+    lines = [x for x in text.splitlines() if len(x) > 20]
+    rng = np.random.default_rng(0)
+    docs = []
+    for i in range(0, 80, 8):
+        choices = [lines[i + 1], *(lines[j] for j in rng.choice(np.arange(100, len(lines)), 3, replace=False))]
+        order = rng.permutation(4)
+        docs.append({"context": lines[i], "choices": [choices[k] for k in order], "gold": int(np.argsort(order)[0])})
+    return docs
+
+
+@pytest.fixture(scope="module")
+def evaluated(trained_run, tmp_path_factory):
+    """One offline `python -m yxanul_jax.evaluate` of the trained run on two tasks built from the shared text:
+    yxanul_heldout over its first 12 paragraphs (--heldout) and a next-line multiple-choice task
+    (--include-path, the recipe of docs/EVALUATION.md). A fresh process with the Hugging Face hub and
+    datasets offline and an empty HF_HOME. Returns (the --output results, the final JSON line, the MC docs)."""
+    text = shared_path("data", "heldout", "tinyshakespeare.txt")
+    tmp = tmp_path_factory.mktemp("lm-eval")
+    tasks = tmp / "tasks"
+    tasks.mkdir()
+    docs = _next_line_docs(text.read_text(encoding="utf-8"))
+    write_jsonl(tasks / "next_line.jsonl", docs)
+    (tasks / "next_line.yaml").write_text(
+        "task: next_line\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tasks / 'next_line.jsonl'}\n"
+        "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{gold}}'\nmetric_list:\n  - metric: acc\n")
+    out = tmp / "results.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp / "hf-home")}
+    args = ["--run-dir", str(trained_run), "--heldout", str(text), "--limit", "12", "--include-path", str(tasks),
+            "--tasks", "next_line", "--num-fewshot", "0", "--output", str(out), "--log-samples"]
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.evaluate", *args], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text()), json.loads(proc.stdout.strip().splitlines()[-1]), docs
+
+
+def _our_logprobs(trained, sequences: list[list[int]]) -> list[np.ndarray]:
+    """log p(token t | tokens < t) for t >= 1 of each sequence, by our float32 forward (one right-padded batch:
+    causal attention leaves the real positions alone)."""
+    m = dataclasses.replace(trained.cfg.model, dtype="float32")
+    length = max(len(s) for s in sequences)
+    ids_BxL = np.zeros((len(sequences), length), np.int32)
+    for i, s in enumerate(sequences):
+        ids_BxL[i, :len(s)] = s
+    logits_BxLxV = Yxanul(m, FP8Config(enabled=False)).apply({"params": trained.params}, jnp.asarray(ids_BxL))
+    logp_BxLxV = np.asarray(jax.nn.log_softmax(logits_BxLxV.astype(jnp.float32), axis=-1))
+    return [logp_BxLxV[i, np.arange(len(s) - 1), s[1:]] for i, s in enumerate(sequences)]
+
+
+@pytest.mark.slow
+def test_heldout_perplexity_is_our_models(evaluated, trained_run):
+    results, line, _ = evaluated
+    text = shared_path("data", "heldout", "tinyshakespeare.txt")
+    samples = results["samples"][HELDOUT_TASK]
+    paragraphs = text.read_text(encoding="utf-8").split("\n\n")[:12]
+    assert [s["target"].strip() for s in samples] == paragraphs  # lm-eval scored the file's first 12 paragraphs
+    trained = load_trained(run_dir=str(trained_run))
+    tok = trained.tokenizer()
+    # lm-eval's rolling log-likelihood: every token of the document, the first after the BOS (= our EOS) token
+    ours = [float(lp.sum()) for lp in _our_logprobs(trained, [[tok.eos_id, *tok.tokenizer.encode(s["target"]).ids]
+                                                              for s in samples])]
+    theirs = [s["resps"][0][0] for s in samples]
+    np.testing.assert_allclose(theirs, ours, rtol=REL, atol=1e-3)
+    nats, nbytes = -sum(ours), sum(len(s["target"].encode()) for s in samples)
+    nwords = sum(len(re.split(r"\s+", s["target"])) for s in samples)
+    got = results["results"][HELDOUT_TASK]
+    assert got["bits_per_byte,none"] == pytest.approx(nats / nbytes / math.log(2), rel=REL)
+    assert got["byte_perplexity,none"] == pytest.approx(math.exp(nats / nbytes), rel=REL)
+    assert got["word_perplexity,none"] == pytest.approx(math.exp(nats / nwords), rel=REL * 10)
+    assert 1 < got["bits_per_byte,none"] < 8  # a 6-step model: far from uniform over 512 tokens, far from good
+    assert line["scores"][HELDOUT_TASK]["bits_per_byte"] == got["bits_per_byte,none"] and line["step"] == 6
+    assert results["yxanul"]["heldout_documents"] == 12 and results["n-samples"][HELDOUT_TASK]["effective"] == 12
+
+
+@pytest.mark.slow
+def test_a_local_multiple_choice_task_scores_each_choice_as_our_model(evaluated, trained_run):
+    """--include-path: each choice's log-likelihood is ours, and so is the accuracy."""
+    results, line, docs = evaluated
+    samples = results["samples"]["next_line"]
+    assert [s["doc"] for s in samples] == docs
+    trained = load_trained(run_dir=str(trained_run))
+    tok = trained.tokenizer().tokenizer
+    # lm-eval's pair: the continuation " choice" is what encoding context + " choice" adds to the context's tokens
+    contexts = [len(tok.encode(d["context"]).ids) for d in docs]
+    wholes = [tok.encode(d["context"] + " " + c).ids for d in docs for c in d["choices"]]
+    logprobs = iter(_our_logprobs(trained, wholes))
+    correct = 0
+    for doc, n, sample in zip(docs, contexts, samples):
+        ours = [float(next(logprobs)[n - 1:].sum()) for _ in doc["choices"]]
+        theirs = [r[0] for r in sample["filtered_resps"]]
+        np.testing.assert_allclose(theirs, ours, rtol=REL, atol=1e-4)
+        correct += int(np.argmax(ours) == doc["gold"])
+    assert results["results"]["next_line"]["acc,none"] == pytest.approx(correct / len(docs))
+    assert line["scores"]["next_line"]["acc"] == pytest.approx(correct / len(docs))
+
+
+def test_mistakes_end_in_one_line(trained_run, tmp_path, monkeypatch):
+    text = shared_path("data", "heldout", "tinyshakespeare.txt")
+    no_ckpt = tmp_path / "no-checkpoint"
+    no_ckpt.mkdir()
+    shutil.copy(trained_run / "config.yaml", no_ckpt / "config.yaml")
+    taken = tmp_path / "taken.json"
+    taken.write_text("keep me")
+    run = ["--run-dir", str(trained_run)]
+    cases = [
+        (run + ["--tasks", "wikitxt"], "unknown lm-eval task 'wikitxt' (close names: wikitext"),
+        (run + ["--tasks", HELDOUT_TASK], "pass --heldout FILE"),
+        (run, "no task to run"),
+        (["--run-dir", str(no_ckpt), "--heldout", str(text)], "no checkpoint in"),
+        (run + ["--heldout", str(text), "--output", str(taken)], "already exists"),
+        (run + ["--heldout", str(shared_path("data", "validation", "gsm8k_validation.parquet"))], "no column 'text'"),
+        (run + ["--heldout", str(text), "--include-path", str(tmp_path / "nope")], "not a folder"),
+        (run + ["--heldout", str(text), "--limit", "0"], "--limit 0 must be >= 1"),
+        (run + ["--heldout", str(text), "--log-samples"], "pass --output"),
+    ]
+    for args, needle in cases:
+        rc, _, err = run_cli(evaluate_main, args)
+        lines = [x for x in err.splitlines() if x.startswith("error:")]
+        assert rc == 2 and len(lines) == 1 and needle in lines[0], (args, err[-2000:])
+    assert taken.read_text() == "keep me" and not (tmp_path / "nope").exists()
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as where the extra is not installed
+    rc, _, err = run_cli(evaluate_main, run + ["--heldout", str(text)])
+    assert rc == 2 and err.count("error:") == 1 and 'pip install -e ".[lm-eval]"' in err, err

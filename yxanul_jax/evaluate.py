@@ -1,0 +1,230 @@
+"""`python -m yxanul_jax.evaluate`: downstream evaluation of a trained model with EleutherAI's lm-eval-harness.
+
+    python -m yxanul_jax.evaluate --run-dir runs/tiny --heldout val.parquet --limit 64
+    python -m yxanul_jax.evaluate --run-dir runs/tiny --tasks hellaswag,arc_easy --num-fewshot 0 --output eval.json
+    python -m yxanul_jax.evaluate --checkpoint runs/tiny/checkpoints/300 --include-path my_tasks/ --tasks my_task
+
+The run's latest checkpoint (or `--checkpoint`) is exported to a temporary Hugging Face Llama folder with
+`inference.hf_export` (float32 by default) and handed to lm-eval's `simple_evaluate` (model "hf", on CUDA when
+torch sees a GPU, else the CPU); the folder is deleted afterwards. Tasks are lm-eval's built-in ones (their
+datasets must be in the Hugging Face cache when HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set), YAML tasks
+of `--include-path` folders, and `yxanul_heldout`: perplexity (word, byte, bits per byte) of your own held-out
+text, `--heldout` (parquet / .jsonl[.gz] / .txt[.gz], read like `prepare`'s inputs: `--text-column`,
+paragraphs of .txt). Prints lm-eval's table and a final JSON line; `--output F.json` keeps lm-eval's results
+(with `--log-samples`, each document's scores too). Needs the `lm-eval` extra: pip install -e ".[lm-eval]".
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+
+import yaml
+
+from yxanul_jax.core import console
+from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
+from yxanul_jax.core.errors import UserError, one_line
+from yxanul_jax.core.rundir import atomic_write, cache_root, check_new_output
+from yxanul_jax.data.sources import DocumentSource
+from yxanul_jax.inference.hf_export import DTYPES, export
+from yxanul_jax.inference.trained import add_source_args, load_trained
+
+HELDOUT_TASK = "yxanul_heldout"
+INSTALL = 'pip install -e ".[lm-eval]"'
+
+
+def heldout_task(jsonl: str, cache_dir: str) -> dict:
+    """lm-eval's task config of `yxanul_heldout`: the rolling log-likelihood of each document of a JSON-lines
+    file with a `text` field (each scored whole, its first token after the BOS/EOS token, in windows of the
+    model's context), reported as word and byte perplexity and bits per byte. `datasets` keeps its copy of
+    the file in `cache_dir`."""
+    return {"task": HELDOUT_TASK, "dataset_path": "json",
+            "dataset_kwargs": {"data_files": {"test": jsonl}, "cache_dir": cache_dir},
+            "output_type": "loglikelihood_rolling", "test_split": "test", "doc_to_text": "",
+            "doc_to_target": "{{text}}",
+            "metric_list": [{"metric": m, "aggregation": a, "higher_is_better": False} for m, a in (
+                ("word_perplexity", "weighted_perplexity"), ("byte_perplexity", "weighted_perplexity"),
+                ("bits_per_byte", "bits_per_byte"))],
+            "metadata": {"version": 1.0}}
+
+
+def write_heldout(path: str, text_column: str, limit: int | None, tasks_dir: str) -> int:
+    """Write the `yxanul_heldout` task into `tasks_dir`: its YAML there, its documents (the first `limit`
+    of `path`'s) as JSON lines in the cache (`core.rundir.cache_root()`), at a path named by their hash, so
+    that the `datasets` copy of an earlier evaluation of the same text is reused. Returns the number of
+    documents."""
+    source = DocumentSource([path], text_column=text_column,
+                            fix="pass --text-column naming the column that holds the held-out text")
+    docs: list[str] = []
+    for batch in source.batches():
+        docs.extend(batch)
+        if limit is not None and len(docs) >= limit:
+            break
+    docs = docs[:limit] if limit is not None else docs
+    if not docs:
+        raise UserError(f"--heldout '{path}' holds no text; pass a file with documents")
+    body = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs)
+    cache = cache_root() / "lm_eval"
+    jsonl = cache / f"heldout-{hashlib.sha256(body.encode()).hexdigest()[:16]}.jsonl"
+    if not jsonl.exists():
+        atomic_write(str(jsonl), body)
+    with open(os.path.join(tasks_dir, f"{HELDOUT_TASK}.yaml"), "w", encoding="utf-8") as fh:
+        yaml.safe_dump(heldout_task(str(jsonl), str(cache / "datasets")), fh, sort_keys=False)
+    return len(docs)
+
+
+def _import_lm_eval():
+    """lm-eval and what its "hf" model needs (torch, transformers, accelerate), or one line naming the extra."""
+    try:
+        import accelerate  # noqa: F401
+        import lm_eval
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"evaluation needs lm-eval, torch, transformers and accelerate ({one_line(e)}); "
+                        f"install the lm-eval extra: {INSTALL}")
+    return lm_eval
+
+
+def task_manager(include_paths: list[str], tasks: list[str]):
+    """lm-eval's TaskManager over `include_paths` and, unless they hold every task asked for, its built-in
+    tasks (indexing those takes seconds); UserError naming close names for a task it does not know."""
+    from lm_eval.tasks import TaskManager
+
+    manager = None
+    if include_paths:
+        manager = TaskManager(include_path=include_paths, include_defaults=False)
+        if not all(t in manager.all_tasks for t in tasks):
+            manager = None
+    if manager is None:
+        manager = TaskManager(include_path=include_paths or None)
+    for name in tasks:
+        if name not in manager.all_tasks:
+            close = difflib.get_close_matches(name, manager.all_tasks, n=5, cutoff=0.6)
+            hint = f" (close names: {', '.join(close)})" if close else ""
+            raise UserError(f"unknown lm-eval task '{name}'{hint}; pass one of lm-eval's tasks (lm-eval ls tasks), "
+                            f"a task of an --include-path folder, or --heldout FILE for {HELDOUT_TASK}")
+    return manager
+
+
+def _batch_size(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UserError(f"--batch-size must be a positive integer or 'auto', got {text!r}")
+    return value
+
+
+def run(args) -> dict:
+    """Evaluate as the command line says; returns lm-eval's results dict (plus "yxanul": what was evaluated)."""
+    lm_eval = _import_lm_eval()
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # nothing before a dataset's one-line error
+
+    tasks = [t.strip() for t in (args.tasks or "").split(",") if t.strip()]
+    if args.heldout and HELDOUT_TASK not in tasks:
+        tasks.append(HELDOUT_TASK)
+    if not tasks:
+        raise UserError(f"no task to run; pass --tasks NAME[,NAME...] and/or --heldout FILE ({HELDOUT_TASK})")
+    if HELDOUT_TASK in tasks and not args.heldout:
+        raise UserError(f"task {HELDOUT_TASK} scores your own text: pass --heldout FILE (parquet, jsonl or txt)")
+    batch_size = _batch_size(args.batch_size)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: torch sees no CUDA GPU here; pass --device cpu")
+    for folder in args.include_path:
+        if not os.path.isdir(folder):
+            raise UserError(f"--include-path '{folder}' is not a folder; pass a folder of lm-eval task YAML files")
+    if args.output:
+        check_new_output(args.output, "results are never overwritten")
+    with tempfile.TemporaryDirectory(prefix="yxanul-evaluate-") as tmp:
+        include = [os.path.abspath(p) for p in args.include_path]
+        docs = None
+        if args.heldout:
+            tasks_dir = os.path.join(tmp, "tasks")
+            os.mkdir(tasks_dir)
+            docs = write_heldout(args.heldout, args.text_column, args.limit, tasks_dir)
+            include.append(tasks_dir)
+        manager = task_manager(include, tasks)  # unknown tasks end here, before the restore and the export
+        trained = load_trained(args.run_dir, args.checkpoint)
+        summary = export(trained, os.path.join(tmp, "hf"), args.dtype)
+        try:
+            results = lm_eval.simple_evaluate(
+                model="hf", model_args={"pretrained": summary["output"], "dtype": args.dtype},
+                tasks=tasks, num_fewshot=args.num_fewshot, batch_size=batch_size, device=device,
+                limit=args.limit, task_manager=manager, log_samples=args.log_samples, random_seed=args.seed,
+                numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+        except ConnectionError as e:  # datasets' and huggingface_hub's offline / unreachable-hub errors
+            raise UserError(f"a task's dataset could not be fetched ({one_line(e, 300)}); download it once with "
+                            "network access (it is cached in $HF_HOME) or pass --include-path with local task data")
+    results["yxanul"] = {"run_dir": args.run_dir, "checkpoint": args.checkpoint, "step": trained.step,
+                         "dtype": args.dtype, "device": device, "tasks": tasks, "limit": args.limit,
+                         "num_fewshot": args.num_fewshot, "heldout": args.heldout, "heldout_documents": docs}
+    return results
+
+
+def scores(results: dict) -> dict:
+    """{task: {metric: value}} of lm-eval's results (its "metric,filter" keys, standard errors left out)."""
+    out = {}
+    for task, metrics in results["results"].items():
+        row = {}
+        for key, value in metrics.items():
+            name, _, _ = key.partition(",")
+            if name != "alias" and not name.endswith("_stderr") and isinstance(value, (int, float)):
+                row[name] = value if math.isfinite(value) else None
+        out[task] = row
+    return out
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="python -m yxanul_jax.evaluate", description=__doc__.splitlines()[0])
+    add_source_args(p)
+    p.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (built-in or --include-path)")
+    p.add_argument("--include-path", action="append", default=[], metavar="DIR",
+                   help="a folder of lm-eval task YAML files (repeatable)")
+    p.add_argument("--heldout", default=None, metavar="FILE",
+                   help=f"text to score as task {HELDOUT_TASK}: parquet, .jsonl[.gz] or .txt[.gz] (paragraphs)")
+    p.add_argument("--text-column", default="text", help="--heldout's text column (parquet / jsonl; default text)")
+    p.add_argument("--limit", type=Ranged(int, 1), default=None, help="at most this many documents per task")
+    p.add_argument("--num-fewshot", type=Ranged(int, 0), default=None,
+                   help="few-shot examples (default: each task's own)")
+    p.add_argument("--batch-size", default="8", help="a number, or 'auto' (lm-eval finds the largest that fits)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when torch sees a GPU, else cpu)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="the export's and the evaluation's dtype")
+    p.add_argument("--seed", type=Ranged(int, 0), default=1234, help="lm-eval's seeds (few-shot sampling)")
+    p.add_argument("--output", default=None, metavar="F.json", help="new JSON file for lm-eval's results")
+    p.add_argument("--log-samples", action="store_true", help="keep each document's scores in --output")
+    args = p.parse_args(argv)
+    import jax
+
+    # The GPU is torch's here: JAX only restores and exports host arrays, so it stays on the CPU rather than
+    # taking 75% of the GPU's memory first (its default preallocation). No effect once JAX has started.
+    jax.config.update("jax_platforms", "cpu")
+    if args.log_samples and not args.output:
+        raise UserError("--log-samples keeps each document's scores in the --output file; pass --output F.json")
+    results = run(args)
+    from lm_eval.utils import handle_non_serializable, make_table
+
+    if args.output:
+        atomic_write(args.output, json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+    console.info(make_table(results))
+    done = results["yxanul"]
+    line = {"step": done["step"], "tasks": done["tasks"], "scores": scores(results), "limit": args.limit,
+            "num_fewshot": args.num_fewshot, "device": done["device"], "dtype": args.dtype, "output": args.output}
+    console.info(json.dumps(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
