@@ -99,7 +99,10 @@ def test_unknown_yaml_key_and_bad_files(tmp_path):
 RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sample_tokens", "train.xla_options",
              "train.loss_kernel",  # the same sums by another kernel (tests/test_fused_ce.py)
              "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
-             "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch")
+             "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch", "monitor.",
+             "train.extend", "optim.continue_",  # how a changed train.steps goes on (tests/test_schedule_extend.py)
+             # how the process group forms (a resumed job gets a new port, another launcher): not the data or model
+             "mesh.coordinator_address", "mesh.process_id", "mesh.cluster", "mesh.heartbeat_timeout_s")
 
 
 def _field_keys(cls, prefix=""):
@@ -117,7 +120,7 @@ def _field_keys(cls, prefix=""):
 def test_the_fields_say_which_keys_a_resume_may_change():
     marked = {k for k in _field_keys(Config) if resumable(k)}
     listed = {k for k in _field_keys(Config) if any(k == r or k.startswith(r) for r in RESUMABLE)}
-    assert marked == listed | {"eval", "profile"}
+    assert marked == listed | {"eval", "profile", "monitor"}
     for key in ("train.steps", "eval.interval", "eval.domains.web", "profile.start_step", "optim.lr",
                 "train.xla_options.xla_gpu_autotune_level", "checkpoint.async_save", "data.prefetch"):
         assert resumable(key), key

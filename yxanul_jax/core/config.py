@@ -16,15 +16,27 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from yxanul_jax.core.coerce import apply_overrides, from_dict, read_yaml, suggest
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.names import safe_name
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
 FUSED_TARGETS = ("q", "k", "v", "gate", "up", "down")  # what `fp8.te_layers` runs inside TE's fused layers
+FUSED_CE_MAX_K = 256  # the fused head + loss kernels' widest head input (model/fused_ce.py: shared-memory tiles)
+
+
+def fused_ce_takes(k: int) -> bool:
+    """Whether the fused head + loss kernels take a head input of width k (16..FUSED_CE_MAX_K, multiples of 16)."""
+    return 16 <= k <= FUSED_CE_MAX_K and k % 16 == 0
+
+
+MIXTURE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+"""A dataset name of a mixture (data.train / data.weights keys): safe in dotted keys, metric names and paths."""
 RESUME = {"resumable": True}
 """Field metadata: a resumed run may change this field (and all below it), as it changes neither the model
 nor the data stream. The rest (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused by the
@@ -132,6 +144,7 @@ class ModelConfig:
             raise UserError("config key 'model.head' is 'factorized' but model.embed_rank is 0; set embed_rank > 0")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise UserError("config keys 'model.norm_eps', 'model.init_std', 'model.rope_theta' must be positive")
+        safe_name("config key 'model.name'", self.name)  # runs/<model.name>: a name, never a path
 
 
 @dataclass(frozen=True)
@@ -223,8 +236,9 @@ class StageConfig:
         if self.seq_len > max_position:
             raise UserError(f"config key 'curriculum.{i}.seq_len' ({self.seq_len}) exceeds model.max_position "
                             f"({max_position}); raise max_position or shorten the stage")
-        if self.lr_scale < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
-            raise UserError(f"config keys 'curriculum.{i}.lr_scale/grad_clip/warmup_steps' must be >= 0")
+        for key in ("lr_scale", "grad_clip", "warmup_steps"):
+            if getattr(self, key) < 0:
+                raise UserError(f"config key 'curriculum.{i}.{key}' must be >= 0, got {getattr(self, key)}")
 
 
 def check_curriculum(stages: tuple[StageConfig, ...], max_position: int) -> None:
@@ -276,6 +290,13 @@ class OptimConfig:
     cautious_weight_decay: bool = False
     """Decay a weight only where its update and the weight agree in sign (cautious weight decay), in
     every group that decays."""
+    continue_as: Literal["none", "decay", "wsd"] = field(default="none", metadata=RESUME)
+    """Written by the trainer, not typed: how the schedule goes on after `continue_from`, the step at which
+    train.steps was changed with `train.extend` (training/optim.py); `none`: as configured throughout."""
+    continue_from: int = field(default=0, metadata=RESUME)
+    """Written by the trainer: the step from which `continue_as` replaces the configured decay."""
+    continue_lr: float = field(default=0.0, metadata=RESUME)
+    """Written by the trainer: the learning rate (before stage scaling) at `continue_from`, where `decay` starts."""
 
     def check(self) -> None:
         if self.lr <= 0 or self.muon_lr <= 0:
@@ -291,14 +312,25 @@ class OptimConfig:
             raise UserError("config keys 'optim.warmup_steps' and 'optim.weight_decay' must be >= 0")
         if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
             raise UserError("config keys 'optim.b1' and 'optim.b2' must be in [0, 1)")
+        if self.eps <= 0:
+            raise UserError(f"config key 'optim.eps' must be positive, got {self.eps}")
+        if self.continue_from < 0 or self.continue_lr < 0:
+            raise UserError("config keys 'optim.continue_from' and 'optim.continue_lr' must be >= 0 (the trainer "
+                            "writes them; set train.extend instead)")
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Where tokens come from and how they are streamed."""
 
-    train: str = ""
-    """Prepared dataset directory (`python -m yxanul_jax.prepare`); empty: the embedded demo corpus."""
+    train: Union[str, dict[str, str]] = ""
+    """Prepared dataset directory (`python -m yxanul_jax.prepare`), or a weighted mixture of several: a mapping
+    name -> directory (`{books: prepared/books, code: prepared/code}`; names of letters, digits, `_` and `-`),
+    every row of a batch drawn from one of them by `data.weights` (yxanul_jax/data/mixture.py); all must share
+    one tokenizer. Empty: the embedded demo corpus."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """A mixture's sampling weights by name (`{books: 0.7, code: 0.3}`; positive, normalized to sum 1), one for
+    every dataset of data.train; empty: equal weights."""
     shuffle_seed: int = 0
     """Seed of the document shuffle."""
     lanes: int = 0
@@ -310,9 +342,42 @@ class DataConfig:
     prefetch: int = field(default=2, metadata=RESUME)
     """Batches prefetched per worker."""
 
+    def mixture(self) -> dict[str, float] | None:
+        """name -> normalized weight of a mixture (data.train a mapping), in data.train's order; None for one dataset."""
+        if not isinstance(self.train, dict):
+            return None
+        raw = {name: self.weights.get(name, 1.0) for name in self.train}
+        return {name: w / sum(raw.values()) for name, w in raw.items()}
+
     def check(self, stages: tuple[StageConfig, ...]) -> None:
+        if isinstance(self.train, dict):
+            if not self.train:
+                raise UserError("config key 'data.train' is an empty mapping; name at least one prepared dataset "
+                                "(data.train={books: DIR, code: DIR}) or give one directory")
+            for name, path in self.train.items():
+                if not MIXTURE_NAME.fullmatch(str(name)):
+                    raise UserError(f"config key 'data.train': {name!r} is not a dataset name; use letters, digits, "
+                                    "'_' and '-' only (no '/', '.', '..' or spaces), e.g. books")
+                if not path:
+                    raise UserError(f"config key 'data.train.{name}' is empty; give a prepared dataset directory")
+        elif self.weights:
+            raise UserError("config key 'data.weights' weighs the datasets of a mixture, but data.train is one "
+                            "dataset; set data.train={a: DIR, b: DIR} or remove data.weights")
+        for name, w in self.weights.items():
+            if name not in self.train:
+                raise UserError(f"config key 'data.weights.{name}' names no dataset of data.train"
+                                + suggest(name, list(self.train), "data.weights"))
+            if not (math.isfinite(w) and w > 0):
+                raise UserError(f"config key 'data.weights.{name}' must be a positive number, got {w}")
+        missing = [n for n in self.train if n not in self.weights] if self.weights else []
+        if missing:
+            raise UserError(f"config key 'data.weights' has no weight for '{missing[0]}'; set "
+                            f"data.weights.{missing[0]}=W, or remove data.weights for equal weights")
         if self.lanes < 0:
             raise UserError(f"config key 'data.lanes' must be >= 0 (0: automatic), got {self.lanes}")
+        for key in ("shuffle_seed", "num_workers", "prefetch"):
+            if getattr(self, key) < 0:
+                raise UserError(f"config key 'data.{key}' must be >= 0, got {getattr(self, key)}")
         for i, s in enumerate(stages):
             if self.lanes and s.batch_size * s.grad_accum_steps % self.lanes:
                 raise UserError(f"config key 'data.lanes' ({self.lanes}) must divide curriculum.{i}'s rows per "
@@ -325,7 +390,11 @@ class EvalConfig:
     """Multi-domain validation."""
 
     domains: dict[str, str] = field(default_factory=dict)
-    """Domain name -> prepared validation dataset; empty: the training data's held-out split."""
+    """Domain name -> prepared validation dataset, or a raw parquet/jsonl/txt file (`FILE::{template}`), validated
+    beside the training data's held-out split (eval.in_domain)."""
+    in_domain: bool = True
+    """Also validate on the training data's own held-out split, as domain `heldout` (a mixture: `heldout-<name>`
+    per dataset); false: only eval.domains."""
     interval: int = 250
     """Validate every this many steps (0: only at the end and in --eval-only)."""
     max_batches: int = 20
@@ -336,12 +405,19 @@ class EvalConfig:
     """Validation row length; 0: the current stage's seq_len."""
 
     def check(self, max_position: int) -> None:
+        if not self.in_domain and not self.domains:
+            raise UserError("config key 'eval.in_domain' is false and eval.domains is empty: nothing to validate on; "
+                            "name a domain (eval.domains.NAME=PATH) or set eval.in_domain=true")
         if self.seq_len < 0 or self.seq_len > max_position:
             raise UserError(f"config key 'eval.seq_len' ({self.seq_len}) must be in [0, model.max_position "
                             f"({max_position})]; 0 validates at each stage's seq_len")
         if self.batch_size < 1 or self.max_batches < 0:
             raise UserError(f"config keys 'eval.batch_size' ({self.batch_size}) must be >= 1 and "
                             f"'eval.max_batches' ({self.max_batches}) >= 0")
+        if self.interval < 0:
+            raise UserError(f"config key 'eval.interval' must be >= 0 (0: only at the end), got {self.interval}")
+        for name in self.domains:  # the cache's eval/<name>-<hash>: a name, never a path
+            safe_name(f"config key 'eval.domains': domain", name, example="code")
 
 
 @dataclass(frozen=True)
@@ -360,6 +436,8 @@ class CheckpointConfig:
     def check(self) -> None:
         if self.max_to_keep < 1:
             raise UserError(f"config key 'checkpoint.max_to_keep' must be >= 1, got {self.max_to_keep}")
+        if self.interval < 0:
+            raise UserError(f"config key 'checkpoint.interval' must be >= 0 (0: only at the end), got {self.interval}")
 
 
 @dataclass(frozen=True)
@@ -370,18 +448,41 @@ class MeshConfig:
     """Data-parallel axis size."""
     fsdp: int = 1
     """Fully-sharded axis size (parameters and optimizer state are sharded over it)."""
-    coordinator_address: str = ""
+    coordinator_address: str = field(default="", metadata=RESUME)
     """Multi-host: host:port of process 0 (else JAX_COORDINATOR_ADDRESS; empty: single process)."""
     num_processes: int = 0
     """Multi-host: number of processes (else JAX_NUM_PROCESSES)."""
-    process_id: int = -1
+    process_id: int = field(default=-1, metadata=RESUME)
     """Multi-host: this process's index (else JAX_PROCESS_ID)."""
+    cluster: Literal["auto", "none", "slurm", "ompi", "k8s"] = field(default="auto", metadata=RESUME)
+    """How the processes of a multi-host run find each other (training/sharding.py, docs/CLUSTER.md). `slurm`:
+    an `srun` step (SLURM_PROCID of SLURM_NTASKS; coordinator: the step's first node, port 61440 + SLURM_JOB_ID %
+    4096, as JAX derives it); `ompi`: `mpirun` (OMPI_COMM_WORLD_RANK of OMPI_COMM_WORLD_SIZE, coordinator from
+    OMPI_MCA_orte_hnp_uri); `k8s`: a Kubernetes Indexed Job (JOB_COMPLETION_INDEX; the coordinator address and
+    process count given as below, which the pod spec sets). The three flags above (or their JAX_* variables)
+    may replace the coordinator address and must agree with the cluster's count and index. `none`: only those
+    flags. `auto`: the cluster whose launcher started several processes (ompi, then slurm, then an Indexed Job
+    given a count or coordinator), else the flags, else a single process."""
+    heartbeat_timeout_s: int = field(default=100, metadata=RESUME)
+    """Multi-host: seconds without a heartbeat after which JAX's coordination service declares a process dead
+    and ends every other one (JAX's default). A process that dies (SIGKILL, node loss) leaves the others
+    blocked in a collective until then; they end with "another task died" and the job restarts from the
+    last checkpoint."""
 
     def check(self) -> None:
         if self.data == 0 or self.fsdp == 0 or self.data < -1 or self.fsdp < -1:
             raise UserError("config keys 'mesh.data' and 'mesh.fsdp' must be positive or -1 (all remaining devices)")
         if self.data == -1 and self.fsdp == -1:
             raise UserError("only one of 'mesh.data' and 'mesh.fsdp' may be -1")
+        if self.heartbeat_timeout_s < 1:
+            raise UserError(f"config key 'mesh.heartbeat_timeout_s' must be >= 1 second, got "
+                            f"{self.heartbeat_timeout_s}")
+        if self.num_processes < 0:
+            raise UserError(f"config key 'mesh.num_processes' must be >= 0 (0: from the environment), got "
+                            f"{self.num_processes}")
+        if self.process_id < -1 or (self.num_processes and self.process_id >= self.num_processes):
+            raise UserError(f"config key 'mesh.process_id' ({self.process_id}) must be -1 (from the environment) or "
+                            f"in [0, mesh.num_processes)")
 
 
 @dataclass(frozen=True)
@@ -405,6 +506,31 @@ class ProfileConfig:
     dump_hlo: bool = False
     """Write each stage's optimized HLO text into the run directory."""
 
+    def check(self) -> None:
+        if self.start_step < -1:
+            raise UserError(f"config key 'profile.start_step' must be -1 (no trace) or >= 0, got {self.start_step}")
+        if self.num_steps < 1:
+            raise UserError(f"config key 'profile.num_steps' must be >= 1, got {self.num_steps}")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """Where the metrics go besides metrics.jsonl and TensorBoard."""
+
+    wandb: bool = False
+    """Also log every scalar written to TensorBoard to Weights & Biases, from process 0 (needs the optional
+    extra: pip install -e ".[wandb]"). The W&B run's id is kept in the run directory, so a resumed run
+    continues the same W&B run; W&B's files go to `<run dir>/wandb/`."""
+    wandb_project: str = "yxanul-jax"
+    """W&B project."""
+    wandb_entity: str = ""
+    """W&B entity (user or team); empty: your default entity."""
+    wandb_name: str = ""
+    """Display name of the W&B run; empty: the run directory's name."""
+    wandb_mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    """`online` (needs `wandb login`), `offline` (files only: `wandb sync <run dir>/wandb/offline-run-*`
+    uploads them later), `disabled` (no files), or `auto`: the WANDB_MODE environment variable, else online."""
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -412,6 +538,12 @@ class TrainConfig:
 
     steps: int = field(default=1000, metadata=RESUME)
     """Total optimizer steps."""
+    extend: Literal["refuse", "decay", "wsd"] = field(default="refuse", metadata=RESUME)
+    """When a resumed run's train.steps differs from its checkpoint's and the schedule would jump at the
+    first new step (a finished run asked for more steps): `refuse` (one line saying what would happen,
+    nothing changed), `decay` (go on from the current learning rate down to the floor at the new end, no
+    jump), or `wsd` (a warmup-stable-decay continuation: back at the peak, decaying over the last
+    optim.decay_fraction of the new total). The choice is recorded as optim.continue_*."""
     seed: int = 0
     """Seed of parameter init and every other random choice."""
     log_every: int = field(default=10, metadata=RESUME)
@@ -441,6 +573,8 @@ class TrainConfig:
             raise UserError(f"config key 'train.sample_tokens' must be >= 0, got {self.sample_tokens}")
         if self.loss_chunk < 1 or self.log_every < 1:
             raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
+        if self.seed < 0 or self.z_loss < 0:
+            raise UserError(f"config keys 'train.seed' ({self.seed}) and 'train.z_loss' ({self.z_loss}) must be >= 0")
 
 
 def auto_lanes(stages) -> int:
@@ -474,25 +608,42 @@ class Config:
     mesh: MeshConfig = field(default_factory=MeshConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig, metadata=RESUME)
     init: InitConfig = field(default_factory=InitConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig, metadata=RESUME)
+
+
+def check_finite(obj, prefix: str = "") -> None:
+    """UserError naming the first float field of a config (section, stage) that is NaN or infinite: no range
+    rule below would catch NaN (every comparison with it is false)."""
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"config key '{key}' must be a finite number, got {value}")
+        if dataclasses.is_dataclass(value):
+            check_finite(value, f"{key}.")
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    check_finite(item, f"{key}.{i}.")
 
 
 def validate(cfg: Config) -> Config:
     """Raise UserError naming the key of the first rule the config breaks (the sections' rules in schema order)."""
+    check_finite(cfg)
     cfg.model.check()
     cfg.fp8.check()
     check_curriculum(cfg.curriculum, cfg.model.max_position)
     cfg.data.check(cfg.curriculum)
     cfg.eval.check(cfg.model.max_position)
-    for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint):
+    for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint, cfg.profile):
         section.check()
     if cfg.train.loss_kernel == "fused":  # the kernels' limits, named before anything runs
         head_k = cfg.model.head_width
         if cfg.fp8.active and "head" in cfg.fp8.targets:
             raise UserError("train.loss_kernel=fused runs the head in BF16, but fp8.targets has 'head'; remove "
                             "'head' from fp8.targets or set train.loss_kernel=chunked")
-        if not (16 <= head_k <= 256 and head_k % 16 == 0):
-            raise UserError(f"train.loss_kernel=fused takes a head width of 16..256 in multiples of 16 (this head "
-                            f"is {head_k} wide); set train.loss_kernel=chunked or auto")
+        if not fused_ce_takes(head_k):
+            raise UserError(f"train.loss_kernel=fused takes a head width of 16..{FUSED_CE_MAX_K} in multiples of 16 "
+                            f"(this head is {head_k} wide); set train.loss_kernel=chunked or auto")
     return cfg
 
 

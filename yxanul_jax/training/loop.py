@@ -21,21 +21,23 @@ import jax
 from yxanul_jax.analysis import accounting
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_dict
-from yxanul_jax.core.config import Config, stream_lanes
+from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, RunLock, check_run_dir, checkpoint_steps,
                                     prepare_run_dir)
-from yxanul_jax.data.loader import TrainStream
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.batch import BatchSpec
-from yxanul_jax.training.checkpoint import Checkpointer, none_usable, quarantined, read_checkpoint
+from yxanul_jax.training.checkpoint import (Checkpointer, CheckpointFormatError, none_usable, quarantined,
+                                            read_checkpoint)
 from yxanul_jax.training.evaluate import format_eval
 from yxanul_jax.training.hooks import Hook, MetricsLog, NullWriter, Profiler, SignalStop, StepInfo
 from yxanul_jax.training.integrity import tree_is_finite
-from yxanul_jax.training.monitor import MetricsWriter, Progress, mfu, peak_flops_per_device, run_header
-from yxanul_jax.training.session import RunContext, same_model
+from yxanul_jax.training.monitor import MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header
+from yxanul_jax.training.optim import continued
+from yxanul_jax.training.session import RunContext, open_train_stream, same_model
+from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
 
 
@@ -77,9 +79,7 @@ class Loop:
         self.ctx, self.cfg, self.run_dir, self.ckpt = ctx, ctx.cfg, run_dir, ckpt
         self.hooks = list(hooks)
         self.compiler = StageCompiler(self.cfg, run_dir if self.cfg.profile.dump_hlo else None, ctx.layout)
-        self.stream = TrainStream(ctx.ds, seed=self.cfg.data.shuffle_seed, lanes=stream_lanes(self.cfg),
-                                  process_index=jax.process_index(), process_count=jax.process_count(),
-                                  num_workers=self.cfg.data.num_workers, prefetch=self.cfg.data.prefetch)
+        self.stream = open_train_stream(self.cfg, ctx.train_sets)  # one dataset's, or a mixture's
         self.peak = peak_flops_per_device(jax.devices()[0])
         self.tokens = 0
         self.times = {"compile_wait": 0.0, "validation": 0.0, "checkpoint": 0.0}  # seconds outside training
@@ -260,6 +260,7 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     directory is locked while it trains.
     """
     fp8_lib.check_backend(cfg.fp8)
+    check_wandb(cfg)  # monitor.wandb without wandb installed: refused before anything is written
     if cfg.init.from_hf:
         from yxanul_jax.model.hf import resolve_init
         cfg = resolve_init(cfg)  # the model's sizes are the checkpoint's
@@ -295,6 +296,9 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     saved = checkpoint_steps(ckpt_dir)
     if not saved and explicit is None and not overwrite and quarantined(ckpt_dir):
         raise UserError(none_usable(ckpt_dir, []))  # every checkpoint was found damaged: refuse again, never step 0
+    if explicit is not None or (saved and not overwrite):  # train.steps changed: train.extend's way on, or refused
+        ctx = dataclasses.replace(ctx, cfg=continued(cfg, *_resume_point(ckpt_dir, saved, explicit)))
+        cfg = ctx.cfg
     # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
     finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
     if lead:
@@ -303,15 +307,25 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     with Checkpointer(ckpt_dir, cfg.checkpoint) as ckpt:  # closed (its last save waited for) however this ends
         state, meta, restored = ctx.restore_or_init(ckpt, explicit)
         start = int(state.step)
-        if finished and start < cfg.train.steps and lead:  # its latest checkpoint was unusable: it trains after all
+        resumed = continued(cfg, meta.get("config"), start) if restored is not None else cfg
+        rescheduled = resumed != cfg  # the latest checkpoint was unusable: the schedule goes on from an earlier step
+        ctx, cfg = dataclasses.replace(ctx, cfg=resumed), resumed
+        if (finished and start < cfg.train.steps or rescheduled) and lead:  # it trains after all / on that schedule
             prepare_run_dir(run_dir, cfg, tokenizer=ctx.ds.tokenizer_path)
+        if cfg.optim.continue_as != "none" and cfg.optim.continue_from == start and start < cfg.train.steps:
+            o = cfg.optim
+            how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.lr:.3g}, then down"
+            console.info(f"train.extend={o.continue_as}: from step {start} (lr {o.continue_lr:.3g}) the schedule goes "
+                         f"{how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} (recorded: optim.continue_*)")
         # Every start cuts metrics.jsonl (and TensorBoard, by a purge marker) back to the step it starts
         # from: rows of steps a killed run logged after its last checkpoint would otherwise appear twice.
         nothing_to_log = start >= cfg.train.steps and meta.get("validated")  # finished and validated: no writes
-        writer = MetricsWriter(run_dir, resume_step=start) if lead and not nothing_to_log else NullWriter()
+        writer = MetricsWriter(run_dir, resume_step=start, cfg=cfg) if lead and not nothing_to_log else NullWriter()
         progress = Progress(cfg.train.steps, every=cfg.train.log_every, stream=None if lead else open(os.devnull, "w"))
         signals = SignalStop()
-        loop = Loop(ctx, run_dir, ckpt, [MetricsLog(cfg, writer, progress), Profiler(cfg, run_dir), signals, *extra])
+        mixture = [DomainShares(cfg, writer)] if cfg.data.mixture() is not None else []
+        loop = Loop(ctx, run_dir, ckpt, [MetricsLog(cfg, writer, progress), *mixture, Profiler(cfg, run_dir), signals,
+                                         *extra])
         try:
             if restored is not None:
                 loop.resume_from(meta)
@@ -324,6 +338,23 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             for hook in loop.hooks:
                 hook.close()
             loop.stream.close()
+
+
+def _resume_point(ckpt_dir: str, steps: list[int], explicit) -> tuple[dict | None, int]:
+    """(the resolved config saved with the checkpoint this run will resume from, its step); (None, 0) when none.
+    Read-only, metadata only: `explicit`'s, else the latest step whose metadata verifies, as the restore picks; a
+    checkpoint of a newer format is refused here, before the run directory is touched."""
+    if explicit is not None:
+        return explicit[2].get("config"), explicit[0]
+    with Checkpointer(ckpt_dir, read_only=True) as reader:
+        for s in reversed(steps):
+            try:
+                return reader.read_meta(s).get("config"), s
+            except CheckpointFormatError:
+                raise
+            except UserError:
+                continue  # damaged: the restore moves it aside and takes an earlier one
+    return None, 0
 
 
 def diverged(e: TrainingDiverged, ckpt: Checkpointer, cfg: Config) -> TrainingDiverged:
