@@ -158,8 +158,7 @@ def prediction(kernels, gpu, model_flops: float, tokens: int, step_s: float, dev
 
 def profile_cell(step, state, batch, kernels, hlo_text: str, gpu, steps: int, out: str) -> dict:
     """Trace `steps` steps, read each HLO instruction's device time per step and compare it per
-    category with the uncalibrated prediction (`perf.category_ratios`, plus `matched_predicted_ms`:
-    the predicted ms of the kernels the trace matched, what the calibration divides by)."""
+    category with the uncalibrated prediction (`perf.category_ratios`)."""
     import profile_summary
 
     from yxanul_jax.analysis import perf
@@ -177,13 +176,7 @@ def profile_cell(step, state, batch, kernels, hlo_text: str, gpu, steps: int, ou
         prof["category_ratios"] = None
         prof["no_ratios"] = "no GPU to predict for (--predict-for NAME)"
         return prof
-    ratios = perf.category_ratios(kernels, gpu, measured_ms)
-    for row in ratios.values():
-        row["matched_predicted_ms"] = 0.0
-    for k in kernels:
-        if k.name in measured_ms:
-            ratios[k.category]["matched_predicted_ms"] += 1e3 * perf.kernel_time(k, gpu)[0] * k.runs
-    prof["category_ratios"] = ratios
+    prof["category_ratios"] = perf.category_ratios(kernels, gpu, measured_ms)
     return prof
 
 

@@ -444,18 +444,25 @@ def load_calibration(gpu_key: str, path: str | None = None) -> dict | None:
 
 def category_ratios(items: list[Kernel], gpu: GpuSpec, measured_ms: dict[str, float]) -> dict[str, dict]:
     """Measured against predicted time per category. `measured_ms`: kernel (HLO instruction) name ->
-    measured milliseconds per step (a profile's device time, summed over launches); kernels the profile
-    did not see count as measured 0 and are listed under `unmatched`."""
+    measured milliseconds per step (a profile's device time, summed over launches). `ratio` is measured over
+    the predicted time of the kernels the profile saw (`matched_predicted_ms`): a kernel it did not see
+    (counted under `unmatched`) says nothing about the model's error. `predicted_ms` is the whole category.
+    This ratio is what a calibration multiplies a category by (scripts/gpu_bench.py sums these rows over
+    its cells)."""
     out: dict[str, dict] = {}
     for k in items:
-        row = out.setdefault(k.category, {"predicted_ms": 0.0, "measured_ms": 0.0, "unmatched": 0})
-        row["predicted_ms"] += 1e3 * kernel_time(k, gpu)[0] * k.runs
+        row = out.setdefault(k.category, {"predicted_ms": 0.0, "matched_predicted_ms": 0.0, "measured_ms": 0.0,
+                                          "unmatched": 0})
+        ms = 1e3 * kernel_time(k, gpu)[0] * k.runs
+        row["predicted_ms"] += ms
         if k.name in measured_ms:
             row["measured_ms"] += measured_ms[k.name]
+            row["matched_predicted_ms"] += ms
         else:
             row["unmatched"] += 1
     for row in out.values():
-        row["ratio"] = row["measured_ms"] / row["predicted_ms"] if row["predicted_ms"] else None
+        ok = row["measured_ms"] > 0 and row["matched_predicted_ms"] > 0
+        row["ratio"] = row["measured_ms"] / row["matched_predicted_ms"] if ok else None
     return out
 
 

@@ -42,9 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from yxanul_jax.core.config import FUSED_CE_MAX_K, fused_ce_takes
+
 BLOCK_T = 128
 BLOCK_V = 128
-MAX_K = 256
 NUM_WARPS = 8
 NUM_STAGES = 3
 
@@ -55,7 +56,7 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_dx": 2, "fused_ce_dw": 2}
 
 def supported(k: int) -> bool:
     """Whether the fused kernels take a head input of width k (shared-memory tiles; multiples of 16)."""
-    return 16 <= k <= MAX_K and k % 16 == 0
+    return fused_ce_takes(k)
 
 
 def _compiler_params():
@@ -220,7 +221,7 @@ def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool =
     run in Pallas interpret mode when lowered for a CPU (`interpret=True` forces that)."""
     T, K = x_TxK.shape
     if not supported(K):
-        raise ValueError(f"fused cross-entropy takes a head input width of 16..{MAX_K} in multiples of 16, got {K}")
+        raise ValueError(f"fused cross-entropy takes a head input width of 16..{FUSED_CE_MAX_K} in multiples of 16, got {K}")
     x = _pad(x_TxK, BLOCK_T)
     w = _pad(w_VxK.astype(x_TxK.dtype), BLOCK_V)
     targets = _pad(targets_T.astype(jnp.int32), BLOCK_T)
