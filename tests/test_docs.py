@@ -281,3 +281,42 @@ def test_default_outputs_are_git_ignored():
                    if not (git_ignored(path) or git_ignored(path + "/"))]
     assert not_ignored == []
     assert not git_ignored("yxanul_jax/train.py") and not git_ignored("docs/README.md")  # not everything
+
+
+def _readme_numbers():
+    spec = importlib.util.spec_from_file_location("readme_numbers", REPO / "scripts" / "readme_numbers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readmes_numbers_are_the_latest_measurement():
+    """The README's demo loss and time and the suite's size and time are what scripts/readme_numbers.py last
+    measured (docs/bench/readme_numbers.json), word for word: a number edited by hand, or a measurement not
+    copied in (`--write-readme`), fails here."""
+    import os
+
+    numbers = _readme_numbers()
+    record = __import__("json").loads(numbers.RECORD.read_text())
+    measuring = set(filter(None, os.environ.get(numbers.MEASURING, "").split(",")))  # this very run's numbers
+    assert set(numbers.PARTS) - measuring <= set(record)  # every part measured, each with its machine and date
+    for part in set(record) & set(numbers.PARTS):
+        assert record[part]["machine"] and re.fullmatch(r"\d{4}-\d\d-\d\d", record[part]["date"])
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert numbers.readme_mismatches(readme, record) == []
+    if "demo" not in measuring:  # and the check bites: one changed digit is found
+        demo = numbers.render("demo", record["demo"])
+        altered = readme.replace(demo, demo.replace(f"{record['demo']['unigram']:.2f}", "9.99"))
+        assert altered != readme and numbers.readme_mismatches(altered, record)
+
+
+def test_the_dev_install_is_one_script_with_torchs_cpu_build():
+    """The README's test command and CI install through the same script, and what it installed here is torch's
+    CPU build (issue 28: `.[dev]` alone pulled a CUDA build of several GB onto CPU machines)."""
+    torch = pytest.importorskip("torch", reason="the dev install brings torch; this environment lacks it")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "bash scripts/install_dev.sh && python -m pytest -q" in readme
+    assert "bash scripts/install_dev.sh" in (REPO / ".ci" / "run").read_text()
+    script = (REPO / "scripts" / "install_dev.sh").read_text()
+    assert "download.pytorch.org/whl/cpu" in script and '-e ".[dev]"' in script
+    assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
