@@ -210,6 +210,8 @@ def default_run_dir(cfg: Config, config_path: str | None) -> str:
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"
 LOCK_FILE = ".lock"
+WANDB_ID_FILE = "wandb_run_id"
+"""The file holding the run's Weights & Biases run id (`monitor.wandb`), so a resume continues that run."""
 
 
 def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:

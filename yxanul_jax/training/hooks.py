@@ -102,8 +102,8 @@ class NullWriter:
 class SaturationWatch:
     """Whether FP8 clipping persists. A step counts as clipping when its `fp8_saturation` reaches
     `fp8.SATURATION_WARN` (some operand's largest values lost two binades); an episode is a run of such steps,
-    each within `history` steps (the amax history, fp8.amax_history_len) of the one before. Delayed scaling clips at a jump of an amax and its history absorbs it, so a short
-    episode is expected; one that lasts more than `history` steps (first to latest clipping step: for
+    each within `history` steps (the amax history, fp8.amax_history_len) of the one before. Delayed scaling
+    clips at a jump of an amax and its history absorbs it, so a short episode is expected; one that lasts more than `history` steps (first to latest clipping step: for
     clipping at every step, more than `history` consecutive steps) is not, and `update` says so once."""
 
     def __init__(self, history: int):

@@ -19,7 +19,7 @@ from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_dict, to_yaml
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError, one_line, writing
-from yxanul_jax.core.rundir import METRICS_FILE, PROFILE_DIR, RUN_DIR_RULE, TB_DIR, atomic_write
+from yxanul_jax.core.rundir import METRICS_FILE, PROFILE_DIR, RUN_DIR_RULE, TB_DIR, WANDB_ID_FILE, atomic_write
 
 # --------------------------------------------------------------------------------------------
 # Metrics
@@ -110,8 +110,6 @@ class MetricsWriter:
         self.close()
 
 
-WANDB_ID_FILE = "wandb_run_id"
-"""The run directory's file holding its Weights & Biases run id (`monitor.wandb`), so a resume continues that run."""
 WANDB_EXTRA = 'pip install -e ".[wandb]"'
 
 

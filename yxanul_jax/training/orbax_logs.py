@@ -24,20 +24,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import sys
 import threading
 import warnings
 from typing import Iterator
 
-from yxanul_jax.core.errors import one_line
+from yxanul_jax.core.errors import one_line, os_errno
 
 _LOGGERS = ("absl", "asyncio")  # Orbax's threads log to absl; its unawaited write tasks to asyncio
 _ORBAX_NOISE = ("did not provide metrics", "read_only=True, setting save_interval_steps", "Given directory is read only")
 """Orbax warnings about what is normal here: a save without metrics once best-tracking is on, and a
 read-only manager (a reader beside a run) being read-only."""
 _NEVER_AWAITED = "coroutine .* was never awaited"
-_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 
 
 def write_failure(e: BaseException) -> str | None:
@@ -45,8 +43,8 @@ def write_failure(e: BaseException) -> str | None:
     `e` is a failed write, else None. TensorStore reports these as ValueError carrying the errno."""
     if isinstance(e, OSError):
         return e.strerror or one_line(e)
-    m = _OS_ERROR_CODE.search(str(e))
-    return os.strerror(int(m.group(1))) if m else None
+    code = os_errno(e)  # the one reader of errnos spelled in messages (core.errors)
+    return os.strerror(code) if code is not None else None
 
 
 class _OrbaxLogFilter(logging.Filter):
