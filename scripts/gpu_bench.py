@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 import platform
@@ -54,6 +55,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 PRECISIONS = ("bf16", "fp8-xla", "fp8-te")
+# A --profile cell runs without XLA's command buffers (CUDA graphs): inside one, every kernel's trace event
+# names the command buffer, not its HLO instruction, and nothing could be matched to the prediction.
+PROFILE_XLA_FLAG = "--xla_gpu_enable_command_buffer="
 
 
 def precision_config(cfg, precision: str):
@@ -65,7 +69,8 @@ def precision_config(cfg, precision: str):
 
 
 def bench_cell(config: str | None, stage_index: int, precision: str, steps: int, warmup: int, torch_ref: bool,
-               predict_for: str | None = None, profile_steps: int = 0, out: str = "bench") -> dict:
+               predict_for: str | None = None, profile_steps: int = 0, out: str = "bench",
+               overrides: list[str] | None = None) -> dict:
     """One cell, in this process: compile, warm up, time; the prediction; with `profile_steps`, a
     profile of that many more steps against the prediction; the PyTorch reference at the same shape."""
     import jax
@@ -79,10 +84,12 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     from yxanul_jax.training.monitor import peak_flops_per_device
     from yxanul_jax.training.stages import compile_stage, compiled_memory, synthetic_inputs
 
-    cfg = precision_config(load_config(config), precision)
+    cfg = precision_config(load_config(config, list(overrides or [])), precision)
     stage = cfg.curriculum[stage_index]
     row = {"config": cfg.model.name, "stage": stage_index, "precision": precision, "seq_len": stage.seq_len,
-           "rows": stage.batch_size * stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step}
+           "rows": stage.batch_size * stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step,
+           "overrides": list(overrides or []), "command_buffers": "off" if PROFILE_XLA_FLAG in
+           os.environ.get("XLA_FLAGS", "") else "default"}
     try:
         fp8_lib.check_backend(cfg.fp8)
     except UserError as e:
@@ -130,10 +137,14 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
         from torch_reference import time_train_step
 
         del state, step  # the reference gets the device to itself
-        ref = time_train_step(cfg.model, stage.seq_len, row["rows"], lr=cfg.optim.lr, steps=steps, warmup=warmup,
-                              loss_chunk=cfg.train.loss_chunk, compile=device.platform == "gpu")
-        row["torch"] = ref
-        row["ratio_vs_torch"] = tps / ref["tokens_per_sec"]
+        try:
+            ref = time_train_step(cfg.model, stage.seq_len, row["rows"], lr=cfg.optim.lr, steps=steps,
+                                  warmup=warmup, loss_chunk=cfg.train.loss_chunk, compile=device.platform == "gpu")
+        except Exception as e:  # e.g. out of memory beside JAX's pool: keep the JAX cell's numbers
+            row["torch_failed"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        else:
+            row["torch"] = ref
+            row["ratio_vs_torch"] = tps / ref["tokens_per_sec"]
     return row
 
 
@@ -172,6 +183,14 @@ def profile_cell(step, state, batch, kernels, hlo_text: str, gpu, steps: int, ou
             "matched_ms_per_step": times["matched_us"] / 1e3 / steps,
             "kernels_matched": len(measured_ms), "kernels": len(kernels),
             "unmatched_top": [{"name": n, "ms_per_step": us / 1e3 / steps} for n, us in unmatched]}
+    # Predicted kernels the trace never showed: where the model charges work that does not run.
+    with gzip.open(os.path.join(out, "step.hlo.gz"), "wt", encoding="utf-8") as fh:
+        fh.write(hlo_text)  # the compiled step, so that a prediction can be re-read without the GPU
+    if gpu is not None:
+        unseen = sorted(((1e3 * perf.kernel_time(k, gpu)[0] * k.runs, k) for k in kernels if k.name not in measured_ms),
+                        key=lambda mk: -mk[0])[:8]
+        prof["not_seen_top"] = [{"name": k.name, "category": k.category, "predicted_ms_per_step": ms,
+                                 "op_name": k.op_name[-120:]} for ms, k in unseen]
     if gpu is None:
         prof["category_ratios"] = None
         prof["no_ratios"] = "no GPU to predict for (--predict-for NAME)"
@@ -229,11 +248,21 @@ def run_cell(args, config: str, stage: int, precision: str) -> dict:
     cmd += ["--profile", "--profile-steps", str(args.profile_steps)] if args.profile else []
     cmd += ["--torch"] if args.torch else ["--no-torch"]
     cmd += ["--predict-for", args.predict_for] if args.predict_for else []
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(ROOT))
+    cmd += list(args.overrides)
+    env = dict(os.environ)
+    if args.profile:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {PROFILE_XLA_FLAG}".strip()
+    log = os.path.join(args.out, "logs", f"{Path(config).stem}-stage{stage}-{precision}.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    # The cell's stderr goes to its log as it runs: a cell killed by a time limit on a lent GPU still
+    # leaves what it printed.
+    with open(log, "w") as err_file:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=str(ROOT), env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"config": config, "stage": stage, "precision": precision, "failed": tail}
+        err = Path(log).read_text().strip().splitlines() or ["no output"]
+        return {"config": config, "stage": stage, "precision": precision, "failed": err[-1],
+                "stderr_tail": err[-25:], "log": log}
     return json.loads(lines[-1])
 
 
@@ -285,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile each cell after its timed steps; write OUT/calibration.json (measured / predicted)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps each --profile trace covers")
     p.add_argument("--out", default="bench", help="folder for bench.json, bench.md (and calibration.json, profile/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
     p.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: one cell, one JSON line
     args = p.parse_args(argv)
     from yxanul_jax.analysis import gpus
@@ -299,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         config, stage, precision = json.loads(args.cell)
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         print(json.dumps(bench_cell(config, stage, precision, args.steps, args.warmup, bool(args.torch),
-                                    args.predict_for, args.profile_steps if args.profile else 0, args.out)))
+                                    args.predict_for, args.profile_steps if args.profile else 0, args.out,
+                                    args.overrides)))
         return 0
     if args.torch is None:
         import importlib.util
@@ -316,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         if row.get("predicted_step_ms"):
             status += f", {1e3 * row['step_s']:.1f} ms measured / {row['predicted_step_ms']:.1f} ms predicted"
         print(f"{row['config']} stage {stage} {precision}: {status}", flush=True)
+        if row.get("stderr_tail"):
+            print("  " + "\n  ".join(row["stderr_tail"][-12:]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     date, device = time.strftime("%Y-%m-%d"), _device_name()
     predicted = sorted({r["prediction"] for r in rows if r.get("predicted_step_ms")})

@@ -44,7 +44,7 @@ CATEGORIES = (  # first match wins; patterns are matched against the lower-cased
     ("gemm", r"gemm|cublas|matmul|dot|sm90_xmma|cutlass|triton_gemm|nvjet|ynn_fusion"),  # ynn: XLA CPU dots
     ("fp8 cast/amax", r"f8e4m3|f8e5m2|fp8|convert|amax|clamp"),
     ("optimizer", r"adam|optimizer|sqrt|rsqrt.*update"),
-    ("loss", r"log_softmax|logsumexp|exponential|reduce_max|cross"),
+    ("loss", r"log_softmax|logsumexp|exponential|reduce_max|cross|fused_ce"),
     ("copy/collective", r"copy|memcpy|memset|all-reduce|all_reduce|all-gather|reduce-scatter|nccl|dynamic-update-slice"),
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import json
+import os
 
 from conftest import REPO, load_script
 from data_fixtures import run_cli
@@ -103,3 +104,58 @@ def test_profile_summary_finds_the_ops_of_a_traced_step(tmp_path):
     assert record["category_source"].startswith("performance model")
     assert any(c.startswith("GEMM") for c in record["categories"]) and record["top"][0]["category"] in perf.CATEGORIES
     assert sum(v for c, v in record["categories"].items() if c in perf.CATEGORIES) >= 0.9
+
+
+def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
+    # The lent GPU's check (scripts/fused_ce_check.py) at a tiny shape: Pallas interpret mode on CPU.
+    out = tmp_path / "fused_ce.json"
+    rc, stdout, _ = run_cli(load_script("fused_ce_check").main,
+                            ["--config", REPO / "configs/tiny.yaml", "--check-tokens", "130", "--time-tokens", "128",
+                             "--iters", "1", "--json-out", out])
+    assert rc == 0, stdout
+    record = json.loads(stdout.strip().splitlines()[-1])
+    assert record == json.loads(out.read_text()) and record["ok"]
+    small, full = record["checks"]
+    assert (small["tokens"], small["vocab_rows"], small["v_real"], small["k"]) == (200, 300, 290, 32)
+    assert full["tokens"] == 130 and full["k"] == record["k"] == 128
+    for c in record["checks"]:
+        assert c["ok"] and c["padded_rows_zero_grad"]
+        assert all(0 <= e <= c["bounds"][n] for n, e in c["rel_err"].items())
+    assert {(r["kernel"], r["mode"]) for r in record["timing"]} == {
+        ("fused", "fwd"), ("fused", "fwd+bwd"), ("chunked", "fwd"), ("chunked", "fwd+bwd")}
+    assert all(r["ms"] > 0 and r["of_peak"] is None for r in record["timing"])  # a CPU has no BF16 peak
+    import math
+
+    import numpy as np
+
+    fce = load_script("fused_ce_check")
+    assert math.isnan(fce._rel(np.array([np.nan, 1.0]), np.ones(2)))  # NaN never passes a bound
+    assert fce._rel(np.array([1.0, 1.1]), np.ones(2)) > fce.VALUE_RTOL
+
+
+def test_attention_check_times_xla_attention_per_stage_on_a_cpu():
+    rc, stdout, _ = run_cli(load_script("attention_check").main,
+                            ["--config", REPO / "configs/yxanul_197m.yaml", "--stages", "0", "3", "--iters", "1",
+                             "--max-tokens", "256"])
+    assert rc == 0, stdout
+    rows = json.loads(stdout.strip().splitlines()[-1])["rows"]
+    assert [(r["stage"], r["seq_len"], r["tokens"]) for r in rows] == [(0, 8, 256), (3, 64, 256)]
+    assert all(r["xla_ms"] > 0 and "cudnn_ms" not in r for r in rows)  # cuDNN needs a GPU: not timed here
+
+
+def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    bad = subprocess.run(["bash", "scripts/gpu_lease.sh", "60", "nope"], cwd=REPO, env=env, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | calibrate)"
+    assert not (tmp_path / "lease.log").exists()  # refused before anything was written
+    proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "calibrate"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (tmp_path / "lease.log").read_text()
+    for step in ("attention", "s0_fp8_xla_attn", "s9_bf16_prof", "s9_fp8_prof"):
+        assert f"== {step}: skipped" in log
+    assert (tmp_path / "results.tgz").exists()

@@ -1,0 +1,198 @@
+"""The fused head + cross-entropy kernels (`model.fused_ce`) at the model's real shapes: correct against the
+float32 reference, and timed beside the chunked XLA loss they replace.
+
+    python scripts/fused_ce_check.py [--config configs/yxanul_197m.yaml] [--check-tokens 8000]
+                                     [--time-tokens 16384 65536] [--iters 10] [--json-out F]
+
+The vocabulary (padded rows included), the head width K and the loss chunk come from the config. On a
+GPU the kernels compile through Triton; on a CPU they run in Pallas interpret mode (use small sizes).
+
+Check (a small ragged case, then `--check-tokens` at the config's shape; fresh random inputs, a ragged last block, 20 % of tokens masked, z-loss 1e-4):
+lse and target logit, the loss, and both gradients against `fused_ce.reference` in float32, as
+|a - b| / |b| over the whole array (norms). Bounds: lse/target/loss 1e-5 (float32 accumulation of BF16
+products, the same products in another order), gradients 2e-2 (the kernels round dlogits to BF16 before
+each gradient GEMM). A NaN fails.
+
+Timing (`--time-tokens`, each a separate shape): the median of `--iters` calls after 2 warm-ups of the
+forward alone and of forward + backward (value and both gradients), fused and chunked (the train step's
+`train.loss_kernel=chunked`: scan over `train.loss_chunk`-token chunks, float32 logits, remat). TFLOP/s
+counts 2 T K V per GEMM: 1 forward, 5 forward + backward (the fused backward recomputes the logits; the
+chunked one recomputes them under remat too). `efficiency` is fused forward + backward TFLOP/s over the
+device's dense BF16 peak (analysis/gpus.py): the number `analysis.perf.FUSED_CE_EFFICIENCY` assumes.
+
+Prints a table and one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+VALUE_RTOL = 1e-5
+GRAD_RTOL = 2e-2
+FLOP_MULTIPLE = {"fwd": 1, "fwd+bwd": 5}
+
+
+def _inputs(key, T: int, V: int, K: int, v_real: int):
+    import jax
+    import jax.numpy as jnp
+
+    k = jax.random.split(key, 4)
+    x = jax.random.normal(k[0], (T, K), jnp.float32).astype(jnp.bfloat16)
+    w = (0.3 * jax.random.normal(k[1], (V, K), jnp.float32)).astype(jnp.bfloat16)
+    mask = (jax.random.uniform(k[3], (T,)) > 0.2).astype(jnp.float32)
+    targets = jnp.where(mask > 0, jax.random.randint(k[2], (T,), 0, v_real), -1)
+    return x, w, targets, mask
+
+
+def _rel(a, b) -> float:
+    import numpy as np
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if not np.all(np.isfinite(a)):
+        return float("nan")
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4) -> dict:
+    """Relative errors of the fused kernels against the float32 reference, and whether each is in bounds."""
+    import jax
+    import jax.numpy as jnp
+
+    from yxanul_jax.model import fused_ce
+    from yxanul_jax.model.loss import masked_sums
+
+    x, w, targets, mask = _inputs(jax.random.key(seed), T, V, K, v_real)
+
+    def loss(fn, x, w):
+        lse, tl = fn(x, w, targets)
+        nll, z = masked_sums(lse, tl, mask)
+        return nll + z_weight * z
+
+    fused = lambda x, w, t: fused_ce.linear_cross_entropy(x, w, t, v_real)  # noqa: E731
+    ref = lambda x, w, t: fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), t, v_real)  # noqa: E731
+    lse, tl = jax.jit(fused)(x, w, targets)
+    (v, (gx, gw)) = jax.jit(jax.value_and_grad(lambda x, w: loss(fused, x, w), argnums=(0, 1)))(x, w)
+    with jax.default_matmul_precision("highest"):  # a GPU would take float32 GEMMs at TF32 otherwise
+        lse_r, tl_r = jax.jit(ref)(x, w, targets)
+        (v_r, (gx_r, gw_r)) = jax.jit(jax.value_and_grad(lambda x, w: loss(ref, x, w), argnums=(0, 1)))(x, w)
+    errs = {"lse": _rel(lse, lse_r), "target": _rel(tl, tl_r), "loss": _rel(v, v_r), "grad_x": _rel(gx, gx_r),
+            "grad_w": _rel(gw, gw_r)}
+    bounds = {n: GRAD_RTOL if n.startswith("grad") else VALUE_RTOL for n in errs}
+    padded_rows_zero = bool(not jnp.any(gw[v_real:]))
+    ok = all(e <= bounds[n] for n, e in errs.items()) and padded_rows_zero  # NaN compares False
+    return {"tokens": T, "vocab_rows": V, "v_real": v_real, "k": K, "seed": seed, "rel_err": errs, "bounds": bounds,
+            "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
+
+
+def _median_s(fn, args, iters: int) -> float:
+    import jax
+
+    for _ in range(2):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: float | None) -> list[dict]:
+    """Fused and chunked, forward and forward + backward, at T tokens: median seconds and TFLOP/s."""
+    import jax
+    import jax.numpy as jnp
+
+    from yxanul_jax.model import fused_ce
+    from yxanul_jax.model.loss import chunked_cross_entropy, masked_sums
+
+    x, w, targets, mask = _inputs(jax.random.key(T), T, V, K, v_real)
+    cols_real = jnp.arange(V) < v_real
+
+    def fused_loss(x, w):
+        lse, tl = fused_ce.linear_cross_entropy(x, w, targets, v_real)
+        return masked_sums(lse, tl, mask)[0]
+
+    def chunked_loss(x, w):
+        def logits(h, _):
+            s = jax.lax.dot_general(h, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            return jnp.where(cols_real, s, -jnp.inf)
+        return chunked_cross_entropy(logits, x, jnp.maximum(targets, 0), mask, chunk)[0]
+
+    rows = []
+    for name, f in (("fused", fused_loss), ("chunked", chunked_loss)):
+        for mode, fn in (("fwd", jax.jit(f)), ("fwd+bwd", jax.jit(jax.value_and_grad(f, argnums=(0, 1))))):
+            s = _median_s(fn, (x, w), iters)
+            tflops = FLOP_MULTIPLE[mode] * 2 * T * K * V / s / 1e12
+            rows.append({"kernel": name, "mode": mode, "tokens": T, "ms": 1e3 * s, "tflops": tflops,
+                         "of_peak": None if peak is None else tflops * 1e12 / peak})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/yxanul_197m.yaml")
+    p.add_argument("--check-tokens", type=int, default=8000, help="tokens of the correctness check (0: none)")
+    p.add_argument("--time-tokens", type=int, nargs="*", default=[16384, 65536], help="token counts timed")
+    p.add_argument("--vocab", type=int, default=None, help="override the config's vocabulary (small CPU runs)")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-out", default=None)
+    args = p.parse_args(argv)
+    import jax
+
+    from yxanul_jax.analysis import gpus
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.core.rundir import atomic_write
+
+    overrides = [f"model.vocab_size={args.vocab}"] if args.vocab else []
+    cfg = load_config(args.config, overrides)
+    V, K, v_real, chunk = cfg.model.padded_vocab, cfg.model.head_width, cfg.model.vocab_size, cfg.train.loss_chunk
+    device = jax.devices()[0]
+    gpu = gpus.of_device_kind(device.device_kind) if device.platform == "gpu" else None
+    peak = None if gpu is None else gpu.peak_bf16
+    record = {"date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "device": device.device_kind,
+              "platform": device.platform, "jax": jax.__version__, "config": cfg.model.name,
+              "vocab_rows": V, "v_real": v_real, "k": K, "loss_chunk": chunk, "peak_bf16_tflops":
+              None if peak is None else peak / 1e12}
+    # A small ragged case (a partial last block of tokens and of vocabulary rows, K 32), then the config's.
+    shapes = [(200, 300, 32, 290)] + ([(args.check_tokens, V, K, v_real)] if args.check_tokens else [])
+    record["checks"] = [check(*shape, args.seed) for shape in shapes]
+    ok = all(c["ok"] for c in record["checks"])
+    for c in record["checks"]:
+        print(f"check at {c['tokens']} tokens x {c['vocab_rows']} rows ({c['v_real']} real, K {c['k']}): "
+              + ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
+              + f"; padded rows' gradient zero: {c['padded_rows_zero_grad']} -> {'ok' if c['ok'] else 'FAILED'}",
+              flush=True)
+    rows = [r for T in args.time_tokens for r in timing(T, V, K, v_real, chunk, args.iters, peak)]
+    record["timing"] = rows
+    by = {(r["kernel"], r["mode"], r["tokens"]): r for r in rows}
+    fused_fb = [r for r in rows if r["kernel"] == "fused" and r["mode"] == "fwd+bwd"]
+    if fused_fb and peak:
+        record["efficiency"] = max(r["of_peak"] for r in fused_fb)
+    print(f"{'kernel':<9}{'mode':<9}{'tokens':>8}{'ms':>10}{'TFLOP/s':>10}{'of peak':>9}{'fused speedup':>15}")
+    for r in rows:
+        other = by.get(("chunked", r["mode"], r["tokens"]))
+        speed = f"{other['ms'] / r['ms']:.2f}x" if r["kernel"] == "fused" and other else ""
+        share = "-" if r["of_peak"] is None else f"{100 * r['of_peak']:.1f}%"
+        print(f"{r['kernel']:<9}{r['mode']:<9}{r['tokens']:>8}{r['ms']:>10.2f}{r['tflops']:>10.1f}{share:>9}{speed:>15}")
+    record["ok"] = ok
+    line = json.dumps(record)
+    if args.json_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+        atomic_write(args.json_out, line + "\n")
+    print(line)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

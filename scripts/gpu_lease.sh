@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One call on a lent GPU (docs/BENCHMARKS.md, "A short lease"): the checks and measurements issue 25 needs,
+# most valuable first, each under its own time limit and all under one deadline, so that a lease of
+# 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
+# (bash scripts/gpu_carry_kit.sh here first):
+#
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | calibrate;
+#                                                # results under $OUT (else ./lease)
+#
+# Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
+# loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 profiled against the prediction, stage 9
+# BF16 beside PyTorch, stage 0 FP8 profiled, then stage 9 BF16 profiled if time is left
+# (scripts/gpu_bench.py). Plan calibrate (a second call): cuDNN against XLA attention per stage
+# (scripts/attention_check.py), then profiles without command buffers, so that every kernel is matched to
+# its prediction: stage 0 FP8 with XLA attention, stage 9 BF16, stage 9 FP8. A step that would not finish before the deadline is skipped and says so.
+# Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
+# traces.tgz (the Perfetto traces, when under 15 MiB).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEADLINE=${1:-540}
+PLAN=${2:-bench}
+PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
+case "$PLAN" in bench | calibrate) ;; *) echo "error: unknown plan '$PLAN' (bench | calibrate)" >&2; exit 2 ;; esac
+case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
+OUT=${OUT:-$PWD/lease}
+RES=$(mktemp -d /tmp/lease.XXXXXX)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+exec > >(tee "$OUT/lease.log") 2>&1
+
+step() {  # step NAME MAX_S MIN_S CMD...: run CMD under min(MAX_S, time left); skip below MIN_S
+  local name=$1 max=$2 min=$3; shift 3
+  local left=$((DEADLINE - SECONDS - 10))
+  if [ "$left" -lt "$min" ]; then
+    echo "== $name: skipped, ${left}s left of the deadline (needs ${min}s)"; return 0
+  fi
+  local limit=$((left < max ? left : max)) t0=$SECONDS
+  echo "== $name (limit ${limit}s, at ${SECONDS}s)"
+  timeout -k 5 "$limit" "$@"
+  echo "== $name: exit $? after $((SECONDS - t0))s"
+}
+
+echo "== machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null || echo "no nvidia-smi: not a GPU machine"
+"$PY" - <<'PY'
+import importlib.metadata as md, sys
+def v(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "missing"
+names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "triton", "torch", "numpy")
+print("python", sys.version.split()[0], " ".join(f"{n} {v(n)}" for n in names))
+import jax
+print(jax.devices())
+PY
+if "$PY" -c "import grain, tensorboardX" 2>/dev/null; then
+  export PYTHONPATH=$PWD
+elif ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  echo "no .whl/ carried: Grain and tensorboardX missing (bash scripts/gpu_carry_kit.sh here, carry [\".whl\"])"
+  export PYTHONPATH=$PWD
+fi
+"$PY" -c "import yxanul_jax.training.stages, yxanul_jax.model.fused_ce" || { echo "import failed: stop"; exit 1; }
+
+BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
+case "$PLAN" in
+  bench)
+    step fused_ce 150 60 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 16384 131072 \
+      --json-out "$RES/fused_ce.json"
+    step s9_fp8 200 90 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 120 "${BENCH[@]}" --stages 9 --precisions bf16 \
+      --torch --out "$RES/s9_bf16"
+    step s0_fp8 150 70 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
+    step s9_bf16_prof 150 80 "${BENCH[@]}" --stages 9 --precisions bf16 --profile --no-torch --out "$RES/s9_bf16p"
+    ;;
+  calibrate)  # attention per stage; profiles without command buffers, every kernel matched to the prediction
+    step attention 90 30 "$PY" scripts/attention_check.py --stages 0 1 2 3 4 5 6 --iters 10
+    step s0_fp8_xla_attn 80 40 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch \
+      --out "$RES/s0_fp8_xla" model.attention=xla
+    step s9_bf16_prof 70 35 "${BENCH[@]}" --stages 9 --precisions bf16 --profile --no-torch --out "$RES/s9_bf16p"
+    step s9_fp8_prof 150 110 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8p"
+    ;;
+esac
+
+echo "== results at ${SECONDS}s"
+cat "$RES"/*/bench.md 2>/dev/null
+(cd "$RES" && find . -name '*.json' -o -name '*.md' -o -name '*.log' | tar czf "$OUT/results.tgz" -T -)
+(cd "$RES" && find . -name 'perfetto_trace.json.gz' | tar czf /tmp/traces.tgz -T -)
+if [ "$(stat -c %s /tmp/traces.tgz)" -lt $((15 * 1024 * 1024)) ]; then cp /tmp/traces.tgz "$OUT/"; else
+  echo "traces.tgz is $(($(stat -c %s /tmp/traces.tgz) / 1048576)) MiB: left behind"; fi
+sleep 1  # let tee finish lease.log
