@@ -69,7 +69,7 @@ def main() -> None:
                    "plan_bytes": est["bytes_total"], "plan_phase": est["phase"], "error": round(err, 4)}
             gpu_cols = ""
             if device is not None:
-                g = compiled_peak(gpu_config(cfg), stage, device)
+                g = compiled_peak(gpu_config(cfg, stage.seq_len), stage, device)
                 g_est = estimate_stage(cfg, stage, platform="gpu")["bytes_total"]
                 g_err = (g_est - g["peak_bytes"]) / g["peak_bytes"]
                 row["gpu"] = {**g, "target": args.target, "plan_bytes": g_est, "error": round(g_err, 4)}

@@ -56,15 +56,15 @@ def collect(args) -> None:
     with open(args.out, "w", encoding="utf-8") as fh:
         for path, stages, overrides in VARIANTS:
             cfg = load_config(path, overrides)
-            if device is not None:  # resolve attention=auto as the GPU would
-                cfg = gpu_config(cfg)
             for i in stages:
                 start = time.perf_counter()
-                mem = compiled_memory(compile_stage(cfg, cfg.curriculum[i], device=device))
+                # resolve attention=auto as the GPU would for this stage's sequence length
+                stage_cfg = gpu_config(cfg, cfg.curriculum[i].seq_len) if device is not None else cfg
+                mem = compiled_memory(compile_stage(stage_cfg, stage_cfg.curriculum[i], device=device))
                 peak = mem["peak_bytes"]
                 row = {"config": path, "stage": i, "overrides": overrides, "platform": platform,
                        "target": args.target, "peak_bytes": peak, "temp_bytes": mem["temp_bytes"],
-                       "cfg": to_dict(cfg), "compile_s": round(time.perf_counter() - start, 1)}
+                       "cfg": to_dict(stage_cfg), "compile_s": round(time.perf_counter() - start, 1)}
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()
                 print(f"{path:<36}{i:>3} {' '.join(overrides):<70}{peak / 1e9:>9.3f} GB {row['compile_s']:>6} s",

@@ -124,8 +124,13 @@ def test_fp8_head_with_padded_vocabulary_and_accumulation():
 @pytest.mark.parametrize("config, stage", [("configs/yxanul_197m.yaml", "0"), ("configs/yxanul_197m.yaml", "9")])
 def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
     hlo_path = tmp_path / "step.hlo"
-    r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", "--require", "cudnn-attention",
+    # Stage 0 (seq 8) runs XLA's attention, stage 9 (seq 2048) cuDNN's (`transformer.XLA_ATTENTION_MAX_SEQ`)
+    cudnn = ("--require", "cudnn-attention") if stage == "9" else ()
+    r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", *cudnn,
                      "--hlo-out", str(hlo_path))
+    assert r["attention"] == ("cudnn" if stage == "9" else "xla")
+    if stage == "0":
+        assert r["gpu"]["cudnn_attention"] == {"forward": 0, "backward": 0} and "__cudnn$fmha" not in hlo_path.read_text()
     # The head + loss are the fused kernels (issue 25): no [>= 1024 x padded_vocab] buffer anywhere in the step,
     # and the kernels' FLOPs are counted (5 x 2 T K V, the backward recomputing the logits).
     padded = 200064

@@ -178,3 +178,17 @@ def test_parameters_carry_logical_axis_names():
     assert tuple(specs["embedding"]) == ("vocab", "embed_rank")
     assert tuple(specs["layers"]["attn"]["q"]["kernel"]) == ("layers", "embed", "heads")
     assert tuple(specs["layers"]["mlp"]["down"]["kernel"]) == ("layers", "mlp", "embed")
+
+
+def test_auto_attention_is_xla_on_short_sequences_and_cudnn_beyond():
+    from yxanul_jax.model.transformer import XLA_ATTENTION_MAX_SEQ, attention_implementation
+
+    m = load_config("configs/yxanul_197m.yaml").model
+    by_seq = {s: attention_implementation(m, "gpu", s) for s in (8, 16, 32, 64, 2048)}
+    assert XLA_ATTENTION_MAX_SEQ == 32
+    assert by_seq == {8: "xla", 16: "xla", 32: "xla", 64: "cudnn", 2048: "cudnn"}
+    assert attention_implementation(m, "gpu") == "cudnn"  # no length: the long-sequence answer
+    assert {attention_implementation(m, "cpu", s) for s in (8, 2048)} == {"xla"}
+    forced = dataclasses.replace(m, attention="cudnn")
+    assert attention_implementation(forced, "gpu", 8) == "cudnn"  # an explicit choice is kept
+

@@ -38,9 +38,10 @@ def _run(code: str, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _inspect_te(*args: str) -> dict:
+def _inspect_te(*args: str, cudnn: bool = True) -> dict:
     _te_python()
-    return inspect_h100("fp8.backend=te", "--require", "fp8-expected", "--require", "cudnn-attention", *args)
+    return inspect_h100("fp8.backend=te", "--require", "fp8-expected", *(("--require", "cudnn-attention") if cudnn else ()),
+                        *args)
 
 
 def test_tiny_te_step_is_te_fp8_gemms_and_cudnn_attention():
@@ -74,7 +75,10 @@ def test_te_head_state_with_accumulation_and_loss_chunks():
 # both layer kinds and both ends of the curriculum; each count is the same at the other stage.
 @pytest.mark.parametrize("stage, fused", [("0", False), ("9", True)])
 def test_yxanul_197m_te_stages_compile_for_h100(stage, fused):
-    r = _inspect_te("--config", "configs/yxanul_197m.yaml", "--stage", stage, f"fp8.te_layers={str(fused).lower()}")
+    # stage 0 (seq 8) runs XLA's attention (`transformer.XLA_ATTENTION_MAX_SEQ`), stage 9 cuDNN's
+    r = _inspect_te("--config", "configs/yxanul_197m.yaml", "--stage", stage, f"fp8.te_layers={str(fused).lower()}",
+                    cudnn=stage == "9")
+    assert r["attention"] == ("cudnn" if stage == "9" else "xla")
     g = r["gpu"]
     # forward, recomputed (remat full; not down), dx, dw; unfused, q, k, v are one GEMM (model.fuse_projections)
     per_layer = 4 + 3 + 4 + 4 if fused else 5 + 4 + 5 + 5

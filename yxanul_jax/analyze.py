@@ -114,7 +114,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
 
             prepare()  # TE without a driver: stub library, sm_90 answered (compile checks only)
         platform = "gpu"
-        cfg = gpu_config(cfg)
+        cfg = gpu_config(cfg, stage.seq_len)
         if cfg.model.attention == "cudnn" and not cudnn_available():
             raise UserError(f"--target {target} with cuDNN attention needs cuDNN's library to lower it; install "
                             f"{INSTALL_HINT}, or pass model.attention=xla")
@@ -137,7 +137,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     report = {"model": cfg.model.name, "stage": stage_index, "seq_len": stage.seq_len,
               "batch_size": stage.batch_size, "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens,
               "platform": platform, "target": target, "device_kind": getattr(device, "device_kind", None),
-              "attention": attention_implementation(cfg.model, platform),
+              "attention": attention_implementation(cfg.model, platform, stage.seq_len),
               "xla_options": dict(cfg.train.xla_options),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "te_layers": cfg.fp8.fused,

@@ -250,7 +250,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         a, residual = 2, 4  # XLA CPU: the same bytes for bfloat16 and float32 models, a float32 residual stream
         if not m.scan_layers:
             effective = "none"  # XLA CPU hoists the recomputation of unrolled layers: no saving
-    flash = platform == "gpu" and attention_implementation(m, "gpu") == "cudnn"
+    flash = platform == "gpu" and attention_implementation(m, "gpu", stage.seq_len) == "cudnn"
     keep = cal
     if platform == "gpu" and m.scan_layers and effective == "none":
         # A scanned layer without remat hands every residual out of the loop body as a stacked buffer: XLA

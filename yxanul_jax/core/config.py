@@ -91,7 +91,8 @@ class ModelConfig:
     """Compute dtype of activations and matmuls outside FP8 (master weights stay float32)."""
     attention: Literal["auto", "cudnn", "xla"] = "auto"
     """`jax.nn.dot_product_attention` implementation: auto picks cuDNN flash attention on GPU for
-    BF16 with head_dim <= 128 and XLA elsewhere; cudnn / xla force one."""
+    BF16 with head_dim <= 128 and sequences longer than 32 tokens (XLA's is faster below its tiles,
+    `transformer.XLA_ATTENTION_MAX_SEQ`), and XLA elsewhere; cudnn / xla force one."""
     remat: Literal["none", "full", "dots"] = "none"
     """Rematerialization of each block: none, full (save only block inputs), dots (save matmul
     outputs without batch dims)."""

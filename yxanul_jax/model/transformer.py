@@ -188,13 +188,25 @@ def _fused_matmul(cfg: ModelConfig, backend, name: str, parts: tuple[str, ...]) 
     return Matmul(backend if fp8 else backend.for_target("none"), DTYPES[cfg.dtype], name, name=name)
 
 
-def attention_implementation(cfg: ModelConfig, platform: str | None = None) -> str:
+# `model.attention: auto` runs XLA's attention on a GPU up to this sequence length: cuDNN's flash kernels
+# work in 64 x 128 tiles and lose to XLA's plain attention below them. Measured (scripts/attention_check.py,
+# one yxanul-197m layer forward + backward at each stage's batch, H200, jax 0.11.2, 2026-11-26): cuDNN / XLA
+# 5.85 / 0.96 ms at seq 8, 6.45 / 2.08 at 16, 4.18 / 2.00 at 32, 2.89 / 2.53 at 64; stage 0 of the FP8
+# step went from 450 to 306 ms. At 64 (one tile) the 13 % is one measurement and XLA keeps the L x L scores,
+# so cuDNN stays from 64 on.
+XLA_ATTENTION_MAX_SEQ = 32
+
+
+def attention_implementation(cfg: ModelConfig, platform: str | None = None, seq_len: int | None = None) -> str:
     """`auto`: cuDNN flash attention on GPU for BF16/FP16 (jax's own default would pick XLA, which
-    stores the L x L scores), XLA everywhere else. `platform` defaults to jax's default backend."""
+    stores the L x L scores), except for sequences of at most `XLA_ATTENTION_MAX_SEQ` tokens, where XLA's
+    is faster; XLA everywhere else. `platform` defaults to jax's default backend; without `seq_len` the
+    answer is that of long sequences."""
     if cfg.attention != "auto":
         return cfg.attention
     on_gpu = (platform or jax.default_backend()) == "gpu"
-    return "cudnn" if on_gpu and cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 else "xla"
+    short = seq_len is not None and seq_len <= XLA_ATTENTION_MAX_SEQ
+    return "cudnn" if on_gpu and cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 and not short else "xla"
 
 
 class Attention(nn.Module):
@@ -236,7 +248,7 @@ class Attention(nn.Module):
         q_BxLxHxK = apply_rope(q_BxLxHxK, sin_LxK2, cos_LxK2)
         k_BxLxGxK = apply_rope(k_BxLxGxK, sin_LxK2, cos_LxK2)
         if cache is None:
-            impl = attention_implementation(c)
+            impl = attention_implementation(c, seq_len=L)
             with jax.named_scope(scopes.ATTENTION):
                 o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
                                                          implementation=impl)

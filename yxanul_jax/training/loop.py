@@ -282,7 +282,13 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
 
 def _describe(ctx: RunContext, run_dir: str) -> str:
     cfg = ctx.cfg
-    attention = attention_implementation(cfg.model) + (" (auto)" if cfg.model.attention == "auto" else "")
+    changes: list[tuple[int, str]] = []  # (seq_len, implementation) where the stages' choice changes
+    for s in cfg.curriculum:
+        impl = attention_implementation(cfg.model, seq_len=s.seq_len)
+        if not changes or changes[-1][1] != impl:
+            changes.append((s.seq_len, impl))
+    attention = changes[0][1] if len(changes) == 1 else ", ".join(f"{i} from seq {n}" for n, i in changes)
+    attention += " (auto)" if cfg.model.attention == "auto" else ""
     fp8 = f"{cfg.fp8.backend} ({cfg.fp8.scaling})" if cfg.fp8.active else "off"
     return (f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters, attention {attention}; data "
             f"{cfg.data.train or 'demo corpus'}; FP8 {fp8}; {len(cfg.curriculum)} stage(s); {cfg.train.steps} "
