@@ -141,6 +141,53 @@ def test_a_slice_of_a_loop_carried_buffer_is_charged_the_slice():
     assert ks["layer"].category == ks["new"].category == "copies"
 
 
+# A conditional of two branches, as `lax.platform_dependent` leaves it when XLA does not fold it: the
+# taken branch is a small elementwise kernel, the other a large one.
+BRANCHES = """
+HloModule m, is_scheduled=true
+
+%small (a: bf16[1024,768]) -> bf16[1024,768] {
+  %a = bf16[1024,768]{1,0} parameter(0)
+  ROOT %m = bf16[1024,768]{1,0} multiply(%a, %a)
+}
+
+%large (a: bf16[1024,768]) -> bf16[1024,768] {
+  %a = bf16[1024,768]{1,0} parameter(0)
+  %b = bf16[64,1024,768]{2,1,0} broadcast(%a), dimensions={1,2}
+  ROOT %r = bf16[1024,768]{1,0} slice(%b), slice={[0:1], [0:1024], [0:768]}
+}
+
+%branch_0 (a: bf16[1024,768]) -> bf16[1024,768] {
+  %a = bf16[1024,768]{1,0} parameter(0)
+  ROOT %taken = bf16[1024,768]{1,0} fusion(%a), kind=kLoop, calls=%small
+}
+
+%branch_1 (a: bf16[1024,768]) -> bf16[1024,768] {
+  %a = bf16[1024,768]{1,0} parameter(0)
+  ROOT %other = bf16[1024,768]{1,0} fusion(%a), kind=kLoop, calls=%large
+}
+
+ENTRY %main (a: bf16[1024,768]) -> bf16[1024,768] {
+  %a = bf16[1024,768]{1,0} parameter(0)
+  %index = s32[] constant(0)
+  ROOT %c = bf16[1024,768]{1,0} conditional(%index, %a, %a), branch_computations={%branch_0, %branch_1}
+}
+"""
+
+
+def test_a_constant_conditional_charges_only_the_branch_it_takes():
+    ks = _by_name(BRANCHES)
+    assert ks["taken"].runs == 1 and "other" not in ks
+    for index, kept in (("1", "other"), ("7", "other")):  # an index out of range takes the last branch
+        assert set(_by_name(BRANCHES.replace("constant(0)", f"constant({index})"))) == {kept}
+    unknown = BRANCHES.replace("%index = s32[] constant(0)", "%index = s32[] parameter(1)").replace(
+        "ENTRY %main (a: bf16[1024,768])", "ENTRY %main (a: bf16[1024,768], i: s32[])")
+    assert set(_by_name(unknown)) == {"taken", "other"}  # an index known only at run time: both may run
+    pred = BRANCHES.replace("s32[] constant(0)", "pred[] constant(false)").replace(
+        "branch_computations={%branch_0, %branch_1}", "true_computation=%branch_0, false_computation=%branch_1")
+    assert set(_by_name(pred)) == {"other"}
+
+
 # A cuDNN flash-attention forward and backward call (the operands as XLA's sm_90 HLO has them) and a
 # cuBLAS GEMM custom call with its workspace.
 CALLS = """
@@ -173,6 +220,30 @@ def test_cudnn_attention_counts_causal_tiles_and_custom_gemms_their_flops():
     assert g.bytes == 2 * (256 * 512 + 512 * 1024 + 256 * 1024) + 4194304  # s8 workspace: u8 only is skipped
     # 2 x 8 output tiles on 132 SMs: a tenth of the rate, unless split-K fills them (K = 512: no split)
     assert perf.wave_efficiency(g, H100) == pytest.approx(16 / 132)
+
+
+def _attention_call(B: int, L: int, phase: str) -> "perf.Kernel":
+    """One causal cuDNN attention call of yxanul-197m's shape (12 heads, 2 kv heads, head_dim 64)."""
+    target = "__cudnn$fmhaSoftmaxBackward" if phase == "backward" else "__cudnn$fmhaSoftmax"
+    text = CALLS.replace("4,2048,", f"{B},{L},").replace("4,12,2048,", f"{B},12,{L},").replace(
+        "f32[4,12,2048]", f"f32[{B},12,{L}]").replace('"__cudnn$fmhaSoftmax"', f'"{target}"')
+    return _by_name(text)["fwd"]
+
+
+def test_cudnn_attention_has_a_floor_per_work_item_fitted_to_the_h200():
+    h200 = gpus.GPUS["h200"]
+    # one layer's forward + backward, ms, at each stage's batch (scripts/attention_check.py, H200, 2026-11-26)
+    for B, L, measured in ((8192, 8, 5.85), (8192, 16, 6.45), (4096, 32, 4.18), (2048, 64, 2.89)):
+        fwd, bwd = _attention_call(B, L, "forward"), _attention_call(B, L, "backward")
+        assert fwd.tiles == B * 12 and fwd.k == L  # work items: batch x heads x one 64-row query tile
+        predicted = 1e3 * (perf.kernel_time(fwd, h200)[0] + perf.kernel_time(bwd, h200)[0])
+        assert predicted == pytest.approx(measured, rel=0.05)
+        tile_flops_only = 1e3 * fwd.flops / (h200.rate("bf16") * perf.ATTENTION_EFFICIENCY["forward"])
+        assert predicted > 5 * tile_flops_only  # the floor, not the FLOPs, is what short rows cost
+    # at 2,048 tokens the backward is bound by its FLOPs, the forward by the floor (1.13 ms; 1.15 measured)
+    fwd, bwd = _attention_call(64, 2048, "forward"), _attention_call(64, 2048, "backward")
+    assert perf.attention_floor_s(bwd, h200) < bwd.flops / (h200.rate("bf16") * perf.ATTENTION_EFFICIENCY["backward"])
+    assert 1e3 * perf.kernel_time(fwd, h200)[0] == pytest.approx(1.13, rel=0.03)
 
 
 def test_predict_sums_categories_and_reports_mfu():

@@ -158,6 +158,9 @@ class Gemm:
     op_name: str
 
 
+_BRANCH_KEYS = ("branch_computations", "true_computation", "false_computation")
+
+
 class HloGraph:
     """Parsed HLO with who-calls-whom, loop trip counts and FP8 provenance of values."""
 
@@ -182,10 +185,29 @@ class HloGraph:
             return 1
         total = 0
         for key, ins in self.callers.get(cname, []):
+            if key in _BRANCH_KEYS and not self._may_take(ins, key, cname):
+                continue
             n = self.runs(ins.computation, seen + (cname,))
             total += n * (_trip_count(ins.attrs) if key == "body" else 1)
-        self._runs[cname] = max(total, 1) if self.callers.get(cname) else 1
+        callers = self.callers.get(cname)
+        self._runs[cname] = total if callers and any(k in _BRANCH_KEYS for k, _ in callers) else (
+            max(total, 1) if callers else 1)
         return self._runs[cname]
+
+    def _may_take(self, cond: Instr, key: str, branch: str) -> bool:
+        """Whether conditional `cond` may run `branch`: False only when its index (or predicate) is a
+        constant naming another branch. `lax.platform_dependent` (the fused loss picks Triton or Pallas
+        interpret mode with it) lowers to such a conditional; XLA usually folds it, but where it stays,
+        only the taken branch runs, and charging the other would predict kernels that never launch."""
+        index = self.comps.get(cond.computation, {}).get(cond.operands[0]) if cond.operands else None
+        if index is None or index.op != "constant":
+            return True
+        value = index.args.strip().lower()
+        if key == "branch_computations":
+            branches = _called(cond.attrs, key)
+            return not value.lstrip("-").isdigit() or (int(value) if 0 <= int(value) < len(branches)
+                                                        else len(branches) - 1) == branches.index(branch)
+        return (value == "true") == (key == "true_computation")
 
     def _root(self, cname: str) -> Instr | None:
         return next((i for i in self.comps.get(cname, {}).values() if i.is_root), None)

@@ -29,6 +29,9 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
   * ATTENTION_EFFICIENCY: cuDNN / FlashAttention-class kernels at head_dim 64 reach about half the
     BF16 peak forward and 40 % backward (FlashAttention-2/3 papers); their work is counted in 64 x 64
     tiles, so a causal 2,048 sequence does about half the square and a sequence of 8 pays a whole tile;
+  * ATTENTION_ITEM_US: and no cuDNN call is faster than its work items (one per batch row, head and
+    64-row query tile) passing through the SMs at a fixed cost each, measured on an H200 (below): at a
+    sequence of 8 that floor is 8x the tile FLOPs' time, and it is what makes XLA's attention win there;
   * FUSED_CE_EFFICIENCY: our fused cross-entropy kernels (`model.fused_ce`, Pallas/Triton custom calls
     whose FLOPs XLA cannot see: counted from their operand shapes, `fused_ce.KERNELS`): with K = 128
     every logit's exp on the special-function units (16 per clock per SM) costs about as much as its
@@ -61,6 +64,16 @@ LAUNCH_S = 2.5e-6
 CALIBRATION_FILE = __file__.rsplit(".", 1)[0] + "_calibration.json"
 GEMM_TILE = 128
 ATTENTION_TILE = 64
+# The floor of a cuDNN flash-attention call: ceil(items / SMs) waves of work items (batch x heads x query
+# tiles), each costing ATTENTION_ITEM_US + ATTENTION_ITEM_US_PER_KEY x min(keys, ATTENTION_TILE) for the
+# forward and backward together, the forward taking ATTENTION_FORWARD_SHARE. Fitted to one yxanul-197m
+# layer's forward + backward at seq 8, 16, 32 and 64 (scripts/attention_check.py, H200, jax 0.11.2,
+# cuDNN 9, 2026-11-26: 7.9, 8.7, 11.2 and 15.5 us per wave-item, within 4 % of the line); the share from
+# the stage-0 profile (1.78 ms forward, 2.76 ms backward per call). At seq 2048 the floor predicts the
+# measured forward (1.13 ms per call against 1.15) where the tile FLOPs alone said 0.86.
+ATTENTION_ITEM_US = 6.75
+ATTENTION_ITEM_US_PER_KEY = 0.137
+ATTENTION_FORWARD_SHARE = 0.39
 
 CATEGORIES = ("attention", "GEMM fp8", "GEMM bf16", "GEMM f32", "output head + loss", "norms + elementwise",
               "FP8 scaling", "optimizer", "copies", "collectives")
@@ -103,8 +116,8 @@ class Kernel:
     precision: str | None  # operand type of its GEMM (fp8, bf16, tf32, f32), "attention", or None
     category: str
     op_name: str
-    tiles: int = 0  # a GEMM's 128 x 128 output tiles (x batch): its wave efficiency
-    k: int = 0  # a GEMM's contracted size
+    tiles: int = 0  # a GEMM's 128 x 128 output tiles (x batch): its wave efficiency; attention: work items
+    k: int = 0  # a GEMM's contracted size; attention: the key length
     phase: str = ""  # attention: forward or backward
 
 
@@ -279,6 +292,8 @@ class _Reader:
             return None
         op_name = _op_name(ins)
         runs = self.g.runs(comp)
+        if not runs:  # a conditional's branch that a constant index never takes
+            return None
         flops, tiles, k, precision, phase = 0.0, 0, 0, None, ""
         if ins.op == "fusion":
             kind = _fusion_kind(ins)
@@ -295,6 +310,7 @@ class _Reader:
             if kind.startswith(_FMHA):
                 phase = "backward" if "Backward" in kind else "forward"
                 flops, precision = attention_flops(ins, phase), "attention"
+                tiles, k = attention_items(ins)  # work items and keys: the call's floor (attention_floor_s)
             elif pallas := _pallas_kernel(op_name):
                 flops, precision = _pallas_flops(ins, pallas, self), "fused_ce"
             elif kind.startswith("__cublas") or kind in ("te_gemm_v2_ffi", "te_gemm_ffi"):
@@ -388,6 +404,26 @@ def attention_flops(ins: Instr, phase: str) -> float:
     return matmuls * 2.0 * B * H * tiles * ATTENTION_TILE * ATTENTION_TILE * D
 
 
+def attention_items(ins: Instr) -> tuple[int, int]:
+    """(work items, keys) of a cuDNN flash-attention call: one item per batch row, head and
+    ATTENTION_TILE-row query tile; keys is the key sequence length."""
+    shapes = arrays(ins.attrs.split("operand_layout_constraints=", 1)[-1])[:2]
+    if len(shapes) < 2:
+        return 0, 0
+    (_, q), (_, kv) = shapes[0], shapes[1]
+    B, Lq, H, _ = q
+    return B * H * math.ceil(Lq / ATTENTION_TILE), kv[1]
+
+
+def attention_floor_s(k: "Kernel", gpu: GpuSpec) -> float:
+    """The fixed-cost floor of a cuDNN attention call (ATTENTION_ITEM_US): its items in waves over the SMs."""
+    if k.tiles <= 0:
+        return 0.0
+    share = ATTENTION_FORWARD_SHARE if (k.phase or "forward") == "forward" else 1 - ATTENTION_FORWARD_SHARE
+    item_s = 1e-6 * (ATTENTION_ITEM_US + ATTENTION_ITEM_US_PER_KEY * min(k.k, ATTENTION_TILE)) * share
+    return math.ceil(k.tiles / gpu.sms) * item_s
+
+
 def kernels(hlo_text: str) -> list[Kernel]:
     """Every kernel launch site of an optimized HLO module (see the module docstring)."""
     return _Reader(hlo_text).kernels()
@@ -409,7 +445,8 @@ def kernel_time(k: Kernel, gpu: GpuSpec) -> tuple[float, str]:
     memory_s = k.bytes / (gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
     compute_s = 0.0
     if k.flops and k.precision == "attention":
-        compute_s = k.flops / (gpu.rate("bf16") * ATTENTION_EFFICIENCY[k.phase or "forward"])
+        compute_s = max(k.flops / (gpu.rate("bf16") * ATTENTION_EFFICIENCY[k.phase or "forward"]),
+                        attention_floor_s(k, gpu))
     elif k.flops and k.precision == "fused_ce":
         compute_s = k.flops / (gpu.rate("bf16") * FUSED_CE_EFFICIENCY)
     elif k.flops and k.precision:
@@ -496,6 +533,7 @@ def predict(items: list[Kernel], gpu: GpuSpec, model_flops: float | None = None,
                             "tflops": k.flops * k.runs / 1e12, "gb": k.bytes * k.runs / 1e9,
                             "op_name": k.op_name.removeprefix("jit(train_step)/")} for ms, k, bound in rows[:top]],
            "constants": {"gemm_efficiency": GEMM_EFFICIENCY, "attention_efficiency": ATTENTION_EFFICIENCY,
+                         "attention_item_us": [ATTENTION_ITEM_US, ATTENTION_ITEM_US_PER_KEY, ATTENTION_FORWARD_SHARE],
                          "hbm_efficiency": HBM_EFFICIENCY, "launch_s": LAUNCH_S, "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
                          "peak_flops": gpu.rates, "source": gpu.source},
            "calibration": (calibration or {}).get("source", "none: spec-sheet constants, not yet measured")}
