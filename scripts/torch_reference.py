@@ -8,7 +8,9 @@ Llama layout (channel pairs i, i + K/2), grouped-query attention through `scaled
 the head tied through both factors (or a factorized / untied head as configured), and a
 cross-entropy computed in chunks of rows under activation checkpointing, so the full
 [tokens, vocab] logits never exist (our `train.loss_chunk`). Training: bf16 autocast, fused AdamW,
-`torch.compile`.
+`torch.compile` of the transformer trunk (as nanoGPT compiles its model; the chunked loss and the
+optimizer run eagerly: compiling the whole step unrolled 128 checkpointed loss chunks at stage 9 and
+ran past 240 s on an H200, 2026-11-26).
 
 `from_params(model_cfg, params)` builds it from yxanul-jax parameters (a checkpoint's or a fresh
 init); tests/test_torch_reference.py checks its logits and loss against ours. Run as a script it
@@ -176,7 +178,9 @@ def time_train_step(m: ModelConfig, seq_len: int, batch_size: int, *, lr: float 
         opt.zero_grad(set_to_none=True)
         return loss
 
-    run = torch.compile(step) if compile else step
+    if compile:  # the trunk, compiled once per shape; the loss chunks and AdamW stay eager
+        model.hidden = torch.compile(model.hidden)
+    run = step
     tokens = torch.randint(0, m.vocab_size, (batch_size, seq_len + 1), device=device)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
