@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,27 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from fused_ce_check import median_s, rel_err  # noqa: E402  (a sibling script: one timer, one error measure)
+
 AGREE_RTOL = 2e-2
-
-
-def _median_ms(fn, args, iters: int) -> float:
-    import jax
-
-    for _ in range(2):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
-def _rel(a, b) -> float:
-    import numpy as np
-
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)) if np.all(np.isfinite(a)) else float("nan")
 
 
 def measure(B: int, L: int, H: int, G: int, K: int, impls: list[str], iters: int) -> dict:
@@ -65,14 +46,14 @@ def measure(B: int, L: int, H: int, G: int, K: int, impls: list[str], iters: int
 
         fn = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))
         try:
-            row[f"{impl}_ms"] = _median_ms(fn, (q, kk, v), iters)
+            row[f"{impl}_ms"] = 1e3 * median_s(fn, (q, kk, v), iters)
             outs[impl] = fn(q, kk, v)
         except Exception as e:  # cuDNN refuses some shapes: recorded, not hidden
             row[f"{impl}_ms"] = None
             row[f"{impl}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     if len(outs) == 2:
         (va, ga), (vb, gb) = outs["cudnn"], outs["xla"]
-        row["rel_diff"] = max([_rel(va, vb)] + [_rel(a, b) for a, b in zip(ga, gb)])
+        row["rel_diff"] = max([rel_err(va, vb)] + [rel_err(a, b) for a, b in zip(ga, gb)])
         row["agree"] = row["rel_diff"] <= AGREE_RTOL
     if row.get("cudnn_ms") and row.get("xla_ms"):
         row["faster"] = "xla" if row["xla_ms"] < row["cudnn_ms"] else "cudnn"

@@ -54,7 +54,8 @@ def _inputs(key, T: int, V: int, K: int, v_real: int):
     return x, w, targets, mask
 
 
-def _rel(a, b) -> float:
+def rel_err(a, b) -> float:
+    """|a - b| / |b| over the whole array (norms), in float64; NaN when a has a non-finite value."""
     import numpy as np
 
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -85,8 +86,8 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
     with jax.default_matmul_precision("highest"):  # a GPU would take float32 GEMMs at TF32 otherwise
         lse_r, tl_r = jax.jit(ref)(x, w, targets)
         (v_r, (gx_r, gw_r)) = jax.jit(jax.value_and_grad(lambda x, w: loss(ref, x, w), argnums=(0, 1)))(x, w)
-    errs = {"lse": _rel(lse, lse_r), "target": _rel(tl, tl_r), "loss": _rel(v, v_r), "grad_x": _rel(gx, gx_r),
-            "grad_w": _rel(gw, gw_r)}
+    errs = {"lse": rel_err(lse, lse_r), "target": rel_err(tl, tl_r), "loss": rel_err(v, v_r), "grad_x": rel_err(gx, gx_r),
+            "grad_w": rel_err(gw, gw_r)}
     bounds = {n: GRAD_RTOL if n.startswith("grad") else VALUE_RTOL for n in errs}
     padded_rows_zero = bool(not jnp.any(gw[v_real:]))
     ok = all(e <= bounds[n] for n, e in errs.items()) and padded_rows_zero  # NaN compares False
@@ -94,7 +95,8 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
             "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
 
 
-def _median_s(fn, args, iters: int) -> float:
+def median_s(fn, args, iters: int) -> float:
+    """Median seconds of `iters` calls of `fn(*args)` after 2 warm-ups, each waited for."""
     import jax
 
     for _ in range(2):
@@ -131,7 +133,7 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
     rows = []
     for name, f in (("fused", fused_loss), ("chunked", chunked_loss)):
         for mode, fn in (("fwd", jax.jit(f)), ("fwd+bwd", jax.jit(jax.value_and_grad(f, argnums=(0, 1))))):
-            s = _median_s(fn, (x, w), iters)
+            s = median_s(fn, (x, w), iters)
             tflops = FLOP_MULTIPLE[mode] * 2 * T * K * V / s / 1e12
             rows.append({"kernel": name, "mode": mode, "tokens": T, "ms": 1e3 * s, "tflops": tflops,
                          "of_peak": None if peak is None else tflops * 1e12 / peak})

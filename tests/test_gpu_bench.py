@@ -129,8 +129,8 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     import numpy as np
 
     fce = load_script("fused_ce_check")
-    assert math.isnan(fce._rel(np.array([np.nan, 1.0]), np.ones(2)))  # NaN never passes a bound
-    assert fce._rel(np.array([1.0, 1.1]), np.ones(2)) > fce.VALUE_RTOL
+    assert math.isnan(fce.rel_err(np.array([np.nan, 1.0]), np.ones(2)))  # NaN never passes a bound
+    assert fce.rel_err(np.array([1.0, 1.1]), np.ones(2)) > fce.VALUE_RTOL
 
 
 def test_attention_check_times_xla_attention_per_stage_on_a_cpu():
