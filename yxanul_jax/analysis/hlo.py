@@ -196,9 +196,9 @@ class HloGraph:
 
     def _may_take(self, cond: Instr, key: str, branch: str) -> bool:
         """Whether conditional `cond` may run `branch`: False only when its index (or predicate) is a
-        constant naming another branch. `lax.platform_dependent` (the fused loss picks Triton or Pallas
-        interpret mode with it) lowers to such a conditional; XLA usually folds it, but where it stays,
-        only the taken branch runs, and charging the other would predict kernels that never launch."""
+        constant naming another branch (XLA's rule: an index out of range runs the last branch). Only
+        the taken branch of such a conditional runs; charging the others would predict kernels that
+        never launch. An index known only at run time may take any branch: each is charged."""
         index = self.comps.get(cond.computation, {}).get(cond.operands[0]) if cond.operands else None
         if index is None or index.op != "constant":
             return True

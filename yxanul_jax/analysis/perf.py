@@ -31,7 +31,7 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
     tiles, so a causal 2,048 sequence does about half the square and a sequence of 8 pays a whole tile;
   * ATTENTION_ITEM_US: and no cuDNN call is faster than its work items (one per batch row, head and
     64-row query tile) passing through the SMs at a fixed cost each, measured on an H200 (below): at a
-    sequence of 8 that floor is 8x the tile FLOPs' time, and it is what makes XLA's attention win there;
+    sequence of 8 that floor is 7x the tile FLOPs' time, and it is what makes XLA's attention win there;
   * FUSED_CE_EFFICIENCY: our fused cross-entropy kernels (`model.fused_ce`, Pallas/Triton custom calls
     whose FLOPs XLA cannot see: counted from their operand shapes, `fused_ce.KERNELS`): with K = 128
     every logit's exp on the special-function units (16 per clock per SM) costs about as much as its
