@@ -1,6 +1,6 @@
 """`python -m yxanul_jax.plan`: what a config costs: parameters by component, memory per stage, what fits a GPU.
 
-    python -m yxanul_jax.plan --config FILE [--gpu NAME|GB] [--headroom 0.1] [key=value ...] [--json]
+    python -m yxanul_jax.plan --config FILE [--gpu NAME|GB] [--headroom 0.2] [key=value ...] [--json]
 
 The parameter counts come from the real model (`jax.eval_shape` of `Yxanul.init`: no memory is
 allocated, so the 270M config plans instantly on a laptop). Memory per curriculum stage is

@@ -89,7 +89,11 @@ Platform = Literal["gpu", "cpu"]
 MiB, GiB = 2 ** 20, 2 ** 30
 
 JAX_DEFAULT_MEM_FRACTION = 0.75  # JAX preallocates this share of GPU memory unless told otherwise
-DEFAULT_HEADROOM = 0.10
+# The share of JAX's pool `plan` keeps free by default. 0.20 since the first GPU measurement (H200, JAX 0.11.2,
+# 2026-11-26): yxanul-197m's real peaks were 9-19 % above this planner (12.8 GiB against 11.7 at stage 9
+# BF16, 13.7 FP8, 8.5 against 7.2 at stage 0), JAX 0.11 compiling 7-11 % more than the JAX 0.10 compiles
+# the planner is fitted to. 0.10 would have let a plan that fits on paper run out of memory.
+DEFAULT_HEADROOM = 0.20
 
 
 @dataclasses.dataclass(frozen=True)
