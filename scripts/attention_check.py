@@ -6,7 +6,7 @@ config's heads and each stage's batch; the measurement behind `model.attention=a
 For each stage: q [B, L, H, K], k and v [B, L, G, K] (BF16, fresh random), the median of `--iters`
 calls after 2 warm-ups of `value_and_grad` of sum(o * r) through `jax.nn.dot_product_attention(...,
 is_causal=True, implementation=...)`, for `cudnn` and `xla`; one layer's attention, so the step
-spends about `3 x n_layers` times it (forward, remat recompute, backward). The two outputs and
+spends about `1.4 x n_layers` times it (forward + backward, and remat's second forward). The two outputs and
 gradients are compared (|a - b| / |b|, BF16 operands: <= 2e-2). Needs a GPU for `cudnn`; on a CPU it
 times `xla` alone. Prints a table and one JSON line.
 """

@@ -41,9 +41,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
+import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -88,8 +90,8 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     stage = cfg.curriculum[stage_index]
     row = {"config": cfg.model.name, "stage": stage_index, "precision": precision, "seq_len": stage.seq_len,
            "rows": stage.batch_size * stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step,
-           "overrides": list(overrides or []), "command_buffers": "off" if PROFILE_XLA_FLAG in
-           os.environ.get("XLA_FLAGS", "") else "default"}
+           "overrides": list(overrides or []), "command_buffers": "off" if re.search(
+               re.escape(PROFILE_XLA_FLAG) + r"(\s|$)", os.environ.get("XLA_FLAGS", "")) else "default"}
     try:
         fp8_lib.check_backend(cfg.fp8)
     except UserError as e:
@@ -134,6 +136,9 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
         row["profile"] = profile_cell(step, state, batch, kernels, hlo_text, gpu, profile_steps, cell_dir)
         row["category_ratios"] = row["profile"].pop("category_ratios")
     if torch_ref and precision == "bf16":
+        # The JAX row first: a reference that runs past the cell's time limit must not take it along
+        # (`run_cell` keeps the last JSON line of a cell it had to stop).
+        print(json.dumps({**row, "torch_failed": "did not finish"}), flush=True)
         from torch_reference import time_train_step
 
         del state, step  # the reference gets the device to itself
@@ -252,13 +257,27 @@ def run_cell(args, config: str, stage: int, precision: str) -> dict:
     env = dict(os.environ)
     if args.profile:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {PROFILE_XLA_FLAG}".strip()
-    log = os.path.join(args.out, "logs", f"{Path(config).stem}-stage{stage}-{precision}.log")
+    tag = "-" + hashlib.sha1(" ".join(args.overrides).encode()).hexdigest()[:8] if args.overrides else ""
+    log = os.path.join(args.out, "logs", f"{Path(config).stem}-stage{stage}-{precision}{tag}.log")
     os.makedirs(os.path.dirname(log), exist_ok=True)
     # The cell's stderr goes to its log as it runs: a cell killed by a time limit on a lent GPU still
     # leaves what it printed.
     with open(log, "w") as err_file:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=str(ROOT), env=env)
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True, cwd=str(ROOT), env=env,
+                                  timeout=args.cell_timeout)
+        except subprocess.TimeoutExpired as e:  # keep what the cell printed (its JAX row before PyTorch)
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            proc = subprocess.CompletedProcess(cmd, -9, out, "")
+            timed_out = f"stopped after --cell-timeout {args.cell_timeout} s"
+        else:
+            timed_out = None
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if timed_out:
+        if not lines:
+            return {"config": config, "stage": stage, "precision": precision, "failed": timed_out, "log": log}
+        row = json.loads(lines[-1])
+        return {**row, "torch_failed": timed_out} if "torch_failed" in row else {**row, "failed": timed_out}
     if proc.returncode != 0 or not lines:
         err = Path(log).read_text().strip().splitlines() or ["no output"]
         return {"config": config, "stage": stage, "precision": precision, "failed": err[-1],
@@ -314,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile each cell after its timed steps; write OUT/calibration.json (measured / predicted)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps each --profile trace covers")
     p.add_argument("--out", default="bench", help="folder for bench.json, bench.md (and calibration.json, profile/)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every cell")
+    p.add_argument("--cell-timeout", type=float, default=None, metavar="S",
+                   help="stop a cell after S seconds, keeping its JAX row if it printed one (its PyTorch reference "
+                        "runs last)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides for every cell (before the options, or after one that takes one value)")
     p.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: one cell, one JSON line
     args = p.parse_args(argv)
     from yxanul_jax.analysis import gpus

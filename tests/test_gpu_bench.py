@@ -20,7 +20,8 @@ def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
     rc, stdout, _ = run_cli(load_script("gpu_bench").main,
                             ["--config", REPO / "configs/tiny.yaml", "--stages", "0", "--baseline", "",
                              "--precisions", "bf16", "fp8-xla", "fp8-te", "--steps", "2", "--warmup", "1",
-                             "--torch", "--predict-for", "h100", "--profile", "--profile-steps", "1", "--out", out])
+                             "--torch", "--predict-for", "h100", "--profile", "--profile-steps", "1", "--out", out,
+                             "model.attention=xla"])
     assert rc == 0
     record = json.loads(stdout.strip().splitlines()[-1])
     rows = {r["precision"]: r for r in record["rows"]}
@@ -41,6 +42,12 @@ def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
         predicted = sum(c["predicted_ms"] for c in ratios.values())
         assert sum(c["matched_predicted_ms"] for c in ratios.values()) >= 0.9 * predicted
         assert r["profile"]["matched_ms_per_step"] >= 0.9 * r["profile"]["device_ms_per_step"] > 0
+        # a profiled cell runs without command buffers, keeps its HLO, names what it predicted but never saw
+        assert r["overrides"] == ["model.attention=xla"] and r["command_buffers"] == "off"
+        assert isinstance(r["profile"]["not_seen_top"], list)
+        assert (out / "profile" / f"tiny-stage0-{name}" / "step.hlo.gz").exists()
+    logs = sorted(p.name for p in (out / "logs").iterdir())
+    assert len(logs) == 3 and all(n.startswith("tiny-stage0-") and n.endswith(".log") for n in logs)
     assert "Transformer Engine" in rows["fp8-te"]["skipped"]  # not installed here: recorded, not hidden
     torch_row = rows["bf16"]["torch"]
     assert torch_row["engine"] == "pytorch" and torch_row["tokens_per_sec"] > 0
@@ -159,3 +166,15 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     for step in ("attention", "s9_fp8_prof", "s0_fp8_prof", "s9_bf16_prof"):
         assert f"== {step}: skipped" in log
     assert (tmp_path / "results.tgz").exists()
+
+
+def test_a_cell_past_its_time_limit_is_recorded_and_the_rest_written(tmp_path):
+    out = tmp_path / "bench"
+    rc, stdout, _ = run_cli(load_script("gpu_bench").main,
+                            ["--config", REPO / "configs/tiny.yaml", "--stages", "0", "--baseline", "",
+                             "--precisions", "bf16", "--steps", "1", "--warmup", "1", "--no-torch",
+                             "--cell-timeout", "0.5", "--out", out])
+    assert rc == 0
+    row = json.loads((out / "bench.json").read_text())["rows"][0]
+    assert row["failed"] == "stopped after --cell-timeout 0.5 s" and (out / "logs").is_dir()
+

@@ -80,6 +80,8 @@ def test_yxanul_197m_te_stages_compile_for_h100(stage, fused):
                     cudnn=stage == "9")
     assert r["attention"] == ("cudnn" if stage == "9" else "xla")
     g = r["gpu"]
+    if stage == "0":
+        assert g["cudnn_attention"] == {"forward": 0, "backward": 0}
     # forward, recomputed (remat full; not down), dx, dw; unfused, q, k, v are one GEMM (model.fuse_projections)
     per_layer = 4 + 3 + 4 + 4 if fused else 5 + 4 + 5 + 5
     assert g["fp8_found"] == g["fp8_expected"]["total"] == 28 * per_layer and g["fp8_lost"] == []

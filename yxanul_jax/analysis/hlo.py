@@ -173,7 +173,7 @@ class HloGraph:
             for ins in self.comps[cname].values():
                 for key in ("calls", "to_apply", "body", "condition", "branch_computations",
                             "true_computation", "false_computation"):
-                    for callee in _called(ins.attrs, key):
+                    for callee in dict.fromkeys(_called(ins.attrs, key)):  # a branch listed twice runs once
                         self.callers[callee].append((key, ins))
         self._runs: dict[str, int] = {}
 
@@ -189,9 +189,8 @@ class HloGraph:
                 continue
             n = self.runs(ins.computation, seen + (cname,))
             total += n * (_trip_count(ins.attrs) if key == "body" else 1)
-        callers = self.callers.get(cname)
-        self._runs[cname] = total if callers and any(k in _BRANCH_KEYS for k, _ in callers) else (
-            max(total, 1) if callers else 1)
+        # 0 only under a branch that never runs (a loop or call inside one included)
+        self._runs[cname] = total if self.callers.get(cname) else 1
         return self._runs[cname]
 
     def _may_take(self, cond: Instr, key: str, branch: str) -> bool:
@@ -205,8 +204,10 @@ class HloGraph:
         value = index.args.strip().lower()
         if key == "branch_computations":
             branches = _called(cond.attrs, key)
-            return not value.lstrip("-").isdigit() or (int(value) if 0 <= int(value) < len(branches)
-                                                        else len(branches) - 1) == branches.index(branch)
+            if not value.lstrip("-").isdigit():
+                return True
+            taken = int(value) if 0 <= int(value) < len(branches) else len(branches) - 1
+            return branches[taken] == branch
         return (value == "true") == (key == "true_computation")
 
     def _root(self, cname: str) -> Instr | None:

@@ -31,7 +31,7 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
     tiles, so a causal 2,048 sequence does about half the square and a sequence of 8 pays a whole tile;
   * ATTENTION_ITEM_US: and no cuDNN call is faster than its work items (one per batch row, head and
     64-row query tile) passing through the SMs at a fixed cost each, measured on an H200 (below): at a
-    sequence of 8 that floor is 7x the tile FLOPs' time, and it is what makes XLA's attention win there;
+    sequence of 8 that floor is 5x the tile FLOPs' time, and it is what makes XLA's attention win there;
   * FUSED_CE_EFFICIENCY: our fused cross-entropy kernels (`model.fused_ce`, Pallas/Triton custom calls
     whose FLOPs XLA cannot see: counted from their operand shapes, `fused_ce.KERNELS`): with K = 128
     every logit's exp on the special-function units (16 per clock per SM) costs about as much as its
@@ -66,13 +66,15 @@ GEMM_TILE = 128
 ATTENTION_TILE = 64
 # The floor of a cuDNN flash-attention call: ceil(items / SMs) waves of work items (batch x heads x query
 # tiles), each costing ATTENTION_ITEM_US + ATTENTION_ITEM_US_PER_KEY x min(keys, ATTENTION_TILE) for the
-# forward and backward together, the forward taking ATTENTION_FORWARD_SHARE. Fitted to one yxanul-197m
-# layer's forward + backward at seq 8, 16, 32 and 64 (scripts/attention_check.py, H200, jax 0.11.2,
-# cuDNN 9, 2026-11-26: 7.9, 8.7, 11.2 and 15.5 us per wave-item, within 4 % of the line); the share from
-# the stage-0 profile (1.78 ms forward, 2.76 ms backward per call). At seq 2048 the floor predicts the
-# measured forward (1.13 ms per call against 1.15) where the tile FLOPs alone said 0.86.
-ATTENTION_ITEM_US = 6.75
-ATTENTION_ITEM_US_PER_KEY = 0.137
+# forward and backward together, the forward taking ATTENTION_FORWARD_SHARE. Measured on an H200 (jax
+# 0.11.2, 2026-11-26): the stage-0 profile's cuDNN kernels, 1.78 ms forward and 2.76 ms backward per call
+# at seq 8 (6.09 us per wave-item; the share), and the slope from one layer's forward + backward at seq 8,
+# 16, 32 and 64 (scripts/attention_check.py: 7.9, 8.7, 11.2 and 15.5 us per wave-item of wall time, which
+# also holds the timed function's own casts and sum, so scaled by the profile's 6.09 / 7.9 at seq 8; the
+# line is within 2.3 % of the four). Applied to every GPU of the table (same SMs on an H100) and, above 64
+# keys, where nothing was measured, as a lower bound: there the tile FLOPs normally dominate.
+ATTENTION_ITEM_US = 5.16
+ATTENTION_ITEM_US_PER_KEY = 0.107
 ATTENTION_FORWARD_SHARE = 0.39
 
 CATEGORIES = ("attention", "GEMM fp8", "GEMM bf16", "GEMM f32", "output head + loss", "norms + elementwise",
