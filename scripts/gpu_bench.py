@@ -273,15 +273,13 @@ def run_cell(args, config: str, stage: int, precision: str) -> dict:
         else:
             timed_out = None
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    failed = {"config": config, "stage": stage, "precision": precision, "log": log}
     if timed_out:
-        if not lines:
-            return {"config": config, "stage": stage, "precision": precision, "failed": timed_out, "log": log}
-        row = json.loads(lines[-1])
-        return {**row, "torch_failed": timed_out} if "torch_failed" in row else {**row, "failed": timed_out}
+        row = json.loads(lines[-1]) if lines else failed
+        return {**row, "torch_failed" if "torch_failed" in row else "failed": timed_out}
     if proc.returncode != 0 or not lines:
         err = Path(log).read_text().strip().splitlines() or ["no output"]
-        return {"config": config, "stage": stage, "precision": precision, "failed": err[-1],
-                "stderr_tail": err[-25:], "log": log}
+        return {**failed, "failed": err[-1], "stderr_tail": err[-25:]}
     return json.loads(lines[-1])
 
 

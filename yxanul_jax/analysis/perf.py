@@ -393,10 +393,9 @@ def attention_flops(ins: Instr, phase: str) -> float:
     """FLOPs a cuDNN flash-attention call executes, counted in ATTENTION_TILE-square tiles: forward
     2 matmuls (QK^T, PV), backward 5 (QK^T again, dP, dV, dQ, dK), each 2 x tile^2 x head_dim per tile;
     a causal mask skips the tiles above the diagonal (T (T + 1) / 2 of T^2 are computed)."""
-    shapes = arrays(ins.attrs.split("operand_layout_constraints=", 1)[-1])[:2]
-    if len(shapes) < 2:
+    q, kv = _attention_shapes(ins)
+    if not q:
         return 0.0
-    (_, q), (_, kv) = shapes[0], shapes[1]  # [B, Lq, H, D] and [B, Lk, G, D]
     B, Lq, H, D = q
     Lk = kv[1]
     tq, tk = math.ceil(Lq / ATTENTION_TILE), math.ceil(Lk / ATTENTION_TILE)
@@ -406,13 +405,18 @@ def attention_flops(ins: Instr, phase: str) -> float:
     return matmuls * 2.0 * B * H * tiles * ATTENTION_TILE * ATTENTION_TILE * D
 
 
+def _attention_shapes(ins: Instr) -> tuple[list[int], list[int]]:
+    """The query [B, Lq, H, D] and key [B, Lk, G, D] dims of a cuDNN attention call (empty if unreadable)."""
+    shapes = arrays(ins.attrs.split("operand_layout_constraints=", 1)[-1])[:2]
+    return (shapes[0][1], shapes[1][1]) if len(shapes) == 2 else ([], [])
+
+
 def attention_items(ins: Instr) -> tuple[int, int]:
     """(work items, keys) of a cuDNN flash-attention call: one item per batch row, head and
     ATTENTION_TILE-row query tile; keys is the key sequence length."""
-    shapes = arrays(ins.attrs.split("operand_layout_constraints=", 1)[-1])[:2]
-    if len(shapes) < 2:
+    q, kv = _attention_shapes(ins)
+    if not q:
         return 0, 0
-    (_, q), (_, kv) = shapes[0], shapes[1]
     B, Lq, H, _ = q
     return B * H * math.ceil(Lq / ATTENTION_TILE), kv[1]
 
