@@ -241,6 +241,16 @@ class BatchStream:
     def _advance(self, seq_len: int, batch_size: int) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def _check_resume(state: dict, seed: int, saved_lanes: int, lanes: int) -> None:
+        """The checks every stream's `set_state` makes: the same shuffle seed and the same number of lanes."""
+        if state.get("seed") != seed:
+            raise UserError(f"saved data-stream state used data.shuffle_seed={state.get('seed')} but this run "
+                            f"uses {seed}; set data.shuffle_seed={state.get('seed')} to resume exactly")
+        if saved_lanes != lanes:
+            raise UserError(f"saved data-stream state read {saved_lanes} lanes but this run reads "
+                            f"{lanes}; set data.lanes={saved_lanes} to resume exactly")
+
     def _restart(self, seq_len: int, batch_size: int) -> None:
         self.close()
         fn = self.batch_fn(seq_len, batch_size)
@@ -336,12 +346,7 @@ class TrainStream(BatchStream):
         if not isinstance(state, dict) or state.get("kind") != _STATE_KIND or not isinstance(state.get("cursor"), int):
             raise UserError("saved data-stream state is not a yxanul train stream state; "
                             "restore it from the same run's checkpoint")
-        if state.get("seed") != self.seed:
-            raise UserError(f"saved data-stream state used data.shuffle_seed={state.get('seed')} but this run "
-                            f"uses {self.seed}; set data.shuffle_seed={state.get('seed')} to resume exactly")
-        if state.get("lanes", 1) != self.lanes.lanes:
-            raise UserError(f"saved data-stream state read {state.get('lanes', 1)} lanes but this run reads "
-                            f"{self.lanes.lanes}; set data.lanes={state.get('lanes', 1)} to resume exactly")
+        self._check_resume(state, self.seed, state.get("lanes", 1), self.lanes.lanes)
         if state.get("dataset") != self.ds.fingerprint("train"):
             raise UserError(f"saved data-stream state belongs to another dataset than '{self.ds.path}' "
                             "(documents, tokens or tokenizer differ); resume with the same data.train")

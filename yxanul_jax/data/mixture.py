@@ -187,12 +187,7 @@ class MixtureStream(BatchStream):
         if saved != self.names:
             raise UserError(f"saved data-stream state is of the mixture {', '.join(saved)} but data.train names "
                             f"{', '.join(self.names)}; resume with the same data.train")
-        if state.get("seed") != self.seed:
-            raise UserError(f"saved data-stream state used data.shuffle_seed={state.get('seed')} but this run "
-                            f"uses {self.seed}; set data.shuffle_seed={state.get('seed')} to resume exactly")
-        if state.get("lanes") != self.lanes:
-            raise UserError(f"saved data-stream state read {state.get('lanes')} lanes but this run reads "
-                            f"{self.lanes}; set data.lanes={state.get('lanes')} to resume exactly")
+        self._check_resume(state, self.seed, state.get("lanes"), self.lanes)
         if state.get("weights") != self.weights:
             raise UserError(f"saved data-stream state drew by the weights {state.get('weights')} but this run by "
                             f"{self.weights}; set the same data.weights to resume exactly")

@@ -23,7 +23,7 @@ from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, RunLock, check_run_dir, checkpoint_steps,
+from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, RUNS_DIR, RunLock, check_run_dir, checkpoint_steps,
                                     prepare_run_dir)
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
@@ -266,7 +266,7 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
         cfg = resolve_init(cfg)  # the model's sizes are the checkpoint's
     sh.maybe_initialize_distributed(cfg.mesh)
     lead = jax.process_index() == 0
-    run_dir = run_dir or os.path.join("runs", cfg.model.name)
+    run_dir = run_dir or os.path.join(RUNS_DIR, cfg.model.name)
     check_run_dir(run_dir)
     ctx = RunContext.open(cfg, mesh)
     # a missing, damaged or mismatched --checkpoint is refused before the run directory is touched

@@ -33,7 +33,10 @@ from yxanul_jax.training.steps import init_train_state, make_eval_step
 
 def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
     """name -> prepared dataset of a mixture (`data.train` a mapping), each checked against the model's vocabulary;
-    UserError naming the dataset whose tokenizer differs from the first one's (one tokenizer for all)."""
+    UserError naming the dataset whose tokenizer differs from the first one's (one tokenizer for all). One
+    dataset, or the demo corpus: {"": ds} (`open_training_data`)."""
+    if cfg.data.mixture() is None:
+        return {"": open_training_data(cfg)}
     sets: dict[str, PreparedDataset] = {}
     for name, path in cfg.data.train.items():
         ds = open_dataset(path)
@@ -51,10 +54,8 @@ def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
 
 
 def open_training_data(cfg: Config) -> PreparedDataset:
-    """The prepared dataset of `data.train` (a mixture's first: they share the tokenizer), or the embedded demo
-    corpus (built on first use)."""
-    if cfg.data.mixture() is not None:
-        return next(iter(open_training_sets(cfg).values()))
+    """The prepared dataset of a single `data.train`, or the embedded demo corpus (built on first use); a
+    mixture goes through `open_training_sets`."""
     if cfg.data.train:
         ds = open_dataset(cfg.data.train)
     else:
@@ -115,7 +116,7 @@ class RunContext:
     def open(cls, cfg: Config, mesh=None, *, training: bool = True) -> "RunContext":
         """Open the data and check everything a run (`training`) or a validation needs; writes nothing."""
         mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
-        train_sets = open_training_sets(cfg) if cfg.data.mixture() is not None else {"": open_training_data(cfg)}
+        train_sets = open_training_sets(cfg)
         ds = next(iter(train_sets.values()))
         if training:
             _check_training(cfg, train_sets, mesh)
