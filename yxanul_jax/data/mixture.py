@@ -69,9 +69,11 @@ class _Position:
             offset_N[at] = self.offsets_DxG[d, lane_N[at]] + seq_len * (i_M // G)  # i // G earlier rows of the lane
         return lane_N, offset_N
 
-    def advance(self, domains_N: np.ndarray, seq_len: int) -> None:
-        """Move past N rows of length seq_len, whose datasets are `domains_N`."""
-        lane_N, _ = self.places(domains_N, seq_len)
+    def advance(self, domains_N: np.ndarray, seq_len: int, lane_N: np.ndarray | None = None) -> None:
+        """Move past N rows of length seq_len, whose datasets are `domains_N` (and lanes `lane_N`, from
+        `places`, when the caller has them)."""
+        if lane_N is None:
+            lane_N, _ = self.places(domains_N, seq_len)
         np.add.at(self.offsets_DxG, (domains_N, lane_N), seq_len)
         self.rows_D += np.bincount(domains_N, minlength=len(self.rows_D))
         self.row += len(domains_N)
@@ -113,7 +115,10 @@ class _MixtureBatchAt:
         for i, r in enumerate(range(r0, r1)):
             tokens_N, real_N = self.readers[domains_B[r]].read(int(lane_B[r]), int(offset_B[r]), L + 1)
             inputs[i], targets[i], mask[i] = tokens_N[:-1], tokens_N[1:], real_N[1:]
-        return {"inputs": inputs, "targets": targets, "mask": mask, "cursor": np.int64(pos.row)}
+        cursor = np.int64(pos.row)
+        pos.advance(domains_B, L, lane_B)  # the position before batch k + 1, from this batch's own schedule
+        self._cached = (k + 1, pos)
+        return {"inputs": inputs, "targets": targets, "mask": mask, "cursor": cursor}
 
 
 class MixtureStream(BatchStream):
