@@ -101,6 +101,8 @@ RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sam
              "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
              "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch", "monitor.",
              "train.extend", "optim.continue_",  # how a changed train.steps goes on (tests/test_schedule_extend.py)
+             # how the FP8 GEMMs are written and the weight gradient's precision: no state, no stream changes
+             "fp8.gemm_form", "fp8.wgrad",
              # how the process group forms (a resumed job gets a new port, another launcher): not the data or model
              "mesh.coordinator_address", "mesh.process_id", "mesh.cluster", "mesh.heartbeat_timeout_s")
 

@@ -316,3 +316,68 @@ def test_saturation_names_the_operand_whose_amax_outgrew_its_delayed_scale():
     stacked = jax.tree.map(lambda a: jnp.stack([a, a, a]), old)
     assert F.saturation_names(stacked)[7] == "block/gemm kernel [layer 1]"  # grad, input, kernel: 3 layers each
     assert F.saturation({}, {}) == (0.0, 0)
+
+
+def _fp8_grads(spec, x, w, g, metas):
+    y, vjp = jax.vjp(lambda x, w: F.fp8_dot(x, w, *metas, spec), x, w)
+    return (y, *vjp(g.astype(jnp.bfloat16)))
+
+
+@pytest.mark.parametrize("form", ["direct", "dequant"])
+def test_every_gemm_form_computes_the_f32_forms_product(form):
+    # The forms write the same FP8 product: `direct` rounds the GEMM output to BF16 before the scale multiply
+    # (two roundings: <= 2**-8 relative per element); `dequant` rounds the scales to BF16 in emulation and the
+    # dequantized operands to BF16 (3 mantissa bits x 8: <= 2**-8 each). Bound: 1 % of the norm; and each form's
+    # error against float32 stays within 1.2x the `f32` form's (<= 5 % forward, 10 % gradients).
+    kx, kw, kg = jax.random.split(jax.random.key(1), 3)
+    x = jax.random.normal(kx, (4, 64, 512), jnp.float32)
+    w = 0.02 * jax.random.normal(kw, (512, 384), jnp.float32)
+    g = jax.random.normal(kg, (4, 64, 384), jnp.float32)
+    metas = _calibrated(x, w, g)
+    base = _fp8_grads(SPEC, x, w, g, metas)
+    got = _fp8_grads(SPEC._replace(gemm_form=form), x, w, g, metas)
+    refs = (jnp.einsum("bli,io->blo", x, w), jnp.einsum("blo,io->bli", g, w), jnp.einsum("bli,blo->io", x, g))
+    assert [a.dtype for a in got] == [a.dtype for a in base] == [jnp.bfloat16, jnp.float32, jnp.float32]
+    for a, b, ref in zip(got, base, refs):
+        assert _rel(a, b) < 0.01
+        assert _rel(a, ref) <= 1.2 * _rel(b, ref) + 1e-3
+
+
+def test_bf16_weight_gradient_is_closer_to_float32_than_the_fp8_one():
+    # fp8.wgrad=bf16: the forward and dx are the FP8 ones unchanged; dw is x^T g in BF16 (no E5M2 rounding of g,
+    # no E4M3 of x): within 1 % of float32, where the FP8 weight gradient is several percent off.
+    kx, kw, kg = jax.random.split(jax.random.key(2), 3)
+    x = jax.random.normal(kx, (4, 64, 512), jnp.float32)
+    w = 0.02 * jax.random.normal(kw, (512, 384), jnp.float32)
+    g = jax.random.normal(kg, (4, 64, 384), jnp.float32)
+    metas = _calibrated(x, w, g)
+    y8, dx8, dw8 = _fp8_grads(SPEC, x, w, g, metas)
+    y, dx, dw = _fp8_grads(SPEC._replace(wgrad="bf16"), x, w, g, metas)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y8, np.float32))
+    np.testing.assert_array_equal(dx, dx8)
+    ref = jnp.einsum("bli,blo->io", x, g)
+    assert dw.dtype == jnp.float32 and _rel(dw, ref) < 0.01 < _rel(dw8, ref)
+
+
+def test_gemm_form_auto_is_dequant_on_a_gpu_unless_triton_gemms_are_asked_for():
+    auto, f32 = FP8Config(), FP8Config(gemm_form="f32")
+    assert F.gemm_form(auto, {}, "gpu") == "dequant" and F.gemm_form(auto, {}, "cpu") == "f32"
+    assert F.gemm_form(auto, {"xla_gpu_enable_triton_gemm": True}, "gpu") == "f32"
+    assert F.gemm_form(f32, {}, "gpu") == "f32"
+    assert F.required_xla_options(auto, {}, "gpu") == {"xla_gpu_enable_triton_gemm": False}
+    assert F.required_xla_options(auto, {}, "cpu") == {}
+    assert F.required_xla_options(FP8Config(gemm_form="dequant"), {}, "cpu") == {"xla_gpu_enable_triton_gemm": False}
+    assert F.required_xla_options(FP8Config(enabled=False), {}, "gpu") == {}
+    assert F.required_xla_options(FP8Config(backend="te"), {}, "gpu") == {}
+
+
+def test_dequant_with_triton_gemms_on_is_a_one_line_error_naming_both_keys():
+    from yxanul_jax.core.config import load_config
+
+    with pytest.raises(UserError) as e:
+        load_config(None, ["fp8.gemm_form=dequant", "train.xla_options.xla_gpu_enable_triton_gemm=true"])
+    msg = str(e.value)
+    assert "\n" not in msg and "fp8.gemm_form=dequant" in msg and "xla_gpu_enable_triton_gemm" in msg
+    # without FP8, or with the form left to `auto`, the option is the user's to set
+    load_config(None, ["fp8.enabled=false", "fp8.gemm_form=dequant", "train.xla_options.xla_gpu_enable_triton_gemm=true"])
+    load_config(None, ["train.xla_options.xla_gpu_enable_triton_gemm=true"])

@@ -81,6 +81,45 @@ print(json.dumps(out))
     assert kinds["no-triton"] == {"fp8 cublaslt": {"in_hlo": 3, "executed": 3}}, kinds
 
 
+def test_dequant_form_writes_bf16_from_the_fp8_gemm_itself_for_sm90():
+    # fp8.gemm_form: the `f32` form under cuBLASLt writes float32 from the forward and input-gradient GEMMs and
+    # leaves the cast to BF16 as a kernel of its own (the 53 ms per step the H200 profile showed); `dequant`
+    # folds both scales into the GEMM and writes BF16 directly, with no cast kernel after it. Both keep every
+    # GEMM in FP8. (Weight gradients write the float32 master kernel's dtype in both.)
+    code = r"""
+import json, jax, jax.numpy as jnp
+from yxanul_jax.analysis import hlo, perf
+from yxanul_jax.model import fp8 as F
+from yxanul_jax.analysis.gpu_target import compile_device
+
+s = jax.sharding.SingleDeviceSharding(compile_device("h100"))
+A = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=s)
+meta = {"amax_history": A((16,), jnp.float32), "scale": A((), jnp.float32), "nonfinite": A((), jnp.float32),
+        "underflow": A((), jnp.float32)}
+out = {}
+for form in ("f32", "dequant"):
+    spec = F.Fp8Spec(jnp.bfloat16, gemm_form=form)
+    loss = lambda x, w, a, b, c: jnp.sum(F.fp8_dot(x, w, a, b, c, spec).astype(jnp.float32) ** 2)
+    grad = lambda x, w, a, b, c: jax.grad(loss, argnums=(0, 1))(x, w, a, b, c)
+    text = jax.jit(grad).lower(A((8, 512, 768), jnp.bfloat16), A((768, 2048), jnp.float32), meta, meta, meta).compile(
+        compiler_options={"xla_gpu_enable_triton_gemm": False}).as_text()
+    calls = {i.name: i.shape[1:].split("[")[0] for comp in hlo.parse_hlo(text).values() for i in comp.values()
+             if i.op == "custom-call" and '"__cublas$lt$matmul$f8"' in i.attrs}  # by name: parse_hlo lists ENTRY twice
+    writes = sorted(calls.values())
+    casts = [k.name for k in perf.kernels(text) if k.name.startswith("wrapped_convert")]
+    out[form] = {"kinds": hlo.gemm_kinds(hlo.gemms(text)), "writes": writes, "casts": casts}
+print(json.dumps(out))
+"""
+    proc = subprocess.run([gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env=gpu_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for form in ("f32", "dequant"):
+        assert got[form]["kinds"] == {"fp8 cublaslt": {"in_hlo": 3, "executed": 3}}, got
+    assert got["f32"]["writes"] == ["f32", "f32", "f32"] and got["f32"]["casts"], got
+    assert got["dequant"]["writes"] == ["bf16", "bf16", "f32"] and got["dequant"]["casts"] == [], got
+
+
 def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
     on = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention")
     g = on["gpu"]
@@ -89,6 +128,9 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
     assert g["fp8_expected"]["total"] == g["fp8_found"] == 84 and g["fp8_lost"] == []
     assert g["cudnn_attention"] == {"forward": 4, "backward": 4}
     assert g["fp8_values_in_hlo"] and on["memory"]["peak_bytes"] > 0
+    # fp8.gemm_form: auto is `dequant` for a GPU: cuBLASLt FP8 GEMMs, compiled with Triton GEMMs off
+    assert on["fp8"]["gemm_form"] == "dequant" and on["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
+    assert g["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
     assert abs(on["planner_bytes"] / on["memory"]["peak_bytes"] - 1) < 0.10  # the `gpu` plan, fitted to sm_90
     off = inspect_h100("--config", "configs/tiny.yaml", "--disable-fp8", "--require", "fp8-expected")
     assert off["gpu"]["fp8_found"] == 0 and not off["gpu"]["fp8_values_in_hlo"]

@@ -97,6 +97,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     from yxanul_jax.analysis.memory import estimate_stage
     from yxanul_jax.model.transformer import attention_implementation
     from yxanul_jax.training.stages import compile_stage, compiled_memory
+    from yxanul_jax.training.steps import step_fp8, step_xla_options
 
     n = len(cfg.curriculum)
     if not -n <= stage_index < n:
@@ -138,10 +139,10 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
               "batch_size": stage.batch_size, "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens,
               "platform": platform, "target": target, "device_kind": getattr(device, "device_kind", None),
               "attention": attention_implementation(cfg.model, platform, stage.seq_len),
-              "xla_options": dict(cfg.train.xla_options),
+              "xla_options": step_xla_options(cfg),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "te_layers": cfg.fp8.fused,
-                      "scaling": cfg.fp8.scaling},
+                      "scaling": cfg.fp8.scaling, "gemm_form": step_fp8(cfg).gemm_form},
               "hlo_flops": hlo_flops, "model_flops": model_flops,
               "flops": {"hlo_per_step": hlo_flops, "hlo_per_token": hlo_flops / tokens, "model_per_step": model_flops,
                         "model_per_token": model_flops / tokens, "xla_cost_analysis": _cost(compiled)["flops"]},
@@ -186,7 +187,8 @@ def format_report(r: dict) -> str:
     if "gpu" in r:
         g = r["gpu"]
         lines += ["", f"compiled for {r['device_kind']} (--target {r['target']}, deviceless; XLA options "
-                      f"{r['xla_options'] or 'default'}; attention {r['attention']})",
+                      f"{r['xla_options'] or 'default'}; attention {r['attention']}"
+                      + (f"; FP8 GEMM form {r['fp8']['gemm_form']})" if r["fp8"]["enabled"] else ")"),
                   f"{'GEMMs by kind':<20}{'in HLO':>10}{'executed':>10}"]
         for kind, row in g["gemm_kinds"].items():
             lines.append(f"{kind:<20}{row['in_hlo']:>10}{row['executed']:>10}")

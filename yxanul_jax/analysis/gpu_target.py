@@ -180,18 +180,22 @@ def compile_device(target: str = "h100"):
 
 
 def gpu_config(cfg, seq_len: int | None = None):
-    """`cfg` with `model.attention: auto` and `train.loss_kernel: auto` resolved as on a GPU (cuDNN
-    attention for BF16 beyond `transformer.XLA_ATTENTION_MAX_SEQ` tokens of `seq_len`, the fused head + loss
-    kernels), for compiling one stage on a compile-only device while JAX's own backend is the CPU."""
+    """`cfg` with `model.attention: auto`, `train.loss_kernel: auto` and `fp8.gemm_form: auto` resolved as on a GPU
+    (cuDNN attention for BF16 beyond `transformer.XLA_ATTENTION_MAX_SEQ` tokens of `seq_len`, the fused head + loss
+    kernels, FP8 GEMMs in the `dequant` form), for compiling one stage on a compile-only device while JAX's own
+    backend is the CPU."""
     import dataclasses
 
+    from yxanul_jax.model import fp8 as fp8_lib
     from yxanul_jax.model.loss import loss_kernel
     from yxanul_jax.model.transformer import attention_implementation
 
     attention = attention_implementation(cfg.model, "gpu", seq_len)
     kernel = loss_kernel(cfg.train.loss_kernel, cfg.model, cfg.fp8, "gpu")
+    form = fp8_lib.gemm_form(cfg.fp8, cfg.train.xla_options, "gpu")
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=attention),
-                               train=dataclasses.replace(cfg.train, loss_kernel=kernel))
+                               train=dataclasses.replace(cfg.train, loss_kernel=kernel),
+                               fp8=dataclasses.replace(cfg.fp8, gemm_form=form))
 
 
 def cudnn_available() -> bool:

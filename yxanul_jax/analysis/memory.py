@@ -26,7 +26,9 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
               + a (H K + 2 G K)                  RoPE'd q and k, v
               + H L (9 + a) + 8 H                causal mask, float32 scores and exp, probabilities
               + 5 a F                            gate and up outputs, the three residuals of silu
-      dots  s = 4 (H K + 2 G K + D + 2 F) + a D  float32 GEMM outputs (q, k, v, o, gate, up) and input
+      dots  s = 4 (H K + 2 G K + D + 2 F) + a D  float32 GEMM outputs (q, k, v, o, gate, up) and input; 2
+                                                 bytes for an FP8 GEMM's when its form writes BF16
+                                                 (`fp8.gemm_form`: dequant, direct; auto on a GPU)
       full  s = a D                              block input only
     These equal, byte for byte, what `jax.ad_checkpoint.print_saved_residuals` lists for the real
     model (tested for FP8 on/off/partial, bfloat16/float32, none/dots/full).
@@ -82,6 +84,7 @@ from yxanul_jax.analysis import gpus
 from yxanul_jax.analysis.accounting import fp8_gemms, param_count, state_bytes, vocab_matrix_elements
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.model.fp8 import gemm_form
 from yxanul_jax.model.loss import loss_kernel
 from yxanul_jax.model.transformer import attention_implementation
 
@@ -196,20 +199,24 @@ def _fp8_targets(cfg: Config) -> set[str]:
 
 
 def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes: int | None = None,
-                          act_bytes: int | None = None, flash: bool = False, cal: "Calibration | None" = None) -> float:
+                          act_bytes: int | None = None, flash: bool = False, cal: "Calibration | None" = None,
+                          platform: Platform = "cpu") -> float:
     """Bytes one layer keeps for the backward pass per token (module docstring: `s`).
 
     `act_bytes` overrides a (the bytes of model.dtype), `residual_bytes` the bytes of the block input;
-    `flash`: cuDNN attention keeps float32 row statistics instead of the H x L x L scores."""
+    `flash`: cuDNN attention keeps float32 row statistics instead of the H x L x L scores; `platform` resolves
+    `fp8.gemm_form: auto` (an FP8 GEMM that writes BF16 leaves a BF16 output to `dots`)."""
     m = cfg.model
     a = _dtype_bytes(m.dtype) if act_bytes is None else act_bytes
     r = a if residual_bytes is None else residual_bytes
     D, F, H, G, K, L = m.d_model, m.ffn_dim, m.n_heads, m.n_kv_heads, m.resolved_head_dim, seq_len
     if remat == "full":
         return r * D
-    if remat == "dots":
-        return 4 * (H * K + 2 * G * K + D + 2 * F) + r * D
     fp8 = _fp8_targets(cfg)
+    if remat == "dots":  # every GEMM output but down's: float32, or BF16 from an FP8 GEMM that writes BF16
+        bf16_out = cfg.fp8.backend == "xla" and gemm_form(cfg.fp8, cfg.train.xla_options, platform) != "f32"
+        widths = {"q": H * K, "k": G * K, "v": G * K, "o": D, "gate": F, "up": F}
+        return sum(w * (2 if bf16_out and t in fp8 else 4) for t, w in widths.items()) + r * D
     norm_keep, mlp_keep = (cal.norm_keep, cal.mlp_keep) if cal is not None else (1.0, 1.0)
     s = norm_keep * 2 * (8 * D + 8)
     for group in (("q", "k", "v"), ("gate", "up")):
@@ -260,7 +267,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         # A scanned layer without remat hands every residual out of the loop body as a stacked buffer: XLA
         # cannot fuse the norms or the SwiGLU away there (sm_90: 4 float32 [N, D] and 5 [N, F] stacks).
         keep = dataclasses.replace(cal, norm_keep=1.0, mlp_keep=1.0)
-    saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash, keep)
+    saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash, keep, platform)
     if platform == "cpu" and m.scan_layers and effective == "none":
         saved *= cal.cpu_scan_none  # XLA CPU keeps extra copies of an unrematerialized scanned layer
     recompute = 0 if effective == "none" else cal.recompute * saved_bytes_per_token(cfg, stage.seq_len, "none",

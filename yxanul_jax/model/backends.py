@@ -81,7 +81,8 @@ class XlaFp8(_Fp8):
         f = self.fp8
         metas = [module.variable(fp8_lib.FP8_COLLECTION, op, fp8_lib.init_meta, f.amax_history_len).value
                  for op in fp8_lib.OPERANDS]
-        spec = fp8_lib.Fp8Spec(dtype, f.margin, f.amax_compute_algo, f.scaling, underflow_stats=f.underflow_stats)
+        spec = fp8_lib.Fp8Spec(dtype, f.margin, f.amax_compute_algo, f.scaling, underflow_stats=f.underflow_stats,
+                              gemm_form=fp8_lib.gemm_form(f), wgrad=f.wgrad)
         return fp8_lib.fp8_dot(x, w_IxO, *metas, spec)
 
 

@@ -8,10 +8,18 @@ accumulation, and the product of the two scales multiplies the output:
     input gradient   dx = (g_q[E5M2] . w_q[E4M3]^T) * (s_g s_w)
     weight gradient  dw = (x_q[E4M3]^T . g_q[E5M2]) * (s_x s_g)
 
-XLA's GPU GEMM rewriter turns each of these into one cuBLASLt FP8 GEMM on Hopper with the scales
-fused, with its default flags (the dequantize-then-dot form was claimed by the Triton GEMM
-rewriter first and lost FP8 altogether: `python -m yxanul_jax.analyze --target h100` shows which
-kind every GEMM compiles to). On CPU the same graph runs as emulation, which the tests check.
+How each GEMM is written for XLA is `FP8Config.gemm_form` (`GEMM_FORMS`; the same FP8 product in all).
+On a GPU (`auto`) it is `dequant`: `dot(bf16(a_q) * s_a, bf16(b_q) * s_b)`, which XLA's FP8 rewriter folds
+into one cuBLASLt FP8 GEMM with both scales as operands that writes BF16 directly, provided Triton GEMMs
+are off (the train step compiles with `xla_gpu_enable_triton_gemm: false`: `required_xla_options`); with
+them on, Triton claims the dequantized operands and the GEMM runs in BF16. The `f32` form (the FP8 dot
+writing float32, then scale and cast) is the CPU's exact emulation; on an H200 with JAX 0.11.2 cuBLAS
+won its GEMMs' autotuning and the cast to BF16 stayed a kernel of its own (53 ms of a 675 ms step).
+`python -m yxanul_jax.analyze --target h100` shows which kind every GEMM compiles to.
+
+The weight gradient may run in BF16 instead (`FP8Config.wgrad: bf16`, `Fp8Spec.wgrad`): x^T g of the
+BF16 input and gradient, with no FP8 transposes of either (cuBLASLt's FP8 GEMMs take both operands
+K-major, and for dw K is the token axis). The forward and the input gradient stay FP8.
 
 Scaling (`FP8Config.scaling`):
   * `delayed` (default, TE's DelayedScaling): step N quantizes with the scale computed at the end
@@ -45,7 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from yxanul_jax.core import console, scopes
-from yxanul_jax.core.config import FP8_TARGETS
+from yxanul_jax.core.config import FP8_TARGETS, TRITON_GEMM_OPTION
 from yxanul_jax.core.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
@@ -65,6 +73,8 @@ class Fp8Spec(NamedTuple):
     kernel_dtype: Any = jnp.float32
     input_dtype: Any = jnp.bfloat16
     underflow_stats: bool = False
+    gemm_form: str = "f32"
+    wgrad: str = "fp8"
 
 
 def fp8_max(dtype) -> float:
@@ -161,11 +171,53 @@ def _amax(x: jax.Array) -> jax.Array:
     return jnp.max(jnp.abs(x)).astype(jnp.float32)
 
 
-def scaled_dot(a_q: jax.Array, b_q: jax.Array, dims, scale: jax.Array, out_dtype) -> jax.Array:
-    """dot_general on FP8 operands with float32 accumulation, times the (scalar) product of their
-    scales, in `out_dtype`: the pattern XLA rewrites into one scaled cuBLASLt FP8 GEMM."""
-    acc = jax.lax.dot_general(a_q, b_q, dims, preferred_element_type=jnp.float32)
-    return (acc * scale.astype(jnp.float32)).astype(out_dtype)
+GEMM_FORMS = ("f32", "direct", "dequant")
+"""How an FP8 GEMM is written for XLA (`Fp8Spec.gemm_form`, config `fp8.gemm_form`); the accumulation is float32
+in all, and each computes the same product of the same FP8 operands:
+
+  * `f32`: `dot(a_q, b_q) -> float32`, times the product of the scales, cast to the output dtype. XLA's
+    rewriter makes a cuBLASLt FP8 GEMM that writes float32, and the cast is left as a kernel of its own when
+    cuBLAS wins the autotuning of a Triton GEMM fusion (seen on an H200, JAX 0.11.2).
+  * `direct`: the GEMM writes the output dtype; the scales multiply after it, in float32 (an element-wise
+    epilogue XLA can fuse into the consumer).
+  * `dequant`: `dot(bf16(a_q) * a_scale, bf16(b_q) * b_scale) -> output dtype`, the form XLA's FP8 rewriter
+    folds whole into one cuBLASLt FP8 GEMM (scales as its a/b scale operands, the output dtype written
+    directly), when Triton GEMMs are off (`xla_gpu_enable_triton_gemm: false`); with them on, Triton takes
+    the dequantized BF16 operands and the GEMM runs in BF16. Emulated (CPU), the scales are rounded to
+    BF16 (2**-9 relative); the cuBLAS call reads them in float32."""
+
+
+def gemm_form(cfg, xla_options=None, platform: str | None = None) -> str:
+    """The `GEMM_FORMS` entry an `FP8Config` runs: its own, or for `auto`, `dequant` on a GPU unless `xla_options`
+    turns Triton GEMMs on (which would take its dequantized operands in BF16), else `f32`. `platform` defaults to
+    jax's default backend."""
+    if cfg.gemm_form != "auto":
+        return cfg.gemm_form
+    triton_on = (xla_options or {}).get(TRITON_GEMM_OPTION) not in (None, False)
+    return "dequant" if (platform or jax.default_backend()) == "gpu" and not triton_on else "f32"
+
+
+def required_xla_options(cfg, xla_options=None, platform: str | None = None) -> dict:
+    """XLA options a step with these FP8 settings needs beside `xla_options`: Triton GEMMs off for `dequant`."""
+    if cfg.active and cfg.backend == "xla" and gemm_form(cfg, xla_options, platform) == "dequant":
+        return {TRITON_GEMM_OPTION: False}
+    return {}
+
+
+def scaled_dot(a_q: jax.Array, a_scale: jax.Array, b_q: jax.Array, b_scale: jax.Array, dims, out_dtype,
+               form: str = "f32") -> jax.Array:
+    """dot_general of two FP8 operands with float32 accumulation, times their (scalar) scales, in `out_dtype`,
+    in one of the `GEMM_FORMS`: patterns XLA rewrites into one scaled cuBLASLt FP8 GEMM."""
+    if form == "dequant":
+        a = a_q.astype(jnp.bfloat16) * a_scale.astype(jnp.bfloat16)
+        b = b_q.astype(jnp.bfloat16) * b_scale.astype(jnp.bfloat16)
+        return jax.lax.dot_general(a, b, dims, preferred_element_type=out_dtype)
+    scale = (a_scale * b_scale).astype(jnp.float32)
+    if form == "f32" or jnp.dtype(out_dtype) == jnp.float32:
+        acc = jax.lax.dot_general(a_q, b_q, dims, preferred_element_type=jnp.float32)
+        return (acc * scale).astype(out_dtype)
+    acc = jax.lax.dot_general(a_q, b_q, dims, preferred_element_type=out_dtype)
+    return (acc.astype(jnp.float32) * scale).astype(out_dtype)
 
 
 def fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
@@ -189,25 +241,31 @@ def _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
         w_scale = step_scale(w_meta, w_amax, E4M3, spec)
         x_q = quantize(x, E4M3, x_scale)
         w_q = quantize(w, E4M3, w_scale)
-    y = scaled_dot(x_q, w_q, (((x.ndim - 1,), (0,)), ((), ())), x_scale * w_scale, spec.compute_dtype)
+    y = scaled_dot(x_q, x_scale, w_q, w_scale, (((x.ndim - 1,), (0,)), ((), ())), spec.compute_dtype, spec.gemm_form)
     with jax.named_scope(scopes.FP8_SCALING):
         new_x = update_meta(x_meta, x_amax, E4M3, spec, underflow_share(x, x_q, spec))
         new_w = update_meta(w_meta, w_amax, E4M3, spec, underflow_share(w, w_q, spec))
-    # Residuals are the FP8 tensors themselves: half the bytes of saving BF16 activations.
-    return y, (x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta)
+    # Residuals are the FP8 tensors themselves (half the bytes of saving BF16 activations), or x itself when
+    # the weight gradient runs in BF16.
+    return y, (x if spec.wgrad == "bf16" else x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta)
 
 
 def _fp8_bwd(spec: Fp8Spec, res, g):
-    x_q, x_scale, w_q, w_scale, new_x, new_w, g_meta = res
+    x_res, x_scale, w_q, w_scale, new_x, new_w, g_meta = res
     with jax.named_scope(scopes.FP8_SCALING):
         g_amax = _amax(g)
         g_scale = step_scale(g_meta, g_amax, E5M2, spec)
         g_q = quantize(g, E5M2, g_scale)
     # dx[..., I] = g[..., O] @ w[I, O]^T: E5M2 x E4M3
-    dx = scaled_dot(g_q, w_q, (((g.ndim - 1,), (1,)), ((), ())), g_scale * w_scale, spec.input_dtype)
-    # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2
-    x_NxI, g_NxO = x_q.reshape(-1, x_q.shape[-1]), g_q.reshape(-1, g_q.shape[-1])
-    dw = scaled_dot(x_NxI, g_NxO, (((0,), (0,)), ((), ())), x_scale * g_scale, spec.kernel_dtype)
+    dx = scaled_dot(g_q, g_scale, w_q, w_scale, (((g.ndim - 1,), (1,)), ((), ())), spec.input_dtype, spec.gemm_form)
+    # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2, or BF16 x BF16 (`wgrad`)
+    if spec.wgrad == "bf16":
+        x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), g.reshape(-1, g.shape[-1])
+        dw = jax.lax.dot_general(x_NxI.astype(jnp.bfloat16), g_NxO.astype(jnp.bfloat16), (((0,), (0,)), ((), ())),
+                                 preferred_element_type=jnp.float32).astype(spec.kernel_dtype)
+    else:
+        x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), g_q.reshape(-1, g_q.shape[-1])
+        dw = scaled_dot(x_NxI, x_scale, g_NxO, g_scale, (((0,), (0,)), ((), ())), spec.kernel_dtype, spec.gemm_form)
     with jax.named_scope(scopes.FP8_SCALING):
         new_g = update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec))
     return dx, dw, new_x, new_w, new_g

@@ -222,6 +222,8 @@ def run_header(cfg: Config, with_config: bool = True, run_dir: str | None = None
     config.yaml."""
     import jax  # deferred: initializing the backend is the caller's choice of moment
 
+    from yxanul_jax.training.steps import step_fp8, step_xla_options
+
     dists = ("yxanul-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
     devices = jax.devices()
     kinds = collections.Counter(d.device_kind for d in devices)
@@ -233,7 +235,8 @@ def run_header(cfg: Config, with_config: bool = True, run_dir: str | None = None
         f"process {jax.process_index()} of {jax.process_count()}",
         *([f"nvidia-smi: {gpus}"] if (gpus := gpu_driver_info()) else []),
         f"git commit: {git_commit()}",
-        f"xla options of the train step: {dict(cfg.train.xla_options) or 'XLA defaults'}",
+        f"xla options of the train step: {step_xla_options(cfg) or 'XLA defaults'}"
+        + (f"; FP8 GEMM form {step_fp8(cfg).gemm_form}" if cfg.fp8.active and cfg.fp8.backend == "xla" else ""),
         *([f"run dir: {run_dir} (named {RUN_DIR_RULE})"] if run_dir else []),
         *([note] if (note := profile_note(cfg, run_dir)) else []),
     ]

@@ -18,7 +18,8 @@ import jax
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.rundir import HLO_DIR, cache_root
 from yxanul_jax.training.batch import BatchSpec
-from yxanul_jax.training.steps import abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step
+from yxanul_jax.training.steps import (abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step,
+                                       step_xla_options)
 
 
 def stage_index(cfg: Config, step: int) -> int:
@@ -35,14 +36,14 @@ def synthetic_inputs(cfg: Config, stage: StageConfig) -> tuple:
 
 def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     """The compiled train step of one stage (donates the incoming state's buffers), compiled with
-    the config's `train.xla_options`.
+    `steps.step_xla_options` (the config's `train.xla_options` and what its FP8 GEMMs need).
 
     With a `layout` (`sharding.state_layout`: a mesh), the state is laid out by it and the batch
     split over data x fsdp; with a `device` (e.g. a compile-only GPU from
     `gpu_target.compile_device`), everything is placed on it; with neither, everything sits on the
     default device.
     """
-    return lower_stage(cfg, stage, layout, device).compile(compiler_options=dict(cfg.train.xla_options))
+    return lower_stage(cfg, stage, layout, device).compile(compiler_options=step_xla_options(cfg))
 
 
 def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None):

@@ -67,10 +67,22 @@ def _head_copies(head, chunks: int):
     return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (chunks, *x.shape)), head)
 
 
+def step_fp8(cfg: Config):
+    """The `FP8Config` a train step traces with: `fp8.gemm_form: auto` resolved for this platform and the step's
+    XLA options (`fp8.gemm_form`)."""
+    return dataclasses.replace(cfg.fp8, gemm_form=fp8_lib.gemm_form(cfg.fp8, cfg.train.xla_options))
+
+
+def step_xla_options(cfg: Config) -> dict:
+    """The XLA options the train step compiles with: `train.xla_options`, plus what its FP8 form needs
+    (`fp8.required_xla_options`: Triton GEMMs off for `dequant`)."""
+    return {**fp8_lib.required_xla_options(cfg.fp8, cfg.train.xla_options), **cfg.train.xla_options}
+
+
 def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
     """(NLL sum + z_loss * z sum, (NLL sum, z sum)) of one micro-batch [B, L]; the head runs in chunks,
     or as the fused kernels (`train.loss_kernel`, `loss.loss_kernel`)."""
-    model = Yxanul(cfg.model, cfg.fp8)
+    model = Yxanul(cfg.model, step_fp8(cfg))
     h_BxLxD = model.apply({"params": params, **body_fp8}, batch["inputs"], method=Yxanul.hidden)
     if loss_kernel(cfg.train.loss_kernel, cfg.model, cfg.fp8) == "fused":
         d = h_BxLxD.shape[-1]
