@@ -85,13 +85,16 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     from yxanul_jax.model import fp8 as fp8_lib
     from yxanul_jax.training.monitor import peak_flops_per_device
     from yxanul_jax.training.stages import compile_stage, compiled_memory, synthetic_inputs
+    from yxanul_jax.training.steps import step_fp8, step_xla_options
 
     cfg = precision_config(load_config(config, list(overrides or [])), precision)
     stage = cfg.curriculum[stage_index]
     row = {"config": cfg.model.name, "stage": stage_index, "precision": precision, "seq_len": stage.seq_len,
            "rows": stage.batch_size * stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step,
            "overrides": list(overrides or []), "command_buffers": "off" if re.search(
-               re.escape(PROFILE_XLA_FLAG) + r"(\s|$)", os.environ.get("XLA_FLAGS", "")) else "default"}
+               re.escape(PROFILE_XLA_FLAG) + r"(\s|$)", os.environ.get("XLA_FLAGS", "")) else "default",
+           "xla_options": step_xla_options(cfg),
+           "fp8_gemm_form": step_fp8(cfg).gemm_form if cfg.fp8.active and cfg.fp8.backend == "xla" else None}
     try:
         fp8_lib.check_backend(cfg.fp8)
     except UserError as e:
@@ -247,6 +250,39 @@ def calibration_table(calib: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def merge_calibration(paths: list[str], out: str) -> int:
+    """`--calibrate-from`: OUT/calibration.json from the profiled cells of earlier runs' bench.json files (the
+    cells' ratios summed as in one run), with their dates and devices in its `source`. Exit 2 on a missing or
+    unreadable file, or when no file has a profiled cell."""
+    from yxanul_jax.core.rundir import atomic_write
+
+    rows, dates, devices = [], set(), set()
+    for path in paths:
+        try:
+            record = json.loads(Path(path).read_text())
+            rows += record["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: --calibrate-from {path}: not a readable bench.json ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return 2
+        dates.add(record.get("date", "?"))
+        devices.add(record.get("device", "?"))
+    calib = calibration(rows, ", ".join(sorted(dates)), " / ".join(sorted(devices)))
+    if not calib:
+        print(f"error: --calibrate-from: no profiled cell with a prediction in {', '.join(paths)} (run gpu_bench.py "
+              "--profile on a GPU first)", file=sys.stderr)
+        return 2
+    for entry in calib.values():
+        entry["source"] += f"; merged from {len(paths)} runs by --calibrate-from"
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "calibration.json")
+    atomic_write(path, json.dumps(calib, indent=2) + "\n")
+    print(calibration_table(calib, rows) + f"\nwrote {path}; to apply it, copy its {' / '.join(map(repr, calib))} "
+          "entry into yxanul_jax/analysis/perf_calibration.json")
+    print(json.dumps({"calibration": {k: v["ratios"] for k, v in calib.items()}}))
+    return 0
+
+
 def run_cell(args, config: str, stage: int, precision: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--cell", json.dumps([config, stage, precision]),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", os.path.abspath(args.out)]
@@ -336,8 +372,13 @@ def main(argv: list[str] | None = None) -> int:
                         "runs last)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="config overrides for every cell (before the options, or after one that takes one value)")
+    p.add_argument("--calibrate-from", nargs="+", default=None, metavar="BENCH_JSON",
+                   help="run nothing: merge the profiled cells of these bench.json files (one GPU's, from several "
+                        "calls) into OUT/calibration.json")
     p.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: one cell, one JSON line
     args = p.parse_args(argv)
+    if args.calibrate_from:
+        return merge_calibration(args.calibrate_from, args.out)
     from yxanul_jax.analysis import gpus
 
     if args.predict_for and gpus.lookup(args.predict_for) is None:

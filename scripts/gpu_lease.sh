@@ -4,16 +4,20 @@
 # 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
 # (bash scripts/gpu_carry_kit.sh here first):
 #
-#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | calibrate;
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | calibrate | fp8 | wgrad;
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
-# loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 profiled against the prediction, stage 9
-# BF16 beside PyTorch, stage 0 FP8 profiled, then stage 9 BF16 profiled if time is left
-# (scripts/gpu_bench.py). Plan calibrate (a second call): cuDNN against XLA attention at stages 3-6
+# loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 profiled against the prediction, stage 9 BF16,
+# stage 9 FP8 with BF16 weight gradients (fp8.wgrad=bf16), stage 0 FP8 profiled, then stage 9 BF16 beside
+# PyTorch with the time left (scripts/gpu_bench.py). Plan calibrate (a second call): cuDNN against XLA attention at stages 3-6
 # (scripts/attention_check.py; 0-3 were measured on 2026-11-26), then profiles without command buffers,
 # so that every kernel is matched to its prediction: stage 9 FP8 (its compiled HLO and unseen kernels
-# find the FP8 casts JAX 0.11 left unfused), stage 0 FP8, stage 9 BF16. A step that would not finish before the deadline is skipped and says so.
+# find the FP8 casts JAX 0.11 left unfused), stage 0 FP8, stage 9 BF16. Plan fp8: the ways of writing an FP8
+# GEMM for XLA (`fp8.gemm_form`) under XLA options, one projection at a time (scripts/fp8_gemm_probe.py), then
+# stage 9 FP8 in the `dequant` form without Triton GEMMs profiled (its HLO kept), the default form beside it,
+# and stage 0 in the `dequant` form. Plan wgrad: stages 9 and 0 in FP8 with the weight gradient in FP8 and in
+# BF16 (`fp8.wgrad`). A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
 set -uo pipefail
@@ -21,7 +25,7 @@ cd "$(dirname "$0")/.."
 DEADLINE=${1:-540}
 PLAN=${2:-bench}
 PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
-case "$PLAN" in bench | calibrate) ;; *) echo "error: unknown plan '$PLAN' (bench | calibrate)" >&2; exit 2 ;; esac
+case "$PLAN" in bench | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
 case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
 DEADLINE=$((10#$DEADLINE))  # "0540" is 540, not octal
 OUT=${OUT:-$PWD/lease}
@@ -70,13 +74,15 @@ fi
 BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
 case "$PLAN" in
   bench)
-    step fused_ce 150 60 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 16384 131072 \
+    step fused_ce 100 45 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 16384 131072 \
       --json-out "$RES/fused_ce.json"
-    step s9_fp8 200 90 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8"
-    XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 120 "${BENCH[@]}" --cell-timeout 220 --stages 9 --precisions bf16 \
-      --torch --out "$RES/s9_bf16"
-    step s0_fp8 150 70 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
-    step s9_bf16_prof 150 80 "${BENCH[@]}" --stages 9 --precisions bf16 --profile --no-torch --out "$RES/s9_bf16p"
+    step s9_fp8 110 50 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8"
+    step s9_bf16 70 30 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
+    step s9_fp8_wgrad_bf16 70 35 "${BENCH[@]}" fp8.wgrad=bf16 --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_wgrad_bf16"
+    step s0_fp8 70 30 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 90 "${BENCH[@]}" --cell-timeout 220 --stages 9 \
+      --precisions bf16 --torch --out "$RES/s9_bf16_torch"
     ;;
   calibrate)  # attention above 32 tokens; profiles without command buffers, every kernel matched to the prediction
     step attention 100 40 "$PY" scripts/attention_check.py --stages 3 4 5 6 --iters 10
@@ -84,11 +90,29 @@ case "$PLAN" in
     step s0_fp8_prof 80 40 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8p"
     step s9_bf16_prof 70 35 "${BENCH[@]}" --stages 9 --precisions bf16 --profile --no-torch --out "$RES/s9_bf16p"
     ;;
+  fp8)  # the FP8 GEMM's form and XLA's Triton GEMMs: which one leaves no cast kernel behind
+    DEQUANT=(fp8.gemm_form=dequant train.xla_options.xla_gpu_enable_triton_gemm=false)
+    step gemm_probe 120 60 "$PY" scripts/fp8_gemm_probe.py --iters 20 --options default no_triton_gemm \
+      --json-out "$RES/fp8_gemm_probe.json"
+    step s9_fp8_dequant_prof 130 70 "${BENCH[@]}" "${DEQUANT[@]}" --stages 9 --precisions fp8-xla --profile --no-torch \
+      --out "$RES/s9_fp8_dequant"
+    step s9_fp8_f32 115 100 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8_f32"
+    step s0_fp8_dequant 60 35 "${BENCH[@]}" "${DEQUANT[@]}" --stages 0 --precisions fp8-xla --no-torch \
+      --out "$RES/s0_fp8_dequant"
+    ;;
+  wgrad)  # fp8.wgrad: the weight gradient's GEMM in FP8 or BF16, stages 9 and 0, command buffers as in training
+    for stage in 9 0; do
+      for w in fp8 bf16; do
+        step "s${stage}_fp8_wgrad_$w" 50 20 "${BENCH[@]}" "fp8.wgrad=$w" --stages "$stage" --precisions fp8-xla \
+          --no-torch --out "$RES/s${stage}_fp8_wgrad_$w"
+      done
+    done
+    ;;
 esac
 
 echo "== results at ${SECONDS}s"
 cat "$RES"/*/bench.md 2>/dev/null
-(cd "$RES" && find . -name '*.json' -o -name '*.md' -o -name '*.log' | tar czf "$OUT/results.tgz" -T -)
+(cd "$RES" && find . -name '*.json' -o -name '*.md' -o -name '*.log' -o -name 'step.hlo.gz' | tar czf "$OUT/results.tgz" -T -)
 (cd "$RES" && find . -name 'perfetto_trace.json.gz' | tar czf /tmp/traces.tgz -T -)
 if [ "$(stat -c %s /tmp/traces.tgz)" -lt $((15 * 1024 * 1024)) ]; then cp /tmp/traces.tgz "$OUT/"; else
   echo "traces.tgz is $(($(stat -c %s /tmp/traces.tgz) / 1048576)) MiB: left behind"; fi

@@ -65,6 +65,17 @@ def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
     plain = perf.predict(kernels, gpus.GPUS["h100"])["predicted_step_ms"]
     calibrated = perf.predict(kernels, gpus.GPUS["h100"], calibration=calib)["predicted_step_ms"]
     assert calibrated == pytest.approx(plain * calib["ratios"].get("copies", 1.0))
+    # --calibrate-from: profiled cells of several runs merged (this run twice: every sum doubles, ratios stay)
+    merged_out = tmp_path / "merged"
+    rc, stdout, _ = run_cli(load_script("gpu_bench").main,
+                            ["--calibrate-from", out / "bench.json", out / "bench.json", "--out", merged_out])
+    merged = perf.load_calibration("h100", str(merged_out / "calibration.json"))
+    assert rc == 0 and "merged from 2 runs" in merged["source"]
+    for cat, c in merged["categories"].items():
+        assert c["measured_ms"] == pytest.approx(2 * calib["categories"][cat]["measured_ms"])
+        assert merged["ratios"].get(cat) == pytest.approx(calib["ratios"].get(cat))
+    rc, _, err = run_cli(load_script("gpu_bench").main, ["--calibrate-from", tmp_path / "nope.json", "--out", tmp_path])
+    assert rc == 2 and err.startswith("error: --calibrate-from ") and len(err.strip().splitlines()) == 1
 
 
 def test_gpu_bench_without_a_gpu_records_no_prediction(tmp_path):
@@ -157,7 +168,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     bad = subprocess.run(["bash", "scripts/gpu_lease.sh", "60", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | calibrate)"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | calibrate | fp8 | wgrad)"
     assert not (tmp_path / "lease.log").exists()  # refused before anything was written
     proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "calibrate"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -166,6 +177,11 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     for step in ("attention", "s9_fp8_prof", "s0_fp8_prof", "s9_bf16_prof"):
         assert f"== {step}: skipped" in log
     assert (tmp_path / "results.tgz").exists()
+    proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "fp8"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "lease.log").read_text()
+    assert proc.returncode == 0 and all(f"== {step}: skipped" in log for step in
+                                        ("gemm_probe", "s9_fp8_dequant_prof", "s9_fp8_f32", "s0_fp8_dequant"))
 
 
 def test_a_cell_past_its_time_limit_is_recorded_and_the_rest_written(tmp_path):
@@ -178,3 +194,24 @@ def test_a_cell_past_its_time_limit_is_recorded_and_the_rest_written(tmp_path):
     row = json.loads((out / "bench.json").read_text())["rows"][0]
     assert row["failed"] == "stopped after --cell-timeout 0.5 s" and (out / "logs").is_dir()
 
+
+
+def test_fp8_gemm_probe_reports_each_form_as_it_ends(tmp_path, capsys):
+    # scripts/fp8_gemm_probe.py on a CPU at a tiny size: every (option set, form) cell is timed, lists its
+    # kernels, agrees with the `f32` form, and is printed when it ends (a GPU run cut short keeps its lines).
+    out = tmp_path / "probe.json"
+    rc, stdout, _ = run_cli(load_script("fp8_gemm_probe").main,
+                            ["--tokens", "64", "--shapes", "32x48", "--iters", "2", "--options", "default",
+                             "no_triton_gemm", "--json-out", str(out)])
+    assert rc == 0, stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["options"], r["form"]) for r in rows] == [(o, f) for o in ("default", "no_triton_gemm")
+                                                         for f in ("bf16", "f32", "direct", "dequant")]
+    assert all(r["ms"] > 0 and r["gemm_kernels"] == 3 for r in rows)
+    assert all(r["agree"] for r in rows if r["form"] in ("direct", "dequant"))
+    lines = stdout.splitlines()
+    assert lines[0].startswith("32x48 default bf16: ") and "GEMM +" in lines[0]
+    assert json.loads(lines[-1])["cells"][1]["form"] == "f32"
+    with pytest.raises(SystemExit) as e:
+        load_script("fp8_gemm_probe").main(["--shapes", "32by48"])
+    assert e.value.code == 2 and "not IxO" in capsys.readouterr().err
