@@ -33,9 +33,11 @@ if str(ROOT) not in sys.path:
 
 from fused_ce_check import median_s, rel_err  # noqa: E402  (one timer, one error measure)
 
+from yxanul_jax.core.config import TRITON_GEMM_OPTION  # noqa: E402
+
 OPTION_SETS = {
     "default": {},
-    "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
+    "no_triton_gemm": {TRITON_GEMM_OPTION: False},
     "no_cublas_fallback": {"xla_gpu_cublas_fallback": False},
 }
 FORMS_AGREE = 2e-2

@@ -77,14 +77,15 @@ def measure(arm: str, cfg=None) -> dict:
     import jax
 
     from yxanul_jax.training.batch import BatchSpec
-    from yxanul_jax.training.steps import fp8_bootstrap_config, init_train_state, make_train_step
+    from yxanul_jax.training.steps import fp8_bootstrap_config, init_train_state, make_train_step, step_xla_options
 
     cfg = cfg or golden_config(arm)
     stage = cfg.curriculum[0]
     spec = BatchSpec.of(stage)
-    step = jax.jit(make_train_step(cfg, stage))
+    step = jax.jit(make_train_step(cfg, stage), compiler_options=step_xla_options(cfg) or None)
     boot_cfg = fp8_bootstrap_config(cfg)
-    first = jax.jit(make_train_step(boot_cfg, stage)) if boot_cfg is not None else step
+    first = (jax.jit(make_train_step(boot_cfg, stage), compiler_options=step_xla_options(boot_cfg) or None)
+             if boot_cfg is not None else step)
     state = init_train_state(cfg, jax.random.key(0))
     out = {}
     for k in range(RECORD_STEPS[-1]):

@@ -94,7 +94,8 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
            "overrides": list(overrides or []), "command_buffers": "off" if re.search(
                re.escape(PROFILE_XLA_FLAG) + r"(\s|$)", os.environ.get("XLA_FLAGS", "")) else "default",
            "xla_options": step_xla_options(cfg),
-           "fp8_gemm_form": step_fp8(cfg).gemm_form if cfg.fp8.active and cfg.fp8.backend == "xla" else None}
+           "fp8_gemm_form": step_fp8(cfg).gemm_form if cfg.fp8.native else None,
+           "fp8_wgrad": cfg.fp8.wgrad if cfg.fp8.native else None}
     try:
         fp8_lib.check_backend(cfg.fp8)
     except UserError as e:
@@ -267,7 +268,12 @@ def merge_calibration(paths: list[str], out: str) -> int:
             return 2
         dates.add(record.get("date", "?"))
         devices.add(record.get("device", "?"))
-    calib = calibration(rows, ", ".join(sorted(dates)), " / ".join(sorted(devices)))
+    try:
+        calib = calibration(rows, ", ".join(sorted(dates)), " / ".join(sorted(devices)))
+    except (KeyError, TypeError, AttributeError) as e:
+        print(f"error: --calibrate-from: a row of {', '.join(paths)} is not a gpu_bench row ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return 2
     if not calib:
         print(f"error: --calibrate-from: no profiled cell with a prediction in {', '.join(paths)} (run gpu_bench.py "
               "--profile on a GPU first)", file=sys.stderr)

@@ -8,15 +8,15 @@
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
-# loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 profiled against the prediction, stage 9 BF16,
-# stage 9 FP8 with BF16 weight gradients (fp8.wgrad=bf16), stage 0 FP8 profiled, then stage 9 BF16 beside
-# PyTorch with the time left (scripts/gpu_bench.py). Plan calibrate (a second call): cuDNN against XLA attention at stages 3-6
+# loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 (the config's: BF16 weight gradients) profiled
+# against the prediction, stage 9 BF16, stage 9 FP8 with FP8 weight gradients (fp8.wgrad=fp8), stage 0 FP8
+# profiled, then stage 9 BF16 beside PyTorch with the time left (scripts/gpu_bench.py). Plan calibrate (a second call): cuDNN against XLA attention at stages 3-6
 # (scripts/attention_check.py; 0-3 were measured on 2026-11-26), then profiles without command buffers,
-# so that every kernel is matched to its prediction: stage 9 FP8 (its compiled HLO and unseen kernels
-# find the FP8 casts JAX 0.11 left unfused), stage 0 FP8, stage 9 BF16. Plan fp8: the ways of writing an FP8
-# GEMM for XLA (`fp8.gemm_form`) under XLA options, one projection at a time (scripts/fp8_gemm_probe.py), then
-# stage 9 FP8 in the `dequant` form without Triton GEMMs profiled (its HLO kept), the default form beside it,
-# and stage 0 in the `dequant` form. Plan wgrad: stages 9 and 0 in FP8 with the weight gradient in FP8 and in
+# so that every kernel is matched to its prediction: stage 9 FP8 (its compiled HLO and the predicted kernels
+# the trace never showed kept), stage 0 FP8, stage 9 BF16. Plan fp8 (FP8 weight gradients throughout, as when
+# it ran on 2026-11-26): the ways of writing an FP8 GEMM for XLA (`fp8.gemm_form`) under XLA options, one
+# projection at a time (scripts/fp8_gemm_probe.py), then stage 9 FP8 in the `dequant` form without Triton
+# GEMMs profiled (its HLO kept), in the `f32` form with XLA's default options, and stage 0 in `dequant`. Plan wgrad: stages 9 and 0 in FP8 with the weight gradient in FP8 and in
 # BF16 (`fp8.wgrad`). A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
@@ -78,8 +78,8 @@ case "$PLAN" in
       --json-out "$RES/fused_ce.json"
     step s9_fp8 110 50 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8"
     step s9_bf16 70 30 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
-    step s9_fp8_wgrad_bf16 70 35 "${BENCH[@]}" fp8.wgrad=bf16 --stages 9 --precisions fp8-xla --no-torch \
-      --out "$RES/s9_fp8_wgrad_bf16"
+    step s9_fp8_wgrad_fp8 70 35 "${BENCH[@]}" fp8.wgrad=fp8 --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_wgrad_fp8"
     step s0_fp8 70 30 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
     XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 90 "${BENCH[@]}" --cell-timeout 220 --stages 9 \
       --precisions bf16 --torch --out "$RES/s9_bf16_torch"
@@ -91,12 +91,13 @@ case "$PLAN" in
     step s9_bf16_prof 70 35 "${BENCH[@]}" --stages 9 --precisions bf16 --profile --no-torch --out "$RES/s9_bf16p"
     ;;
   fp8)  # the FP8 GEMM's form and XLA's Triton GEMMs: which one leaves no cast kernel behind
-    DEQUANT=(fp8.gemm_form=dequant train.xla_options.xla_gpu_enable_triton_gemm=false)
+    DEQUANT=(fp8.wgrad=fp8 fp8.gemm_form=dequant train.xla_options.xla_gpu_enable_triton_gemm=false)
     step gemm_probe 120 60 "$PY" scripts/fp8_gemm_probe.py --iters 20 --options default no_triton_gemm \
       --json-out "$RES/fp8_gemm_probe.json"
     step s9_fp8_dequant_prof 130 70 "${BENCH[@]}" "${DEQUANT[@]}" --stages 9 --precisions fp8-xla --profile --no-torch \
       --out "$RES/s9_fp8_dequant"
-    step s9_fp8_f32 115 100 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8_f32"
+    step s9_fp8_f32 115 100 "${BENCH[@]}" fp8.wgrad=fp8 fp8.gemm_form=f32 --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_f32"
     step s0_fp8_dequant 60 35 "${BENCH[@]}" "${DEQUANT[@]}" --stages 0 --precisions fp8-xla --no-torch \
       --out "$RES/s0_fp8_dequant"
     ;;

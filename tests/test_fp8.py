@@ -29,15 +29,20 @@ def _calibrated(x, w, g, history=16):
     return vjp(g.astype(SPEC.compute_dtype))[2:]
 
 
+def _layer(seed: int):
+    """(x [4, 64, 512], w [512, 384], g [4, 64, 384], the FP8 state one step on them leaves): one projection."""
+    kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(kx, (4, 64, 512), jnp.float32)
+    w = 0.02 * jax.random.normal(kw, (512, 384), jnp.float32)
+    g = jax.random.normal(kg, (4, 64, 384), jnp.float32)
+    return x, w, g, _calibrated(x, w, g)
+
+
 def test_fp8_dense_matches_bf16_dense_within_stated_error():
     # Tolerance: E4M3 keeps 3 mantissa bits (relative step 2**-4 per element); over a
     # 512-long dot product the errors average out to a few percent of the output norm.
     # Stated bound: relative Frobenius error <= 5 % forward, <= 10 % for gradients (E5M2 has 2 bits).
-    kx, kw, kg = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(kx, (4, 64, 512), jnp.float32)
-    w = 0.02 * jax.random.normal(kw, (512, 384), jnp.float32)
-    g = jax.random.normal(kg, (4, 64, 384), jnp.float32)
-    metas = _calibrated(x, w, g)
+    x, w, g, metas = _layer(0)
     ref = jnp.einsum("bli,io->blo", x, w)
     bf16 = jnp.einsum("bli,io->blo", x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
                       preferred_element_type=jnp.float32)
@@ -329,11 +334,7 @@ def test_every_gemm_form_computes_the_f32_forms_product(form):
     # (two roundings: <= 2**-8 relative per element); `dequant` rounds the scales to BF16 in emulation and the
     # dequantized operands to BF16 (3 mantissa bits x 8: <= 2**-8 each). Bound: 1 % of the norm; and each form's
     # error against float32 stays within 1.2x the `f32` form's (<= 5 % forward, 10 % gradients).
-    kx, kw, kg = jax.random.split(jax.random.key(1), 3)
-    x = jax.random.normal(kx, (4, 64, 512), jnp.float32)
-    w = 0.02 * jax.random.normal(kw, (512, 384), jnp.float32)
-    g = jax.random.normal(kg, (4, 64, 384), jnp.float32)
-    metas = _calibrated(x, w, g)
+    x, w, g, metas = _layer(1)
     base = _fp8_grads(SPEC, x, w, g, metas)
     got = _fp8_grads(SPEC._replace(gemm_form=form), x, w, g, metas)
     refs = (jnp.einsum("bli,io->blo", x, w), jnp.einsum("blo,io->bli", g, w), jnp.einsum("bli,blo->io", x, g))
@@ -346,11 +347,7 @@ def test_every_gemm_form_computes_the_f32_forms_product(form):
 def test_bf16_weight_gradient_is_closer_to_float32_than_the_fp8_one():
     # fp8.wgrad=bf16: the forward and dx are the FP8 ones unchanged; dw is x^T g in BF16 (no E5M2 rounding of g,
     # no E4M3 of x): within 1 % of float32, where the FP8 weight gradient is several percent off.
-    kx, kw, kg = jax.random.split(jax.random.key(2), 3)
-    x = jax.random.normal(kx, (4, 64, 512), jnp.float32)
-    w = 0.02 * jax.random.normal(kw, (512, 384), jnp.float32)
-    g = jax.random.normal(kg, (4, 64, 384), jnp.float32)
-    metas = _calibrated(x, w, g)
+    x, w, g, metas = _layer(2)
     y8, dx8, dw8 = _fp8_grads(SPEC, x, w, g, metas)
     y, dx, dw = _fp8_grads(SPEC._replace(wgrad="bf16"), x, w, g, metas)
     np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y8, np.float32))
@@ -381,3 +378,19 @@ def test_dequant_with_triton_gemms_on_is_a_one_line_error_naming_both_keys():
     # without FP8, or with the form left to `auto`, the option is the user's to set
     load_config(None, ["fp8.enabled=false", "fp8.gemm_form=dequant", "train.xla_options.xla_gpu_enable_triton_gemm=true"])
     load_config(None, ["train.xla_options.xla_gpu_enable_triton_gemm=true"])
+
+
+def test_the_train_step_resolves_its_fp8_form_and_compile_options():
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.training.monitor import run_header
+    from yxanul_jax.training.steps import step_fp8, step_xla_options
+
+    cpu = load_config(None, [])  # `auto` on this CPU: the exact emulation, XLA's own options
+    assert step_fp8(cpu).gemm_form == "f32" and step_xla_options(cpu) == {}
+    deq = load_config(None, ["fp8.gemm_form=dequant", "train.xla_options.xla_gpu_autotune_level=0"])
+    assert step_fp8(deq).gemm_form == "dequant"
+    assert step_xla_options(deq) == {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
+    assert step_xla_options(load_config(None, ["fp8.gemm_form=dequant", "fp8.enabled=false"])) == {}
+    assert step_xla_options(load_config(None, ["fp8.gemm_form=dequant", "fp8.backend=none"])) == {}
+    header = run_header(deq, with_config=False)
+    assert "'xla_gpu_enable_triton_gemm': False" in header and "FP8 GEMM form dequant, weight gradients fp8" in header

@@ -73,6 +73,12 @@ def _residual_bytes(cfg, batch: int, seq_len: int) -> int:
     ["fp8.enabled=false"], [], ["fp8.targets=[q,o,up]"], ["model.dtype=float32", "fp8.enabled=false"],
     ["model.remat=dots", "model.scan_layers=true"], ["model.remat=full", "model.scan_layers=true"],
     ["model.remat=dots", "model.scan_layers=true", "fp8.gemm_form=dequant"],
+    ["fp8.wgrad=bf16"], ["fp8.wgrad=bf16", "fp8.targets=[q,o,up]"],
+    ["fp8.wgrad=bf16", "model.remat=dots", "model.scan_layers=true"],
+    ["model.remat=dots", "model.scan_layers=true", "fp8.enabled=false"],
+    ["model.remat=dots", "model.scan_layers=true", "fp8.targets=[q,o,up]"],
+    ["model.remat=dots", "model.scan_layers=true", "fp8.targets=[q,o,up]", "fp8.gemm_form=dequant"],
+    ["model.remat=dots", "model.scan_layers=true", "model.dtype=float32", "fp8.gemm_form=dequant"],
 ])
 def test_saved_residual_formula_equals_what_jax_saves(overrides):
     # Per layer and per token: the double difference over layers (1 -> 2) and rows (2 -> 4) cancels

@@ -69,10 +69,11 @@ def _check_hlo_out(hlo_out: str | None) -> None:
 def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
     """The GPU-target part of the report: GEMM kinds, FP8 expected vs found, lost, cuDNN attention."""
     from yxanul_jax.analysis.accounting import expected_fp8_gemms, fp8_gemms
+    from yxanul_jax.core import scopes
 
     fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
     lost = sorted({f"{g.target} ({g.phase}, {g.precision} {g.engine})" for g in items
-                   if g.target in fp8_targets and g.precision != "fp8"})
+                   if g.target in fp8_targets and g.precision != "fp8" and scopes.BF16_WGRAD not in g.op_name})
     calls = custom_calls(text)
     fwd = sum(n for k, n in calls.items() if k.startswith("__cudnn$fmha") and "Backward" not in k)
     bwd = sum(n for k, n in calls.items() if k.startswith("__cudnn$fmha") and "Backward" in k)
@@ -142,7 +143,8 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
               "xla_options": step_xla_options(cfg),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "te_layers": cfg.fp8.fused,
-                      "scaling": cfg.fp8.scaling, "gemm_form": step_fp8(cfg).gemm_form},
+                      "scaling": cfg.fp8.scaling, "gemm_form": step_fp8(cfg).gemm_form if cfg.fp8.native else None,
+                      "wgrad": cfg.fp8.wgrad if cfg.fp8.native else None},
               "hlo_flops": hlo_flops, "model_flops": model_flops,
               "flops": {"hlo_per_step": hlo_flops, "hlo_per_token": hlo_flops / tokens, "model_per_step": model_flops,
                         "model_per_token": model_flops / tokens, "xla_cost_analysis": _cost(compiled)["flops"]},
@@ -188,7 +190,7 @@ def format_report(r: dict) -> str:
         g = r["gpu"]
         lines += ["", f"compiled for {r['device_kind']} (--target {r['target']}, deviceless; XLA options "
                       f"{r['xla_options'] or 'default'}; attention {r['attention']}"
-                      + (f"; FP8 GEMM form {r['fp8']['gemm_form']})" if r["fp8"]["enabled"] else ")"),
+                      + (f"; FP8 GEMM form {r['fp8']['gemm_form']})" if r["fp8"]["gemm_form"] else ")"),
                   f"{'GEMMs by kind':<20}{'in HLO':>10}{'executed':>10}"]
         for kind, row in g["gemm_kinds"].items():
             lines.append(f"{kind:<20}{row['in_hlo']:>10}{row['executed']:>10}")

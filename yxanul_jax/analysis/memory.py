@@ -22,13 +22,14 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
       none  s = 2 (8 D + 8)                      RMSNorm: float32 input and normalized copy, 2 stats
               + GEMM inputs                      a D per norm output feeding BF16 GEMMs, 1 byte per
                                                  FP8 GEMM input (q, k, v, gate, up: D; o: H K; down: F),
-                                                 a H K (o) and a F (down) when those are BF16
+                                                 a H K (o) and a F (down) when those are BF16; with
+                                                 fp8.wgrad=bf16 every GEMM keeps its BF16 input
               + a (H K + 2 G K)                  RoPE'd q and k, v
               + H L (9 + a) + 8 H                causal mask, float32 scores and exp, probabilities
               + 5 a F                            gate and up outputs, the three residuals of silu
-      dots  s = 4 (H K + 2 G K + D + 2 F) + a D  float32 GEMM outputs (q, k, v, o, gate, up) and input; 2
-                                                 bytes for an FP8 GEMM's when its form writes BF16
-                                                 (`fp8.gemm_form`: dequant, direct; auto on a GPU)
+      dots  s = a (H K + 2 G K + D + 2 F) + a D  GEMM outputs (q, k, v, o, gate, up) and input; 4 bytes
+                                                 for an FP8 GEMM's output in the `f32` form
+                                                 (`fp8.gemm_form`; auto: dequant on a GPU, f32 on a CPU)
       full  s = a D                              block input only
     These equal, byte for byte, what `jax.ad_checkpoint.print_saved_residuals` lists for the real
     model (tested for FP8 on/off/partial, bfloat16/float32, none/dots/full).
@@ -213,21 +214,26 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
     if remat == "full":
         return r * D
     fp8 = _fp8_targets(cfg)
-    if remat == "dots":  # every GEMM output but down's: float32, or BF16 from an FP8 GEMM that writes BF16
-        bf16_out = cfg.fp8.backend == "xla" and gemm_form(cfg.fp8, cfg.train.xla_options, platform) != "f32"
+    if remat == "dots":  # every GEMM output but down's: the compute dtype's, float32 from an FP8 GEMM of the f32 form
+        writes_out_dtype = cfg.fp8.native and gemm_form(cfg.fp8, cfg.train.xla_options, platform) != "f32"
         widths = {"q": H * K, "k": G * K, "v": G * K, "o": D, "gate": F, "up": F}
-        return sum(w * (2 if bf16_out and t in fp8 else 4) for t, w in widths.items()) + r * D
+        return sum(w * (4 if t in fp8 and not writes_out_dtype else a) for t, w in widths.items()) + r * D
     norm_keep, mlp_keep = (cal.norm_keep, cal.mlp_keep) if cal is not None else (1.0, 1.0)
+    # an FP8 GEMM keeps its quantized input (1 byte) for the weight gradient, or its BF16 input with fp8.wgrad=bf16
+    q_in = None if cfg.fp8.native and cfg.fp8.wgrad == "bf16" else 1
     s = norm_keep * 2 * (8 * D + 8)
     for group in (("q", "k", "v"), ("gate", "up")):
+        if q_in is None:
+            s += a * D  # the norm's output, shared by the group's GEMMs
+            continue
         if m.fuse_projections and group == ("q", "k", "v") and all(t in fp8 for t in group):
             s += D  # one FP8 GEMM, one quantized input
             continue
         if any(t not in fp8 for t in group):
             s += a * D  # the norm's output, shared by the group's BF16 GEMMs
         s += D * sum(t in fp8 for t in group)
-    s += H * K if "o" in fp8 else a * H * K
-    s += F if "down" in fp8 else a * F
+    s += H * K * (q_in if "o" in fp8 and q_in else a)
+    s += F * (q_in if "down" in fp8 and q_in else a)
     s += a * (H * K + 2 * G * K) + (4 * H if flash else H * L * (9 + a) + 8 * H)
     s += mlp_keep * 5 * a * F
     return s

@@ -39,6 +39,11 @@ MIXTURE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 """A dataset name of a mixture (data.train / data.weights keys): safe in dotted keys, metric names and paths."""
 TRITON_GEMM_OPTION = "xla_gpu_enable_triton_gemm"
 """The XLA option that lets Triton take GEMM fusions (default on), which FP8's `dequant` form needs off."""
+
+
+def triton_gemm_asked(xla_options) -> bool:
+    """Whether XLA options set Triton GEMMs to anything but off (unset: XLA's default, which the caller decides)."""
+    return xla_options.get(TRITON_GEMM_OPTION) not in (None, False)
 RESUME = {"resumable": True}
 """Field metadata: a resumed run may change this field (and all below it), as it changes neither the model
 nor the data stream. The rest (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused by the
@@ -175,13 +180,10 @@ class FP8Config:
     """Measure, per FP8 operand and step, the share of nonzero values the cast flushes to zero, and
     log the gradients' mean as `fp8_grad_underflow` (`xla` backend; costs a reduction per cast)."""
     gemm_form: Literal["auto", "f32", "direct", "dequant"] = field(default="auto", metadata=RESUME)
-    """`xla` backend: how each FP8 GEMM is written for XLA (`model.fp8.GEMM_FORMS`: the same FP8 product, float32
-    accumulation). `dequant`: scales folded into one cuBLASLt FP8 GEMM that writes BF16 (the train step then
-    compiles with `xla_gpu_enable_triton_gemm: false`, without which the GEMM would run in BF16); `f32`: the GEMM
-    writes float32, then scale and cast (XLA's Triton GEMMs may take it; on a GPU the cast can be left as a
-    kernel of its own); `direct`: the GEMM writes BF16, the scales multiply after it. `auto`: `dequant` on a
-    GPU (H200, JAX 0.11.2, 2026-11-26: stage 9 of yxanul-197m 625 ms against 692 with `f32`), `f32` elsewhere
-    (exact emulation on a CPU) or where train.xla_options turns Triton GEMMs on."""
+    """`xla` backend: how each FP8 GEMM is written for XLA (the same FP8 product; `model.fp8.GEMM_FORMS` says
+    what each form compiles to). `auto`: `dequant` on a GPU (the train step then compiles with Triton GEMMs
+    off; faster there, docs/BENCHMARKS.md), `f32` on a CPU (exact emulation) or where train.xla_options turns
+    Triton GEMMs on."""
     wgrad: Literal["fp8", "bf16"] = field(default="fp8", metadata=RESUME)
     """`xla` backend: the weight gradient's GEMM in FP8 (E4M3 x E5M2, which needs both operands transposed for
     cuBLASLt) or in BF16 (the forward and the input gradient stay FP8)."""
@@ -194,6 +196,11 @@ class FP8Config:
     @property
     def active(self) -> bool:
         return self.enabled and self.backend != "none"
+
+    @property
+    def native(self) -> bool:
+        """Whether our own XLA FP8 GEMMs run (FP8 on, `xla` backend): what `gemm_form` and `wgrad` apply to."""
+        return self.active and self.backend == "xla"
 
     @property
     def fused(self) -> bool:
@@ -650,10 +657,10 @@ def validate(cfg: Config) -> Config:
     cfg.eval.check(cfg.model.max_position)
     for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint, cfg.profile):
         section.check()
-    triton = cfg.train.xla_options.get(TRITON_GEMM_OPTION)
-    if cfg.fp8.active and cfg.fp8.backend == "xla" and cfg.fp8.gemm_form == "dequant" and triton not in (None, False):
+    if cfg.fp8.native and cfg.fp8.gemm_form == "dequant" and triton_gemm_asked(cfg.train.xla_options):
         raise UserError(f"fp8.gemm_form=dequant needs Triton GEMMs off, but train.xla_options.{TRITON_GEMM_OPTION} is "
-                        f"{triton}: its FP8 GEMMs would run in BF16; drop that option or set fp8.gemm_form=auto")
+                        f"{cfg.train.xla_options[TRITON_GEMM_OPTION]}: its FP8 GEMMs would run in BF16; drop that option "
+                        "or set fp8.gemm_form=auto")
     if cfg.train.loss_kernel == "fused":  # the kernels' limits, named before anything runs
         head_k = cfg.model.head_width
         if cfg.fp8.active and "head" in cfg.fp8.targets:

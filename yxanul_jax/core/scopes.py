@@ -9,3 +9,6 @@ LOSS = "loss"
 OPTIMIZER = "optimizer"
 FP8_SCALING = "fp8_scaling"
 ATTENTION = "attention_core"
+BF16_WGRAD = "bf16_wgrad"
+"""The weight gradient of an FP8 projection run in BF16 (`fp8.wgrad: bf16`): a GEMM of an FP8 target that is
+meant not to be FP8 (`analyze --require fp8-expected` does not count it as lost)."""

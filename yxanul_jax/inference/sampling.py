@@ -9,6 +9,7 @@ otherwise top-k, then top-p (nucleus) filtering, then sampling. The `generate` c
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Callable
@@ -19,6 +20,7 @@ import numpy as np
 
 from yxanul_jax.core.config import FP8Config, ModelConfig
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import DTYPES, Yxanul, init_cache
 
 
@@ -54,6 +56,9 @@ class _Programs:
     decoding."""
 
     def __init__(self, model_cfg: ModelConfig, fp8: FP8Config):
+        # an FP8 model decodes in the form its train step would take here, compiled with what that form needs
+        fp8 = dataclasses.replace(fp8, gemm_form=fp8_lib.gemm_form(fp8))
+        self.xla_options = fp8_lib.required_xla_options(fp8) or None
         model = Yxanul(model_cfg, fp8)
 
         def prefill(v, tokens_BxP, positions_BxP, cache, last_B):
@@ -79,7 +84,7 @@ class _Programs:
         if key not in self.executables:
             if len(self.executables) >= 64:  # many prompt lengths: keep memory bounded
                 self.executables.clear()
-            self.executables[key] = fn.lower(*args, **static).compile()
+            self.executables[key] = fn.lower(*args, **static).compile(compiler_options=self.xla_options)
         return self.executables[key]
 
 

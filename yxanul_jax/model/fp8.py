@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 
 from yxanul_jax.core import console, scopes
-from yxanul_jax.core.config import FP8_TARGETS, TRITON_GEMM_OPTION
+from yxanul_jax.core.config import FP8_TARGETS, TRITON_GEMM_OPTION, triton_gemm_asked
 from yxanul_jax.core.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
@@ -193,13 +193,13 @@ def gemm_form(cfg, xla_options=None, platform: str | None = None) -> str:
     jax's default backend."""
     if cfg.gemm_form != "auto":
         return cfg.gemm_form
-    triton_on = (xla_options or {}).get(TRITON_GEMM_OPTION) not in (None, False)
-    return "dequant" if (platform or jax.default_backend()) == "gpu" and not triton_on else "f32"
+    on_gpu = (platform or jax.default_backend()) == "gpu"
+    return "dequant" if on_gpu and not triton_gemm_asked(xla_options or {}) else "f32"
 
 
 def required_xla_options(cfg, xla_options=None, platform: str | None = None) -> dict:
     """XLA options a step with these FP8 settings needs beside `xla_options`: Triton GEMMs off for `dequant`."""
-    if cfg.active and cfg.backend == "xla" and gemm_form(cfg, xla_options, platform) == "dequant":
+    if cfg.native and gemm_form(cfg, xla_options, platform) == "dequant":
         return {TRITON_GEMM_OPTION: False}
     return {}
 
@@ -261,8 +261,9 @@ def _fp8_bwd(spec: Fp8Spec, res, g):
     # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2, or BF16 x BF16 (`wgrad`)
     if spec.wgrad == "bf16":
         x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), g.reshape(-1, g.shape[-1])
-        dw = jax.lax.dot_general(x_NxI.astype(jnp.bfloat16), g_NxO.astype(jnp.bfloat16), (((0,), (0,)), ((), ())),
-                                 preferred_element_type=jnp.float32).astype(spec.kernel_dtype)
+        with jax.named_scope(scopes.BF16_WGRAD):
+            dw = jax.lax.dot_general(x_NxI.astype(jnp.bfloat16), g_NxO.astype(jnp.bfloat16), (((0,), (0,)), ((), ())),
+                                     preferred_element_type=jnp.float32).astype(spec.kernel_dtype)
     else:
         x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), g_q.reshape(-1, g_q.shape[-1])
         dw = scaled_dot(x_NxI, x_scale, g_NxO, g_scale, (((0,), (0,)), ((), ())), spec.kernel_dtype, spec.gemm_form)

@@ -28,7 +28,7 @@ from yxanul_jax.training.checkpoint import (Checkpointer, none_usable, quarantin
                                             read_checkpoint_meta)
 from yxanul_jax.training.evaluate import Domain, evaluate, resolve_domains
 from yxanul_jax.training.stages import enable_compilation_cache, stage_index
-from yxanul_jax.training.steps import init_train_state, make_eval_step
+from yxanul_jax.training.steps import init_train_state, make_eval_step, step_xla_options
 
 
 def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
@@ -121,7 +121,8 @@ class RunContext:
         if training:
             _check_training(cfg, train_sets, mesh)
         domains = resolve_domains(cfg.eval.domains, ds, in_domain=train_sets if cfg.eval.in_domain else {})
-        return cls(cfg, ds, sh.state_layout(cfg, mesh), domains, jax.jit(make_eval_step(cfg)), train_sets)
+        eval_step = jax.jit(make_eval_step(cfg), compiler_options=step_xla_options(cfg) or None)  # the train step's FP8 form
+        return cls(cfg, ds, sh.state_layout(cfg, mesh), domains, eval_step, train_sets)
 
     @property
     def mesh(self):
