@@ -85,7 +85,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     from yxanul_jax.model import fp8 as fp8_lib
     from yxanul_jax.training.monitor import peak_flops_per_device
     from yxanul_jax.training.stages import compile_stage, compiled_memory, synthetic_inputs
-    from yxanul_jax.training.steps import step_fp8, step_xla_options
+    from yxanul_jax.training.steps import fp8_summary, step_xla_options
 
     cfg = precision_config(load_config(config, list(overrides or [])), precision)
     stage = cfg.curriculum[stage_index]
@@ -94,8 +94,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
            "overrides": list(overrides or []), "command_buffers": "off" if re.search(
                re.escape(PROFILE_XLA_FLAG) + r"(\s|$)", os.environ.get("XLA_FLAGS", "")) else "default",
            "xla_options": step_xla_options(cfg),
-           "fp8_gemm_form": step_fp8(cfg).gemm_form if cfg.fp8.native else None,
-           "fp8_wgrad": cfg.fp8.wgrad if cfg.fp8.native else None}
+           **{f"fp8_{k}": v for k, v in (fp8_summary(cfg) or {"gemm_form": None, "wgrad": None}).items()}}
     try:
         fp8_lib.check_backend(cfg.fp8)
     except UserError as e:
@@ -251,12 +250,20 @@ def calibration_table(calib: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write_calibration(calib: dict, rows: list[dict], out: str) -> str:
+    """Write OUT/calibration.json; its table and where to copy it, as text."""
+    from yxanul_jax.core.rundir import atomic_write
+
+    path = os.path.join(out, "calibration.json")
+    atomic_write(path, json.dumps(calib, indent=2) + "\n")
+    return (calibration_table(calib, rows) + f"\nwrote {path}; to apply it, copy its "
+            f"{' / '.join(repr(k) for k in calib)} entry into yxanul_jax/analysis/perf_calibration.json")
+
+
 def merge_calibration(paths: list[str], out: str) -> int:
     """`--calibrate-from`: OUT/calibration.json from the profiled cells of earlier runs' bench.json files (the
     cells' ratios summed as in one run), with their dates and devices in its `source`. Exit 2 on a missing or
     unreadable file, or when no file has a profiled cell."""
-    from yxanul_jax.core.rundir import atomic_write
-
     rows, dates, devices = [], set(), set()
     for path in paths:
         try:
@@ -281,10 +288,7 @@ def merge_calibration(paths: list[str], out: str) -> int:
     for entry in calib.values():
         entry["source"] += f"; merged from {len(paths)} runs by --calibrate-from"
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "calibration.json")
-    atomic_write(path, json.dumps(calib, indent=2) + "\n")
-    print(calibration_table(calib, rows) + f"\nwrote {path}; to apply it, copy its {' / '.join(map(repr, calib))} "
-          "entry into yxanul_jax/analysis/perf_calibration.json")
+    print(write_calibration(calib, rows, out))
     print(json.dumps({"calibration": {k: v["ratios"] for k, v in calib.items()}}))
     return 0
 
@@ -425,18 +429,14 @@ def main(argv: list[str] | None = None) -> int:
           "FLOPs with loop trip counts (remat recompute included).\n\n" + table(rows))
     record = {"rows": rows, "date": date, "machine": platform.platform(), "device": device, "steps": args.steps,
               "warmup": args.warmup}
-    from yxanul_jax.core.rundir import atomic_write, write_report
+    from yxanul_jax.core.rundir import write_report
 
     calib_text = ""
     if args.profile:
         calib = calibration(rows, date, device)
         record["calibration"] = calib
         if calib:
-            path = os.path.join(args.out, "calibration.json")
-            atomic_write(path, json.dumps(calib, indent=2) + "\n")
-            keys = " / ".join(repr(k) for k in calib)
-            calib_text = (calibration_table(calib, rows) + f"\nwrote {path}; to apply it, copy its {keys} entry "
-                          "into yxanul_jax/analysis/perf_calibration.json\n")
+            calib_text = write_calibration(calib, rows, args.out) + "\n"
         else:
             calib_text = "no calibration: no profiled cell had a GPU to predict for (--predict-for NAME)\n"
         md += "\n```\n" + calib_text + "```\n"

@@ -98,7 +98,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     from yxanul_jax.analysis.memory import estimate_stage
     from yxanul_jax.model.transformer import attention_implementation
     from yxanul_jax.training.stages import compile_stage, compiled_memory
-    from yxanul_jax.training.steps import step_fp8, step_xla_options
+    from yxanul_jax.training.steps import fp8_summary, step_xla_options
 
     n = len(cfg.curriculum)
     if not -n <= stage_index < n:
@@ -143,8 +143,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
               "xla_options": step_xla_options(cfg),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "te_layers": cfg.fp8.fused,
-                      "scaling": cfg.fp8.scaling, "gemm_form": step_fp8(cfg).gemm_form if cfg.fp8.native else None,
-                      "wgrad": cfg.fp8.wgrad if cfg.fp8.native else None},
+                      "scaling": cfg.fp8.scaling, **(fp8_summary(cfg) or {"gemm_form": None, "wgrad": None})},
               "hlo_flops": hlo_flops, "model_flops": model_flops,
               "flops": {"hlo_per_step": hlo_flops, "hlo_per_token": hlo_flops / tokens, "model_per_step": model_flops,
                         "model_per_token": model_flops / tokens, "xla_cost_analysis": _cost(compiled)["flops"]},

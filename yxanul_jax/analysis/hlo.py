@@ -171,8 +171,7 @@ class HloGraph:
         self.callers: dict[str, list[tuple[str, Instr]]] = defaultdict(list)  # computation -> (kind, caller)
         for cname in self.names:
             for ins in self.comps[cname].values():
-                for key in ("calls", "to_apply", "body", "condition", "branch_computations",
-                            "true_computation", "false_computation"):
+                for key in ("calls", "to_apply", "body", "condition", *_BRANCH_KEYS):
                     for callee in dict.fromkeys(_called(ins.attrs, key)):  # a branch listed twice runs once
                         self.callers[callee].append((key, ins))
         self._runs: dict[str, int] = {}

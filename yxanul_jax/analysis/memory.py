@@ -220,10 +220,10 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
         return sum(w * (4 if t in fp8 and not writes_out_dtype else a) for t, w in widths.items()) + r * D
     norm_keep, mlp_keep = (cal.norm_keep, cal.mlp_keep) if cal is not None else (1.0, 1.0)
     # an FP8 GEMM keeps its quantized input (1 byte) for the weight gradient, or its BF16 input with fp8.wgrad=bf16
-    q_in = None if cfg.fp8.native and cfg.fp8.wgrad == "bf16" else 1
+    fp8_in = set() if cfg.fp8.native and cfg.fp8.wgrad == "bf16" else fp8
     s = norm_keep * 2 * (8 * D + 8)
     for group in (("q", "k", "v"), ("gate", "up")):
-        if q_in is None:
+        if not fp8_in:
             s += a * D  # the norm's output, shared by the group's GEMMs
             continue
         if m.fuse_projections and group == ("q", "k", "v") and all(t in fp8 for t in group):
@@ -232,8 +232,8 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
         if any(t not in fp8 for t in group):
             s += a * D  # the norm's output, shared by the group's BF16 GEMMs
         s += D * sum(t in fp8 for t in group)
-    s += H * K * (q_in if "o" in fp8 and q_in else a)
-    s += F * (q_in if "down" in fp8 and q_in else a)
+    s += H * K if "o" in fp8_in else a * H * K
+    s += F if "down" in fp8_in else a * F
     s += a * (H * K + 2 * G * K) + (4 * H if flash else H * L * (9 + a) + 8 * H)
     s += mlp_keep * 5 * a * F
     return s

@@ -238,7 +238,9 @@ class BatchStream:
     def position(self) -> int:
         raise NotImplementedError
 
-    def _advance(self, seq_len: int, batch_size: int) -> None:
+    def _advance(self, seq_len: int, batch_size: int, advance: dict | None = None) -> None:
+        """Move past one delivered batch; `advance`: what its batch function said about that (its "advance"
+        entry), when it says anything."""
         raise NotImplementedError
 
     @staticmethod
@@ -275,7 +277,7 @@ class BatchStream:
         batch = next(self._iter)
         if int(batch.pop("cursor")) != self.position:  # Grain returned batches out of order: a bug
             raise RuntimeError(f"data stream out of step: expected cursor {self.position}")
-        self._advance(seq_len, batch_size)
+        self._advance(seq_len, batch_size, batch.pop("advance", None))
         return batch
 
     def close(self) -> None:
@@ -324,7 +326,7 @@ class TrainStream(BatchStream):
     def position(self) -> int:
         return self.cursor
 
-    def _advance(self, seq_len: int, batch_size: int) -> None:
+    def _advance(self, seq_len: int, batch_size: int, advance: dict | None = None) -> None:
         self.cursor += seq_len * batch_size
 
     @property

@@ -118,7 +118,9 @@ class _MixtureBatchAt:
         cursor = np.int64(pos.row)
         pos.advance(domains_B, L, lane_B)  # the position before batch k + 1, from this batch's own schedule
         self._cached = (k + 1, pos)
-        return {"inputs": inputs, "targets": targets, "mask": mask, "cursor": cursor}
+        # the stream moves past this batch with its schedule, instead of drawing it again (`MixtureStream._advance`)
+        advance = {"domains": domains_B.astype(np.int32), "lanes": lane_B.astype(np.int32)}
+        return {"inputs": inputs, "targets": targets, "mask": mask, "cursor": cursor, "advance": advance}
 
 
 class MixtureStream(BatchStream):
@@ -158,9 +160,9 @@ class MixtureStream(BatchStream):
     def position(self) -> int:
         return self.pos.row
 
-    def _advance(self, seq_len: int, batch_size: int) -> None:
-        self.pos.advance(row_domains(self.seed, [self.weights[n] for n in self.names], self.pos.row, batch_size),
-                         seq_len)
+    def _advance(self, seq_len: int, batch_size: int, advance: dict | None = None) -> None:
+        # the delivered batch's own datasets and lanes (`_MixtureBatchAt`): its schedule is not drawn again here
+        self.pos.advance(advance["domains"].astype(np.int64), seq_len, advance["lanes"].astype(np.int64))
 
     def domain_tokens(self) -> dict[str, int]:
         """name -> tokens (rows x their length) drawn from that dataset so far, over all processes."""

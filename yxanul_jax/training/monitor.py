@@ -222,7 +222,7 @@ def run_header(cfg: Config, with_config: bool = True, run_dir: str | None = None
     config.yaml."""
     import jax  # deferred: initializing the backend is the caller's choice of moment
 
-    from yxanul_jax.training.steps import step_fp8, step_xla_options
+    from yxanul_jax.training.steps import fp8_summary, step_xla_options
 
     dists = ("yxanul-jax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain")
     devices = jax.devices()
@@ -236,7 +236,7 @@ def run_header(cfg: Config, with_config: bool = True, run_dir: str | None = None
         *([f"nvidia-smi: {gpus}"] if (gpus := gpu_driver_info()) else []),
         f"git commit: {git_commit()}",
         f"xla options of the train step: {step_xla_options(cfg) or 'XLA defaults'}"
-        + (f"; FP8 GEMM form {step_fp8(cfg).gemm_form}, weight gradients {cfg.fp8.wgrad}" if cfg.fp8.native else ""),
+        + (f"; FP8 GEMM form {f['gemm_form']}, weight gradients {f['wgrad']}" if (f := fp8_summary(cfg)) else ""),
         *([f"run dir: {run_dir} (named {RUN_DIR_RULE})"] if run_dir else []),
         *([note] if (note := profile_note(cfg, run_dir)) else []),
     ]

@@ -73,6 +73,11 @@ def step_fp8(cfg: Config):
     return dataclasses.replace(cfg.fp8, gemm_form=fp8_lib.gemm_form(cfg.fp8, cfg.train.xla_options))
 
 
+def fp8_summary(cfg: Config) -> dict | None:
+    """What our FP8 GEMMs run as in the train step ({"gemm_form", "wgrad"}), for reports; None without them."""
+    return {"gemm_form": step_fp8(cfg).gemm_form, "wgrad": cfg.fp8.wgrad} if cfg.fp8.native else None
+
+
 def step_xla_options(cfg: Config) -> dict:
     """The XLA options the train step compiles with: `train.xla_options`, plus what its FP8 form needs
     (`fp8.required_xla_options`: Triton GEMMs off for `dequant`)."""
