@@ -167,8 +167,12 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
     r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", *cudnn,
                      "--hlo-out", str(hlo_path))
     assert r["attention"] == ("cudnn" if stage == "9" else "xla")
+    # `remat: auto` on an H100: cuDNN's output saved at stage 9, so its forward runs once per layer, not twice
+    assert r["remat"] == ("attention" if stage == "9" else "full")
     if stage == "0":
         assert r["gpu"]["cudnn_attention"] == {"forward": 0, "backward": 0} and "__cudnn$fmha" not in hlo_path.read_text()
+    else:
+        assert r["gpu"]["cudnn_attention"] == {"forward": 1, "backward": 1}
     # The head + loss are the fused kernels (issue 25): no [>= 1024 x padded_vocab] buffer anywhere in the step,
     # and the kernels' FLOPs are counted (5 x 2 T K V, the backward recomputing the logits).
     padded = 200064
@@ -180,8 +184,8 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
     assert head["flops"] >= 5 * 2 * tokens * 128 * padded
     assert r["categories"].get("GEMM f32") is None  # no float32 GEMM where the operands are BF16
     g = r["gpu"]
-    # 28 scanned layers x (5 forward (q, k, v fused: model.fuse_projections) + 4 recomputed (remat full; `down`
-    # is not) + 5 input gradients); the weight gradients run in BF16 (the config's fp8.wgrad: bf16)
+    # 28 scanned layers x (5 forward (q, k, v fused: model.fuse_projections) + 4 recomputed (remat full or
+    # attention; `down` is not) + 5 input gradients); the weight gradients run in BF16 (the config's fp8.wgrad: bf16)
     assert g["fp8_found"] == g["fp8_expected"]["total"] == 28 * 14 and g["fp8_lost"] == []
     assert g["fp8_expected"]["weight_grad"] == 0 and r["fp8"]["gemm_form"] == "dequant"
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10  # what `plan` tells a user, within 10 %
@@ -189,10 +193,33 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
     assert 0.9 < r["hlo_flops"] / r["model_flops"] < 1.6 and 0.02 < r["predicted_mfu"] < 0.9
 
 
+def test_attention_remat_keeps_cudnns_output_and_statistics_as_the_planner_counts():
+    # cuDNN's attention traces only where its library is (the gpu-check venv): what JAX saves per layer and
+    # token with remat=attention is full's block input plus cuDNN's output (a H K) and float32 statistics (4 H).
+    code = (
+        "import sys, json; sys.path.insert(0, 'tests')\n"
+        "from test_memory_plan import saved_per_layer_token\n"
+        "from yxanul_jax.analysis import memory\n"
+        "out = {}\n"
+        "for remat in ('attention', 'full'):\n"
+        "    cfg, got = saved_per_layer_token([f'model.remat={remat}', 'model.scan_layers=true', 'model.attention=cudnn'])\n"
+        "    out[remat] = [got, memory.saved_bytes_per_token(cfg, 32, remat, flash=True)]\n"
+        "m = cfg.model\n"
+        "out['extra'] = 2 * m.n_heads * m.resolved_head_dim + 4 * m.n_heads\n"
+        "print(json.dumps(out))\n")
+    proc = subprocess.run([gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, env=gpu_env(),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["attention"][0] == out["attention"][1] and out["full"][0] == out["full"][1]
+    assert out["attention"][0] - out["full"][0] == out["extra"]
+
+
 @pytest.mark.parametrize("remat", ["none", "dots"])
 def test_planner_within_10_percent_of_sm90_for_every_remat_policy(remat):
-    # `full` is checked above at stages 0 and 9; the policies plan offers beside it, at the largest stage
-    # (a scanned layer without remat stacks every residual: 159 GB of XLA's peak, issue 25)
+    # `full` is checked above at stage 0 and `attention` (what `auto` picks on an H100) at stage 9; the policies
+    # plan offers beside them, at the largest stage (a scanned layer without remat stacks every residual: 159 GB
+    # of XLA's peak, issue 25)
     r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "9", f"model.remat={remat}")
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10, (r["planner_bytes"], r["memory"])
 

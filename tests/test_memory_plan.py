@@ -79,16 +79,20 @@ def _residual_bytes(cfg, batch: int, seq_len: int) -> int:
     ["model.remat=dots", "model.scan_layers=true", "fp8.targets=[q,o,up]"],
     ["model.remat=dots", "model.scan_layers=true", "fp8.targets=[q,o,up]", "fp8.gemm_form=dequant"],
     ["model.remat=dots", "model.scan_layers=true", "model.dtype=float32", "fp8.gemm_form=dequant"],
+    ["model.remat=attention", "model.scan_layers=true"],  # XLA's attention (CPU): what full saves
 ])
 def test_saved_residual_formula_equals_what_jax_saves(overrides):
-    # Per layer and per token: the double difference over layers (1 -> 2) and rows (2 -> 4) cancels
-    # everything that is not per layer per token (weights' BF16/FP8 copies, RoPE tables, the loss).
-    L = 32
+    cfg, measured = saved_per_layer_token(overrides)
+    assert measured == memory.saved_bytes_per_token(cfg, 32, cfg.model.remat)
+
+
+def saved_per_layer_token(overrides: list[str], L: int = 32):
+    """(the tiny config with `overrides`, bytes JAX saves per layer and token at sequence length L).
+    The double difference over layers (1 -> 2) and rows (2 -> 4) cancels everything that is not per layer
+    per token (weights' BF16/FP8 copies, RoPE tables, the loss). Also run by tests/test_gpu_target.py."""
     cfgs = {n: load_config(TINY, overrides + [f"model.n_layers={n}", "model.vocab_size=256"]) for n in (1, 2)}
     r = {(n, b): _residual_bytes(cfgs[n], b, L) for n in (1, 2) for b in (2, 4)}
-    measured = (r[2, 4] - r[1, 4] - r[2, 2] + r[1, 2]) / (2 * L)
-    cfg = cfgs[1]
-    assert measured == memory.saved_bytes_per_token(cfg, L, cfg.model.remat)
+    return cfgs[1], (r[2, 4] - r[1, 4] - r[2, 2] + r[1, 2]) / (2 * L)
 
 
 @pytest.mark.parametrize("path,overrides", [
@@ -108,6 +112,36 @@ def test_planner_agrees_with_xla_compiled_memory_within_15_percent(path, overrid
     state = accounting.state_bytes(cfg)
     unread = accounting.fp8_gemm_count(cfg) * 3 * 4
     assert mem.argument_size_in_bytes == sum(state.values()) + est["batch"] - unread
+
+
+def test_auto_remat_saves_cudnn_attention_where_it_fits_and_only_block_inputs_elsewhere():
+    cfg = load_config(Y197)
+    assert cfg.model.remat == "auto"
+    s9, s0 = cfg.curriculum[9], cfg.curriculum[0]
+    plans = {r: memory.estimate_stage(cfg, s9, remat=r)["bytes_total"] for r in ("attention", "full")}
+    # cuDNN's output (a H K) and float32 softmax statistics (4 H) per token and layer, on top of full's block input
+    m = cfg.model
+    extra = m.n_layers * s9.batch_size * s9.seq_len * (2 * m.n_heads * m.resolved_head_dim + 4 * m.n_heads)
+    assert plans["attention"] - plans["full"] == extra
+    assert memory.stage_remat(cfg, s9, plans["attention"]) == "attention"
+    assert memory.stage_remat(cfg, s9, plans["attention"] - 1) == "full"  # does not fit: only block inputs
+    assert memory.stage_remat(cfg, s9, None) == "full"
+    assert memory.stage_remat(cfg, s0, 10 ** 15) == "full"  # seq 8 runs XLA's attention: nothing to save
+    assert memory.stage_remat(cfg, s9, 10 ** 15, platform="cpu") == "full"
+    # the planner plans what auto picks for the budget it is given
+    assert memory.estimate_stage(cfg, s9, budget=plans["attention"])["bytes_total"] == plans["attention"]
+    assert memory.estimate_stage(cfg, s9, budget=plans["attention"] - 1)["bytes_total"] == plans["full"]
+    assert memory.estimate_stage(cfg, s9)["bytes_total"] == plans["full"]
+    h100 = plan.build_plan(cfg, memory.parse_gpu("h100"), suggest=False)["stages"]
+    rtx = plan.build_plan(cfg, memory.parse_gpu("rtx4090"), suggest=False)["stages"]
+    assert [s["remat"] for s in h100] == ["full"] * 3 + ["attention"] * 7
+    assert [s["remat"] for s in rtx] == ["full"] * 10  # 18.4 GB with attention > the 4090's 15.5 GB budget
+    assert all(s["bytes_total_by_remat"]["attention"] >= s["bytes_total_by_remat"]["full"] for s in h100)
+    # a train step resolves auto for the device it compiles for (here a CPU: XLA's attention)
+    assert memory.with_stage_remat(cfg, s9).model.remat == "full"
+    assert memory.with_stage_remat(load_config(Y197, ["model.remat=dots"]), s9).model.remat == "dots"
+    budget, platform = memory.device_budget()
+    assert platform == "cpu" and budget > 0
 
 
 def test_chunked_loss_is_what_lets_the_seeds_batch_fit_a_24gb_card():

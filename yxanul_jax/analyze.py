@@ -95,7 +95,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
 
     from yxanul_jax.analysis import perf
     from yxanul_jax.analysis.accounting import flops_per_token
-    from yxanul_jax.analysis.memory import estimate_stage
+    from yxanul_jax.analysis.memory import estimate_stage, with_stage_remat
     from yxanul_jax.model.transformer import attention_implementation
     from yxanul_jax.training.stages import compile_stage, compiled_memory
     from yxanul_jax.training.steps import fp8_summary, step_xla_options
@@ -125,6 +125,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
         if cfg.model.attention == "cudnn" and platform != "gpu":
             raise UserError(f"model.attention=cudnn needs an NVIDIA GPU with cuDNN (this machine runs {platform}); "
                             "inspect with model.attention=auto or xla here, or compile for one with --target h100")
+    cfg = with_stage_remat(cfg, stage, device)  # `remat: auto` as this device's step runs it, for every report below
     compiled = compile_stage(cfg, stage, device=device)
     text = compiled.as_text()
     if hlo_out:
@@ -139,7 +140,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     report = {"model": cfg.model.name, "stage": stage_index, "seq_len": stage.seq_len,
               "batch_size": stage.batch_size, "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens,
               "platform": platform, "target": target, "device_kind": getattr(device, "device_kind", None),
-              "attention": attention_implementation(cfg.model, platform, stage.seq_len),
+              "attention": attention_implementation(cfg.model, platform, stage.seq_len), "remat": cfg.model.remat,
               "xla_options": step_xla_options(cfg),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "te_layers": cfg.fp8.fused,
@@ -188,7 +189,7 @@ def format_report(r: dict) -> str:
     if "gpu" in r:
         g = r["gpu"]
         lines += ["", f"compiled for {r['device_kind']} (--target {r['target']}, deviceless; XLA options "
-                      f"{r['xla_options'] or 'default'}; attention {r['attention']}"
+                      f"{r['xla_options'] or 'default'}; attention {r['attention']}; remat {r['remat']}"
                       + (f"; FP8 GEMM form {r['fp8']['gemm_form']})" if r["fp8"]["gemm_form"] else ")"),
                   f"{'GEMMs by kind':<20}{'in HLO':>10}{'executed':>10}"]
         for kind, row in g["gemm_kinds"].items():

@@ -27,6 +27,7 @@ from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.model.transformer import abstract_variables
 
 DEFAULT_GPU = "rtx4090"
+REMAT_COLUMNS = ("none", "attention", "dots", "full")  # every policy's activations, in the JSON
 GB = 1e9
 
 
@@ -53,10 +54,11 @@ def sparse_config_dict(cfg: Config) -> dict:
 
 
 def _stage_report(cfg: Config, i: int, stage: StageConfig, gpu: memory.Gpu, state: dict) -> dict:
-    est = memory.estimate_stage(cfg, stage, state=state)
-    by_remat = {r: memory.estimate_stage(cfg, stage, remat=r, state=state) for r in ("none", "dots", "full")}
+    est = memory.estimate_stage(cfg, stage, state=state, budget=gpu.budget_bytes)
+    by_remat = {r: memory.estimate_stage(cfg, stage, remat=r, state=state) for r in REMAT_COLUMNS}
     return {"stage": i, "start_step": stage.start_step, "seq_len": stage.seq_len, "batch_size": stage.batch_size,
             "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step,
+            "remat": memory.stage_remat(cfg, stage, gpu.budget_bytes, state=state),
             "bytes": {k: v for k, v in est.items() if k not in ("bytes_total", "phase")},
             "peak_phase": est["phase"], "bytes_total": est["bytes_total"],
             "activations_by_remat": {r: e["activations"] for r, e in by_remat.items()},
@@ -125,17 +127,18 @@ def format_plan(plan: dict) -> str:
                  f"(XLA_PYTHON_CLIENT_MEM_FRACTION) x (1 - headroom {g['headroom']:.2f}) = budget "
                  f"{g['budget_bytes'] / GB:.2f} GB; remat {plan['remat']}, scan_layers {plan['scan_layers']}, "
                  f"loss chunk {plan['loss_chunk']:,} tokens")
-    lines += ["", f"{'stage':<6}{'seq':>6}{'batch':>7}{'accum':>6}{'tokens/step':>12}"
-                  f"{'act none':>10}{'act ' + plan['remat']:>10}{'logits':>8}{'layer bwd':>10}{'total GB':>10}"
+    lines += ["", f"{'stage':<6}{'seq':>6}{'batch':>7}{'accum':>6}{'tokens/step':>12}{'remat':>10}"
+                  f"{'act none':>10}{'act':>8}{'logits':>8}{'layer bwd':>10}{'total GB':>10}"
                   f"{'max batch':>10}{'fits':>6}"]
     for s in plan["stages"]:
         b = s["bytes"]
         lines.append(f"{s['stage']:<6}{s['seq_len']:>6}{s['batch_size']:>7}{s['grad_accum_steps']:>6}"
-                     f"{s['tokens_per_step']:>12,}{s['activations_by_remat']['none'] / GB:>10.2f}"
-                     f"{b['activations'] / GB:>10.2f}{b['logits'] / GB:>8.2f}{b['working'] / GB:>10.2f}"
+                     f"{s['tokens_per_step']:>12,}{s['remat']:>10}{s['activations_by_remat']['none'] / GB:>10.2f}"
+                     f"{b['activations'] / GB:>8.2f}{b['logits'] / GB:>8.2f}{b['working'] / GB:>10.2f}"
                      f"{s['bytes_total'] / GB:>10.2f}{s['max_batch_size']:>10,}{'yes' if s['fits'] else 'NO':>6}")
-    lines.append("(GB = 1e9 bytes; act = activations saved for the backward pass; the peak adds the larger of "
-                 "'logits' and 'layer bwd' to the state, batch and activations)")
+    lines.append("(GB = 1e9 bytes; remat = the stage's policy (model.remat, `auto` chosen for this GPU); act = "
+                 "activations saved for the backward pass; the peak adds the larger of 'logits' and 'layer bwd' to "
+                 "the state, batch and activations)")
     sug = plan.get("suggestion")
     if sug:
         lines += ["", f"does not fit {g['name']}: suggested config ({'fits' if sug['fits'] else 'STILL DOES NOT FIT'}, "

@@ -178,7 +178,7 @@ def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
 
     Per micro-batch, each FP8 layer GEMM runs forward, input gradient and weight gradient once (the weight
     gradient in BF16 with `fp8.wgrad: bf16`, `xla` backend);
-    with `remat: full` its forward runs again in the backward pass, except `down`, whose output
+    with `remat: full` (or `attention`) its forward runs again in the backward pass, except `down`, whose output
     only feeds the block's output (nothing of the block's backward needs it, so XLA drops it). The
     head runs once per loss chunk, and its chunk is rematerialized (forward again in the backward).
     """
@@ -189,7 +189,8 @@ def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
     head = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk) if any(
         t == "head" for t, _, _ in gemm_list) else 0
     L = cfg.model.n_layers
-    recompute_layer = len([t for t in layer if t != "down"]) if cfg.model.remat == "full" else 0
+    recomputes = cfg.model.remat in ("full", "attention", "auto")  # auto is one of these two (memory.AUTO_REMAT)
+    recompute_layer = len([t for t in layer if t != "down"]) if recomputes else 0
     bf16_wgrad = cfg.fp8.native and cfg.fp8.wgrad == "bf16"  # our weight gradients in BF16: none in FP8
     out = {"forward": a * (L * len(layer) + head), "recompute": a * (L * recompute_layer + head),
            "input_grad": a * (L * len(layer) + head), "weight_grad": 0 if bf16_wgrad else a * (L * len(layer) + head)}

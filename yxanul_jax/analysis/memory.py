@@ -30,6 +30,8 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
       dots  s = a (H K + 2 G K + D + 2 F) + a D  GEMM outputs (q, k, v, o, gate, up) and input; 4 bytes
                                                  for an FP8 GEMM's output in the `f32` form
                                                  (`fp8.gemm_form`; auto: dequant on a GPU, f32 on a CPU)
+      attention s = a D + a H K + 4 H            block input, cuDNN attention's output and float32
+                                                 softmax statistics (a D as full without cuDNN)
       full  s = a D                              block input only
     These equal, byte for byte, what `jax.ad_checkpoint.print_saved_residuals` lists for the real
     model (tested for FP8 on/off/partial, bfloat16/float32, none/dots/full).
@@ -213,6 +215,8 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
     D, F, H, G, K, L = m.d_model, m.ffn_dim, m.n_heads, m.n_kv_heads, m.resolved_head_dim, seq_len
     if remat == "full":
         return r * D
+    if remat == "attention":  # the block input, and what cuDNN's forward returns (transformer._save_attention)
+        return r * D + (a * H * K + 4 * H if flash else 0)
     fp8 = _fp8_targets(cfg)
     if remat == "dots":  # every GEMM output but down's: the compute dtype's, float32 from an FP8 GEMM of the f32 form
         writes_out_dtype = cfg.fp8.native and gemm_form(cfg.fp8, cfg.train.xla_options, platform) != "f32"
@@ -244,7 +248,7 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
 
 
 def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", remat: str | None = None,
-                   state: dict | None = None, cal: Calibration | None = None) -> dict:
+                   state: dict | None = None, cal: Calibration | None = None, budget: int | None = None) -> dict:
     """Bytes of one stage's compiled train step, by component (all ints, JSON-ready).
 
     Keys: weights, gradients (float32 copies alive at the peak), optimizer, fp8_state, batch,
@@ -252,12 +256,13 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     (the chunked loss's logits and their gradient), other (embedding-gradient copies, hidden-state
     buffers, the step counter), temp, bytes_total (the peak), phase ('loss' or 'layer': the part of the
     backward pass that sets the peak; only that phase's `logits` or `working` counts in the total).
-    `remat` overrides model.remat; `state` reuses `state_bytes(cfg)` across calls.
+    `remat` overrides model.remat; `state` reuses `state_bytes(cfg)` across calls; `budget` (bytes) is what
+    `remat: auto` chooses for (`stage_remat`).
     """
     m = cfg.model
     cal = cal or (GPU_CALIBRATION if platform == "gpu" else CALIBRATION)
-    remat = remat or m.remat
     st = state if state is not None else state_bytes(cfg)
+    remat = remat or stage_remat(cfg, stage, budget, platform, st)
     P = st["weights"] // 4
     a = _dtype_bytes(m.dtype)
     N = stage.batch_size * stage.seq_len
@@ -306,6 +311,59 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         "phase": phase}
 
 
+# `model.remat: auto` takes the first of these whose planned peak fits, fastest first as the performance model
+# ranks them (`analyze --target h100`, yxanul-197m stage 9 FP8, jax 0.10.2, 2026-11-26: attention 651.0 ms, full
+# 665.9; `none` 1172 and `dots` 706 are slower even where they fit: XLA stacks every residual of a scanned layer,
+# 224 against 183 ms at batch 16). The last one is taken when none fits.
+AUTO_REMAT = ("attention", "full")
+
+
+def stage_remat(cfg: Config, stage: StageConfig, budget: int | None, platform: Platform = "gpu",
+                state: dict | None = None) -> str:
+    """The remat policy `stage`'s train step runs with: model.remat, or for `auto` the first of `AUTO_REMAT`
+    whose planned peak fits `budget` bytes (without a budget, the last: the one that saves the most memory).
+    `attention` is `full` where the stage's attention is not cuDNN's, and is then named so."""
+    if cfg.model.remat != "auto":
+        return cfg.model.remat
+    cudnn = platform == "gpu" and attention_implementation(cfg.model, "gpu", stage.seq_len) == "cudnn"
+    for policy in AUTO_REMAT[:-1]:
+        if policy == "attention" and not cudnn:
+            continue
+        if budget is not None and estimate_stage(cfg, stage, platform, policy, state)["bytes_total"] <= budget:
+            return policy
+    return AUTO_REMAT[-1]
+
+
+def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int, Platform]:
+    """(bytes a train step may use on `device`, its planner platform): JAX's pool as the device reports it
+    (`bytes_limit`), else the pool of its GPU model (a compile-only device: `gpus.of_device_kind`), else the
+    host's memory (CPU), less `headroom`. Default device: jax's first."""
+    import jax
+
+    device = device or jax.devices()[0]
+    platform: Platform = "gpu" if device.platform == "gpu" else "cpu"
+    try:
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:  # compile-only and some CPU devices keep no statistics
+        limit = None
+    if not limit:
+        spec = gpus.of_device_kind(device.device_kind) if platform == "gpu" else None
+        if spec is not None:
+            limit = spec.memory_bytes * mem_fraction_from_env()
+        else:
+            limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(limit * (1.0 - headroom)), platform
+
+
+def with_stage_remat(cfg: Config, stage: StageConfig, device=None) -> Config:
+    """`cfg` with model.remat as `stage` runs it on `device` (`stage_remat` within `device_budget`)."""
+    if cfg.model.remat != "auto":
+        return cfg
+    budget, platform = device_budget(device)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
+                                                              remat=stage_remat(cfg, stage, budget, platform)))
+
+
 def max_batch_size(cfg: Config, stage: StageConfig, budget: int, platform: Platform = "gpu",
                    state: dict | None = None, limit: int = 1 << 20) -> int:
     """Largest micro-batch (rows) of `stage` whose estimate fits `budget` bytes; 0 if not even 1 row."""
@@ -313,7 +371,7 @@ def max_batch_size(cfg: Config, stage: StageConfig, budget: int, platform: Platf
 
     def fits(b: int) -> bool:
         rows = dataclasses.replace(stage, batch_size=b)
-        return estimate_stage(cfg, rows, platform, state=st)["bytes_total"] <= budget
+        return estimate_stage(cfg, rows, platform, state=st, budget=budget)["bytes_total"] <= budget
 
     if not fits(1):
         return 0
@@ -344,16 +402,16 @@ def _fit_batches(cfg: Config, budget: int, platform: Platform) -> tuple[Config, 
     st = state_bytes(cfg)
     stages, ok = [], True
     for s in cfg.curriculum:
-        if estimate_stage(cfg, s, platform, state=st)["bytes_total"] <= budget:
+        if estimate_stage(cfg, s, platform, state=st, budget=budget)["bytes_total"] <= budget:
             stages.append(s)
             continue
         rows = s.batch_size * s.grad_accum_steps
         cap = max(1, max_batch_size(cfg, s, budget, platform, state=st))  # prunes the divisor scan
         for b in [d for d in _divisors(rows) if d <= cap] + [1]:
             new = dataclasses.replace(s, batch_size=b, grad_accum_steps=rows // b)
-            if estimate_stage(cfg, new, platform, state=st)["bytes_total"] <= budget:
+            if estimate_stage(cfg, new, platform, state=st, budget=budget)["bytes_total"] <= budget:
                 break
-        ok &= estimate_stage(cfg, new, platform, state=st)["bytes_total"] <= budget
+        ok &= estimate_stage(cfg, new, platform, state=st, budget=budget)["bytes_total"] <= budget
         stages.append(new)
     return dataclasses.replace(cfg, curriculum=tuple(stages)), ok
 
@@ -395,8 +453,9 @@ def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: st
     if ok:
         return out, _batch_notes(cfg, out), True
     notes: list[str] = []
-    saver = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full", scan_layers=True))
-    if (m.remat, m.scan_layers) != ("full", True):
+    saving = m.remat if m.remat in ("full", "auto") else "full"  # auto takes full where nothing else fits
+    saver = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=saving, scan_layers=True))
+    if (saving, m.scan_layers) != (m.remat, True):
         notes.append("remat full with scanned layers (keep only each block's input for the backward pass)")
     chunks = [t.loss_chunk]
     while chunks[-1] > min_loss_chunk:

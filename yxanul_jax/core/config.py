@@ -100,9 +100,11 @@ class ModelConfig:
     """`jax.nn.dot_product_attention` implementation: auto picks cuDNN flash attention on GPU for
     BF16 with head_dim <= 128 and sequences longer than 32 tokens (XLA's is faster below its tiles,
     `transformer.XLA_ATTENTION_MAX_SEQ`), and XLA elsewhere; cudnn / xla force one."""
-    remat: Literal["none", "full", "dots"] = "none"
-    """Rematerialization of each block: none, full (save only block inputs), dots (save matmul
-    outputs without batch dims)."""
+    remat: Literal["none", "full", "attention", "dots", "auto"] = "none"
+    """Rematerialization of each block: none, full (save only block inputs), attention (block inputs and
+    cuDNN attention's output and softmax statistics: its forward does not run again; as full where the
+    attention is XLA's), dots (save matmul outputs without batch dims), auto (per stage, the fastest of
+    `memory.AUTO_REMAT` whose planned peak fits the device's memory: `memory.stage_remat`)."""
     scan_layers: bool = field(default=False, metadata=WEIGHTS)
     """Run the blocks with `nn.scan` (one compiled layer; much faster compiles for deep models)."""
     fuse_projections: bool = field(default=False, metadata=WEIGHTS)

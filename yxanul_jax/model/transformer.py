@@ -334,8 +334,19 @@ def join_head_state(body: dict, head: dict | None) -> dict:
     return {c: {**body.get(c, {}), **({HEAD_MODULE: head[c]} if c in head else {})} for c in {**body, **head}}
 
 
+CUDNN_ATTENTION_FWD = "dot_product_attention_fwd_wrapper"
+"""The primitive of cuDNN's flash-attention forward inside `jax.nn.dot_product_attention` (jax's own name;
+a policy cannot name it with `checkpoint_name`, the call is inside jax)."""
+
+
+def _save_attention(prim, *_, **__) -> bool:
+    """Save the cuDNN attention forward's outputs (o and its softmax statistics), recompute the rest."""
+    return prim.name == CUDNN_ATTENTION_FWD
+
+
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
+    "attention": _save_attention,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
@@ -362,8 +373,9 @@ class Yxanul(nn.Module):
         elif c.head == "untied":
             self.head_kernel = _logical_param(self, "head_kernel", _normal(c.init_std), (D, V), ("embed", "vocab"))
         block = Block
-        if c.remat != "none":
-            block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+        if c.remat != "none":  # `auto` is resolved per stage for training; without gradients any policy is moot
+            policy = REMAT_POLICIES["full" if c.remat == "auto" else c.remat]
+            block = nn.remat(Block, policy=policy, prevent_cse=not c.scan_layers)
         if c.scan_layers:
             self.layers = nn.scan(block, variable_axes={True: 0}, split_rngs={"params": True},
                                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=c.n_layers,

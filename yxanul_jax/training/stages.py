@@ -48,7 +48,7 @@ def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
 
 def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     """The lowered (not yet compiled) train step of one stage; see `compile_stage`."""
-    step = make_train_step(cfg, stage)
+    step = make_train_step(cfg, stage, device)
     if layout is not None:
         step_fn = jax.jit(step, in_shardings=(layout.shardings, layout.batch),
                           out_shardings=(layout.shardings, layout.replicated), donate_argnums=0)

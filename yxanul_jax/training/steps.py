@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from yxanul_jax.analysis import memory
 from yxanul_jax.core import scopes
 from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.model import fp8 as fp8_lib
@@ -149,11 +150,14 @@ def make_accumulate(cfg: Config, stage: StageConfig):
     return accumulate
 
 
-def make_train_step(cfg: Config, stage: StageConfig):
+def make_train_step(cfg: Config, stage: StageConfig, device=None):
     """The train step of one stage: `train_step(state, batch) -> (state, metrics)`, a pure function to
-    jit once per stage. `batch` is `BatchSpec.of(stage)`'s dict (`training/batch.py`). `stage` gives the shapes and the clip; the learning rate is `cfg`'s schedule at
-    `state.step`, whose per-stage `lr_scale` and warmup come from `cfg.curriculum` by step number, so a
-    stage that is not in `cfg.curriculum` changes no lr."""
+    jit once per stage. `batch` is `BatchSpec.of(stage)`'s dict (`training/batch.py`). `stage` gives the
+    shapes and the clip; the learning rate is `cfg`'s schedule at `state.step`, whose per-stage `lr_scale`
+    and warmup come from `cfg.curriculum` by step number, so a stage that is not in `cfg.curriculum`
+    changes no lr. `model.remat: auto` is chosen for this stage within `device`'s memory
+    (`memory.with_stage_remat`; default: jax's first device)."""
+    cfg = memory.with_stage_remat(cfg, stage, device)
     optimizer = make_optimizer(cfg)
     schedule = lr_schedule(cfg)
     accumulate = make_accumulate(cfg, stage)
