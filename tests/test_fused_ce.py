@@ -28,13 +28,16 @@ def _loss(fn, x, w, targets, mask, z_weight):
     return nll + z_weight * z
 
 
-@pytest.mark.parametrize("T, V, v_real, K", [(200, 300, 290, 32), (128, 256, 256, 16)])
+@pytest.mark.parametrize("T, V, v_real, K", [(200, 300, 290, 32), (128, 256, 256, 16), (130, 400, 200, 16)])
 def test_loss_and_gradients_match_the_float32_reference(T, V, v_real, K):
-    # 200 tokens: a ragged last token block; 300 rows: a ragged vocabulary block; 10 padded columns
+    # 200 tokens: a ragged last token block; 300 rows: a ragged vocabulary block; 10 padded columns.
+    # 400 rows of which 200 real: one block straddles v_real and two hold padded rows only (skipped).
     k = jax.random.split(jax.random.key(T + V), 4)
     x = jax.random.normal(k[0], (T, K)).astype(jnp.bfloat16)
     w = (0.5 * jax.random.normal(k[1], (V, K))).astype(jnp.bfloat16)
     targets = jax.random.randint(k[2], (T,), 0, v_real)
+    # a few tokens share one target (their table row sums every occurrence), one targets a padded row
+    targets = targets.at[:12].set(targets[0]).at[12].set(min(v_real, V - 1) if v_real < V else targets[12])
     mask = (jax.random.uniform(k[3], (T,)) > 0.2).astype(jnp.float32)
     targets = jnp.where(mask > 0, targets, -1)  # masked tokens carry a padding id outside the vocabulary
     fused = jax.jit(lambda x, w, t: fused_ce.linear_cross_entropy(x, w, t, v_real))

@@ -10,14 +10,21 @@ tied-through-rank head), w the vocabulary table ([V, K], padded rows allowed: co
 -inf, so no `[T x V]` mask exists anywhere). The caller builds the NLL (lse - target) and the z-loss
 (lse^2) from the two float32 vectors, with its token mask.
 
-Three kernels, one program per block of rows:
+The lse is three kernels, one program per block of rows:
 
   * forward (`fused_ce_fwd`, grid T / BT): each program walks the vocabulary in blocks of BV rows of w,
-    computes the [BT, BV] logits tile in registers with float32 accumulation, and carries an online max,
-    sum of exps and the target logit. Writes lse and target: 8 bytes per token.
+    computes the [BT, BV] logits tile in registers with float32 accumulation, and carries an online max
+    and sum of exps. Writes lse: 4 bytes per token.
   * input gradient (`fused_ce_dx`, grid T / BT): recomputes each logits tile, forms
-    dlogits = softmax * g_lse + onehot(target) * g_target in float32, and accumulates dx += dlogits @ w_blk.
+    dlogits = softmax * g_lse in float32, and accumulates dx += dlogits @ w_blk.
   * table gradient (`fused_ce_dw`, grid V / BV): the same tiles walked the other way, dw += dlogits^T @ x_blk.
+
+The target logit is not in the kernels (`target_logits`): a gather of one table row per token, a product
+and a sum, whose gradients are the one-hot part of dlogits (g_target times the target's row into dx, a
+float32 scatter-add of g_target x into the target's row of dw). That keeps every kernel's inner loop to
+a GEMM, one exp and the softmax arithmetic. The padded vocabulary costs a mask only in the one block that
+straddles v_real (the forward and dx walk the whole blocks unmasked, then that one; blocks of padded rows
+alone are skipped), and dw adds a per-program -inf column bias.
 
 The backward recomputes the logits (levanter's design) instead of storing them: 5 x 2 T K V FLOPs in all,
 no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x have zero gradient
@@ -40,7 +47,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from yxanul_jax.core.config import FUSED_CE_MAX_K, fused_ce_takes
 
@@ -65,68 +71,83 @@ def _compiler_params():
     return plt.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
 
 
-def _logits(x, w, v0, v_real):
-    """[BT, BV] float32 logits of a tile, the columns >= v_real at -inf."""
-    s = jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    cols = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    return jnp.where(cols < v_real, s, -jnp.inf), cols
+def _logits(x, w):
+    """[BT, BV] float32 logits of a tile (float32 accumulation of the BF16 operands)."""
+    return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _fwd_kernel(x_ref, w_ref, t_ref, lse_ref, tl_ref, *, V, v_real, BV):
+def _masked(logits, v0, v_real):
+    """The tile's columns >= v_real at -inf (the padded vocabulary): only the one block that straddles v_real
+    pays for the mask (`_vocab_blocks`)."""
+    cols = v0 + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    return jnp.where(cols < v_real, logits, -jnp.inf)
+
+
+def _vocab_blocks(V: int, v_real: int, BV: int) -> tuple[int, bool]:
+    """(vocabulary blocks wholly below v_real, whether one more straddles it). The blocks after those hold
+    only padded rows: their logits are -inf, so the forward and the input gradient skip them."""
+    full = min(v_real, V) // BV
+    return full, full < V // BV and min(v_real, V) % BV != 0
+
+
+def _walk_vocab(body, init, V: int, v_real: int, BV: int):
+    """`body(v0, carry, masked)` over the vocabulary blocks that hold real rows: the whole ones unmasked in a
+    loop, then the straddling one masked."""
+    full, partial = _vocab_blocks(V, v_real, BV)
+    carry = jax.lax.fori_loop(0, full, lambda j, c: body(j * BV, c, False), init)
+    return body(full * BV, carry, True) if partial else carry
+
+
+def _fwd_kernel(x_ref, w_ref, lse_ref, *, V, v_real, BV):
     from jax.experimental import pallas as pl
 
     x = x_ref[...]
-    tgt = t_ref[...]
     BT = x.shape[0]
 
-    def body(j, carry):
-        m, s, tl = carry
-        v0 = j * BV
-        logits, cols = _logits(x, w_ref[pl.ds(v0, BV), :], v0, v_real)
+    def body(v0, carry, masked):
+        m, s = carry
+        logits = _logits(x, w_ref[pl.ds(v0, BV), :])
+        if masked:
+            logits = _masked(logits, v0, v_real)
         m_new = jnp.maximum(m, jnp.max(logits, axis=1))
         s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(logits - m_new[:, None]), axis=1)
-        tl = tl + jnp.sum(jnp.where(cols == tgt[:, None], logits, 0.0), axis=1)
-        return m_new, s, tl
+        return m_new, s
 
-    init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32), jnp.zeros((BT,), jnp.float32))
-    m, s, tl = jax.lax.fori_loop(0, V // BV, body, init)
+    m, s = _walk_vocab(body, (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32)), V, v_real, BV)
     lse_ref[...] = m + jnp.log(s)
-    tl_ref[...] = tl
 
 
-def _dlogits(x, w, v0, v_real, lse, g_lse, g_tl, tgt):
-    """dloss/dlogits of a tile, float32: softmax * g_lse + onehot * g_target."""
-    logits, cols = _logits(x, w, v0, v_real)
-    p = jnp.exp(logits - lse[:, None])  # 0 in the padded columns (exp(-inf))
-    return p * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
-
-
-def _dx_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dx_ref, *, V, v_real, BV):
+def _dx_kernel(x_ref, w_ref, lse_ref, glse_ref, dx_ref, *, V, v_real, BV):
     from jax.experimental import pallas as pl
 
-    x, tgt, lse, g_lse, g_tl = x_ref[...], t_ref[...], lse_ref[...], glse_ref[...], gtl_ref[...]
+    x, lse, g_lse = x_ref[...], lse_ref[...], glse_ref[...]
 
-    def body(j, acc):
-        v0 = j * BV
+    def body(v0, acc, masked):
         w = w_ref[pl.ds(v0, BV), :]
-        d = _dlogits(x, w, v0, v_real, lse, g_lse, g_tl, tgt).astype(w.dtype)
+        logits = _logits(x, w)
+        if masked:
+            logits = _masked(logits, v0, v_real)
+        d = (jnp.exp(logits - lse[:, None]) * g_lse[:, None]).astype(w.dtype)  # softmax * g_lse
         return acc + jax.lax.dot_general(d, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
-    acc = jax.lax.fori_loop(0, V // BV, body, jnp.zeros(x.shape, jnp.float32))
+    acc = _walk_vocab(body, jnp.zeros(x.shape, jnp.float32), V, v_real, BV)
     dx_ref[...] = acc.astype(dx_ref.dtype)
 
 
-def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV):
+def _dw_kernel(x_ref, w_ref, lse_ref, glse_ref, dw_ref, *, T, v_real, BT, BV):
     from jax.experimental import pallas as pl
 
     w = w_ref[...]
     v0 = pl.program_id(0) * BV
+    # -inf on this block's padded columns, once per program: an add per logit, no mask in the loop
+    cols = v0 + jax.lax.broadcasted_iota(jnp.int32, (1, BV), 1)
+    pad = jnp.where(cols < v_real, 0.0, -jnp.inf).astype(jnp.float32)
 
     def body(i, acc):
-        t0 = i * BT
-        x = x_ref[pl.ds(t0, BT), :]
-        rows = pl.ds(t0, BT)
-        d = _dlogits(x, w, v0, v_real, lse_ref[rows], glse_ref[rows], gtl_ref[rows], t_ref[rows]).astype(x.dtype)
+        rows = pl.ds(i * BT, BT)
+        x = x_ref[rows, :]
+        logits = _logits(x, w) + pad
+        d = (jnp.exp(logits - lse_ref[rows][:, None]) * glse_ref[rows][:, None]).astype(x.dtype)
         return acc + jax.lax.dot_general(d, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, T // BT, body, jnp.zeros(w.shape, jnp.float32))
@@ -142,22 +163,21 @@ def _pad(a, n: int, axis: int = 0):
     return jnp.pad(a, widths)
 
 
-def _forward(x, w, targets, *, v_real, interpret):
+def _forward(x, w, *, v_real, interpret):
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V = w.shape[0]
-    kernel = functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=BLOCK_V)
-    vec = jax.ShapeDtypeStruct((T,), jnp.float32)
     row = pl.BlockSpec((BLOCK_T,), lambda i: (i,))
     return pl.pallas_call(
-        kernel, out_shape=(vec, vec), grid=(T // BLOCK_T,),
-        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)), row],
-        out_specs=(row, row), compiler_params=_compiler_params(), interpret=interpret, name="fused_ce_fwd",
-    )(x, w, targets)
+        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=BLOCK_V),
+        out_shape=jax.ShapeDtypeStruct((T,), jnp.float32), grid=(T // BLOCK_T,),
+        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0))],
+        out_specs=row, compiler_params=_compiler_params(), interpret=interpret, name="fused_ce_fwd",
+    )(x, w)
 
 
-def _backward(x, w, targets, lse, g_lse, g_tl, *, v_real, interpret):
+def _backward(x, w, lse, g_lse, *, v_real, interpret):
     from jax.experimental import pallas as pl
 
     T, K = x.shape
@@ -167,19 +187,18 @@ def _backward(x, w, targets, lse, g_lse, g_tl, *, v_real, interpret):
     dx = pl.pallas_call(
         functools.partial(_dx_kernel, V=V, v_real=v_real, BV=BLOCK_V),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(T // BLOCK_T,),
-        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)),
-                  rows, rows, rows, rows],
+        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)), rows, rows],
         out_specs=pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), compiler_params=_compiler_params(),
         interpret=interpret, name="fused_ce_dx",
-    )(x, w, targets, lse, g_lse, g_tl)
+    )(x, w, lse, g_lse)
     dw = pl.pallas_call(
         functools.partial(_dw_kernel, T=T, v_real=v_real, BT=BLOCK_T, BV=BLOCK_V),
         out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32), grid=(V // BLOCK_V,),
         in_specs=[pl.BlockSpec((T, K), lambda j: (0, 0)), pl.BlockSpec((BLOCK_V, K), lambda j: (j, 0)),
-                  whole_t, whole_t, whole_t, whole_t],
+                  whole_t, whole_t],
         out_specs=pl.BlockSpec((BLOCK_V, K), lambda j: (j, 0)), compiler_params=_compiler_params(),
         interpret=interpret, name="fused_ce_dw",
-    )(x, w, targets, lse, g_lse, g_tl)
+    )(x, w, lse, g_lse)
     return dx, dw
 
 
@@ -193,40 +212,45 @@ def _on_platform(fn, interpret, *args):
                                       default=functools.partial(fn, interpret=False))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused(x, w, targets, v_real, interpret):
-    return _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w, targets)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _lse(x, w, v_real, interpret):
+    return _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w)
 
 
-def _fused_fwd(x, w, targets, v_real, interpret):
-    lse, tl = _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w, targets)
-    return (lse, tl), (x, w, targets, lse)
+def _lse_fwd(x, w, v_real, interpret):
+    lse = _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w)
+    return lse, (x, w, lse)
 
 
-def _fused_bwd(v_real, interpret, res, g):
-    x, w, targets, lse = res
-    g_lse, g_tl = g
-    dx, dw = _on_platform(functools.partial(_backward, v_real=v_real), interpret, x, w, targets, lse,
-                          g_lse.astype(jnp.float32), g_tl.astype(jnp.float32))
-    return dx, dw.astype(w.dtype), np.zeros(targets.shape, dtype=jax.dtypes.float0)
+def _lse_bwd(v_real, interpret, res, g_lse):
+    x, w, lse = res
+    dx, dw = _on_platform(functools.partial(_backward, v_real=v_real), interpret, x, w, lse, g_lse.astype(jnp.float32))
+    return dx, dw.astype(w.dtype)
 
 
-_fused.defvjp(_fused_fwd, _fused_bwd)
+_lse.defvjp(_lse_fwd, _lse_bwd)
+
+
+def target_logits(x_TxK, w_VxK, targets_T, v_real: int):
+    """x[t] . w[targets[t]] in float32 (0 for a target outside [0, v_real)): a gather, a product and a sum,
+    outside the kernels. Its table gradient is a float32 scatter-add (every occurrence of a token adds to its
+    row), rounded once to the table's dtype."""
+    valid = (targets_T >= 0) & (targets_T < v_real)
+    rows = w_VxK.astype(jnp.float32)[jnp.where(valid, targets_T, 0)]
+    return jnp.where(valid, jnp.sum(x_TxK.astype(jnp.float32) * rows, axis=1), 0.0)
 
 
 def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool = False):
-    """(lse[T], target logit[T]) in float32 of the logits x @ w^T over the first v_real columns, by the
-    fused kernels (module docstring); differentiable in x and w. Targets outside [0, v_real) give a
-    target logit of 0 (mask those tokens out). The kernels compile with Triton when lowered for a GPU and
-    run in Pallas interpret mode when lowered for a CPU (`interpret=True` forces that)."""
+    """(lse[T], target logit[T]) in float32 of the logits x @ w^T over the first v_real columns: the lse by the
+    fused kernels (module docstring), the target logit by `target_logits`; differentiable in x and w. Targets
+    outside [0, v_real) give a target logit of 0 (mask those tokens out). The kernels compile with Triton when
+    lowered for a GPU and run in Pallas interpret mode when lowered for a CPU (`interpret=True` forces that)."""
     T, K = x_TxK.shape
     if not supported(K):
         raise ValueError(f"fused cross-entropy takes a head input width of 16..{FUSED_CE_MAX_K} in multiples of 16, got {K}")
-    x = _pad(x_TxK, BLOCK_T)
-    w = _pad(w_VxK.astype(x_TxK.dtype), BLOCK_V)
-    targets = _pad(targets_T.astype(jnp.int32), BLOCK_T)
-    lse, tl = _fused(x, w, targets, int(v_real), bool(interpret))
-    return lse[:T], tl[:T]
+    w = w_VxK.astype(x_TxK.dtype)
+    lse = _lse(_pad(x_TxK, BLOCK_T), _pad(w, BLOCK_V), int(v_real), bool(interpret))
+    return lse[:T], target_logits(x_TxK, w, targets_T.astype(jnp.int32), int(v_real))
 
 
 def reference(x_TxK, w_VxK, targets_T, v_real: int):
