@@ -266,6 +266,29 @@ class Attention(nn.Module):
         return out, cache
 
 
+@jax.custom_vjp
+def swiglu(gate, up):
+    """silu(gate) * up, whose backward is one expression of (gate, up, dh) with two outputs in float32:
+    XLA fuses it into one kernel (autodiff's graph of the same math compiled to three for sm_90)."""
+    return nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+    return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(res, dh):
+    gate, up = res
+    g, u, d = (a.astype(jnp.float32) for a in (gate, up, dh))
+    sig = jax.nn.sigmoid(g)
+    d_up = d * g * sig
+    d_gate = d * u * sig * (1.0 + g * (1.0 - sig))
+    return d_gate.astype(gate.dtype), d_up.astype(up.dtype)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x))."""
 
@@ -287,7 +310,7 @@ class SwiGLU(nn.Module):
                                                                       down_FxD)
         gate_BxLxF = _dense(c, self.backend, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
         up_BxLxF = _dense(c, self.backend, "up", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
-        h_BxLxF = nn.silu(gate_BxLxF) * up_BxLxF
+        h_BxLxF = swiglu(gate_BxLxF, up_BxLxF)
         return _dense(c, self.backend, "down", c.d_model, ("mlp", "embed"), out_std)(h_BxLxF)
 
 
