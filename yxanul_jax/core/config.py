@@ -110,7 +110,9 @@ class ModelConfig:
     fuse_projections: bool = field(default=False, metadata=WEIGHTS)
     """q, k, v as one GEMM (their kernels side by side; the same parameters): under FP8 the normed input
     is quantized once, not three times, and one state serves the three. Gate and up stay two GEMMs: fused,
-    the sm_90 step was predicted slower (XLA re-reads their joint gradient for its amax; docs/BENCHMARKS.md).
+    the sm_90 step was predicted slower (XLA re-reads their joint gradient for its amax; docs/BENCHMARKS.md;
+    again 2026-11-26 with the dequant form and `swiglu`'s backward: 644.4 against 635.0 ms at 197m stage 9,
+    the [N, 2F] gradient's concatenation splitting the one SwiGLU-backward kernel into three).
     Changes the FP8 state's layout: a run keeps the value it started with."""
 
     @property
