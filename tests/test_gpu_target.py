@@ -162,11 +162,11 @@ def test_fp8_head_with_padded_vocabulary_and_accumulation():
 @pytest.mark.parametrize("config, stage", [("configs/yxanul_197m.yaml", "0"), ("configs/yxanul_197m.yaml", "9")])
 def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
     hlo_path = tmp_path / "step.hlo"
-    # Stage 0 (seq 8) runs XLA's attention, stage 9 (seq 2048) cuDNN's (`transformer.XLA_ATTENTION_MAX_SEQ`)
+    # Stage 0 (seq 8) runs `short_attention`, stage 9 (seq 2048) cuDNN's (`transformer.SHORT_ATTENTION_MAX_SEQ`)
     cudnn = ("--require", "cudnn-attention") if stage == "9" else ()
     r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", *cudnn,
                      "--hlo-out", str(hlo_path))
-    assert r["attention"] == ("cudnn" if stage == "9" else "xla")
+    assert r["attention"] == ("cudnn" if stage == "9" else "short")
     # `remat: auto` on an H100: cuDNN's output saved at stage 9, so its forward runs once per layer, not twice
     assert r["remat"] == ("attention" if stage == "9" else "full")
     if stage == "0":

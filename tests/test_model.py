@@ -180,13 +180,13 @@ def test_parameters_carry_logical_axis_names():
     assert tuple(specs["layers"]["mlp"]["down"]["kernel"]) == ("layers", "mlp", "embed")
 
 
-def test_auto_attention_is_xla_on_short_sequences_and_cudnn_beyond():
-    from yxanul_jax.model.transformer import XLA_ATTENTION_MAX_SEQ, attention_implementation
+def test_auto_attention_is_short_on_short_sequences_and_cudnn_beyond():
+    from yxanul_jax.model.transformer import SHORT_ATTENTION_MAX_SEQ, XLA_ATTENTION_MAX_SEQ, attention_implementation
 
     m = load_config("configs/yxanul_197m.yaml").model
     by_seq = {s: attention_implementation(m, "gpu", s) for s in (8, 16, 32, 64, 2048)}
-    assert XLA_ATTENTION_MAX_SEQ == 32
-    assert by_seq == {8: "xla", 16: "xla", 32: "xla", 64: "cudnn", 2048: "cudnn"}
+    assert (SHORT_ATTENTION_MAX_SEQ, XLA_ATTENTION_MAX_SEQ) == (16, 32)
+    assert by_seq == {8: "short", 16: "short", 32: "xla", 64: "cudnn", 2048: "cudnn"}
     assert attention_implementation(m, "gpu") == "cudnn"  # no length: the long-sequence answer
     assert {attention_implementation(m, "cpu", s) for s in (8, 2048)} == {"xla"}
     forced = dataclasses.replace(m, attention="cudnn")
@@ -210,3 +210,26 @@ def test_swiglu_gradient_equals_autodiff_of_its_forward(dtype, tol):
         assert got.dtype == dtype
         got, want = np.asarray(got, np.float32), np.asarray(want)
         assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_short_attention_equals_jax_xla_attention_with_its_gradients(dtype, tol):
+    # transformer.short_attention (auto's choice on a GPU up to 32 tokens) against jax.nn.dot_product_attention's
+    # XLA implementation: causal, 6 query heads over 2 kv heads; bfloat16 rounds outputs and gradients
+    from yxanul_jax.model.transformer import short_attention
+
+    k = jax.random.split(jax.random.key(5), 4)
+    q = jax.random.normal(k[0], (3, 16, 6, 32)).astype(dtype)
+    kk = jax.random.normal(k[1], (3, 16, 2, 32)).astype(dtype)
+    v = jax.random.normal(k[2], (3, 16, 2, 32)).astype(dtype)
+    do = jax.random.normal(k[3], (3, 16, 6, 32)).astype(dtype)
+    ref = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")  # noqa: E731
+    out, vjp = jax.vjp(short_attention, q, kk, v)
+    out_r, vjp_r = jax.vjp(ref, q, kk, v)
+    assert out.dtype == dtype
+    for got, want in zip((out, *vjp(do)), (out_r, *vjp_r(do))):
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        assert got.shape == want.shape and np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
+    # causal: the first token attends to itself alone
+    np.testing.assert_allclose(np.asarray(out[:, 0, :3], np.float32), np.asarray(v[:, 0, :1].repeat(3, 1), np.float32),
+                               rtol=tol, atol=tol)

@@ -75,10 +75,10 @@ def test_te_head_state_with_accumulation_and_loss_chunks():
 # both layer kinds and both ends of the curriculum; each count is the same at the other stage.
 @pytest.mark.parametrize("stage, fused", [("0", False), ("9", True)])
 def test_yxanul_197m_te_stages_compile_for_h100(stage, fused):
-    # stage 0 (seq 8) runs XLA's attention (`transformer.XLA_ATTENTION_MAX_SEQ`), stage 9 cuDNN's
+    # stage 0 (seq 8) runs `short_attention` (`transformer.SHORT_ATTENTION_MAX_SEQ`), stage 9 cuDNN's
     r = _inspect_te("--config", "configs/yxanul_197m.yaml", "--stage", stage, f"fp8.te_layers={str(fused).lower()}",
                     cudnn=stage == "9")
-    assert r["attention"] == ("cudnn" if stage == "9" else "xla")
+    assert r["attention"] == ("cudnn" if stage == "9" else "short")
     g = r["gpu"]
     if stage == "0":
         assert g["cudnn_attention"] == {"forward": 0, "backward": 0}

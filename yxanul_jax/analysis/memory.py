@@ -68,7 +68,8 @@ Attention: XLA's attention materializes the H x L x L scores: the H L terms abov
 sequence length. On the `gpu` platform `model.attention: cudnn`, and `auto` for BF16 with head_dim
 <= 128 (which the model then runs on cuDNN, see `transformer.attention_implementation`), is planned
 as flash attention: float32 row statistics (4 H bytes per token) instead of the scores, and no
-score term in the working set (not measured here: cuDNN does not run on CPU).
+score term in the working set (not measured here: cuDNN does not run on CPU). `short` attention (auto's
+choice on a GPU up to 16 tokens) adds `SHORT_SCORE_BYTES` per score to the working set.
 
 Not modeled: the CUDA context and cuBLAS/cuDNN workspaces (a few hundred MB, outside JAX's pool;
 that is what the headroom is for), activation sharding across devices (the estimate is for one
@@ -284,6 +285,8 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     recompute = 0 if effective == "none" else cal.recompute * saved_bytes_per_token(cfg, stage.seq_len, "none",
                                                                                     residual, a, flash, cal)
     scores = 0 if flash else cal.t_S * m.n_heads * stage.seq_len
+    if attention_implementation(m, platform, stage.seq_len) == "short":
+        scores += SHORT_SCORE_BYTES * m.n_heads * stage.seq_len
     w_layer = recompute + cal.t_D * m.d_model + cal.t_F * m.ffn_dim + scores
     chunk = max(1, min(cfg.train.loss_chunk, N))
     k_l = cal.loss_single if chunk >= N else cal.loss_multi
@@ -310,6 +313,12 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         "logits": logits, "other": other + st["misc_state"], "temp": temp, "bytes_total": total}.items()} | {
         "phase": phase}
 
+
+# `transformer.short_attention` holds three float32 copies of its [L x L x H] scores per token in a layer's
+# backward pass beyond what XLA's attention does (scores, softmax, rounded probabilities): sm_90 compiles of
+# yxanul-197m, jax 0.10.2, 2026-11-26: +0.05 GB at stage 0 (seq 8), +0.30 GB at stage 1 (seq 16), 7.6 and
+# 11.8 bytes per score.
+SHORT_SCORE_BYTES = 12.0
 
 # `model.remat: auto` takes the first of these whose planned peak fits, fastest first as the performance model
 # ranks them (`analyze --target h100`, yxanul-197m stage 9 FP8, jax 0.10.2, 2026-11-26: attention 651.0 ms, full

@@ -188,25 +188,53 @@ def _fused_matmul(cfg: ModelConfig, backend, name: str, parts: tuple[str, ...]) 
     return Matmul(backend if fp8 else backend.for_target("none"), DTYPES[cfg.dtype], name, name=name)
 
 
-# `model.attention: auto` runs XLA's attention on a GPU up to this sequence length: cuDNN's flash kernels
-# work in 64 x 128 tiles and lose to XLA's plain attention below them. Measured (scripts/attention_check.py,
+# `model.attention: auto` runs plain attention on a GPU up to XLA_ATTENTION_MAX_SEQ tokens: cuDNN's flash
+# kernels work in 64 x 128 tiles and lose to plain attention below them. Measured (scripts/attention_check.py,
 # one yxanul-197m layer forward + backward at each stage's batch, H200, jax 0.11.2, 2026-11-26): cuDNN / XLA
-# 5.85 / 0.96 ms at seq 8, 6.45 / 2.08 at 16, 4.18 / 2.00 at 32, 2.89 / 2.53 at 64; stage 0 of the FP8
-# step went from 450 to 306 ms. At 64 (one tile) the 13 % is one measurement and XLA keeps the L x L scores,
-# so cuDNN stays from 64 on. One GPU measured it; the rule is applied to every GPU (an H100 has the same SMs).
+# 5.85 / 0.96 ms at seq 8, 6.45 / 2.08 at 16, 4.18 / 2.00 at 32, 2.89 / 2.53 at 64; stage 0 of the FP8 step
+# went from 450 to 306 ms. At 64 (one tile) the 13 % is one measurement and plain attention keeps the L x L
+# scores, so cuDNN stays from 64 on. One GPU measured it; the rule is applied to every GPU (an H100 has the
+# same SMs). Up to SHORT_ATTENTION_MAX_SEQ the plain attention is `short_attention`, the same math without
+# XLA's head-major transposes and batched GEMMs (issue 25; analyze --target h100, 197m FP8, 2026-11-26:
+# stage 0 299.9 -> 284.5 ms, stage 1 562.6 -> 551.4); at 32 tokens its sm_90 compile took over 15 minutes
+# on 2 cores, so stage 2 keeps XLA's.
 XLA_ATTENTION_MAX_SEQ = 32
+SHORT_ATTENTION_MAX_SEQ = 16
 
 
 def attention_implementation(cfg: ModelConfig, platform: str | None = None, seq_len: int | None = None) -> str:
-    """`auto`: cuDNN flash attention on GPU for BF16/FP16 (jax's own default would pick XLA, which
-    stores the L x L scores), except for sequences of at most `XLA_ATTENTION_MAX_SEQ` tokens, where XLA's
-    is faster; XLA everywhere else. `platform` defaults to jax's default backend; without `seq_len` the
-    answer is that of long sequences."""
+    """`auto`: cuDNN flash attention on GPU for BF16/FP16 (jax's own default would pick XLA, which stores
+    the L x L scores), plain attention there for sequences of at most `XLA_ATTENTION_MAX_SEQ` tokens
+    (`short_attention` up to `SHORT_ATTENTION_MAX_SEQ`, XLA's beyond), XLA's everywhere else. `platform`
+    defaults to jax's default backend; without `seq_len` the answer is that of long sequences."""
     if cfg.attention != "auto":
         return cfg.attention
-    on_gpu = (platform or jax.default_backend()) == "gpu"
+    if (platform or jax.default_backend()) != "gpu":
+        return "xla"
+    if seq_len is not None and seq_len <= SHORT_ATTENTION_MAX_SEQ:
+        return "short"
     short = seq_len is not None and seq_len <= XLA_ATTENTION_MAX_SEQ
-    return "cudnn" if on_gpu and cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 and not short else "xla"
+    return "cudnn" if cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 and not short else "xla"
+
+
+def short_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK):
+    """Causal grouped-query attention as broadcast products and sums in the tokens' own [B, L, heads, K] layout:
+    no head-major transposes and no batched GEMMs, so XLA fuses each step into a few elementwise and reduction
+    kernels; the scores are [B, L, L, H] float32, for short sequences. The numerics of
+    `jax.nn.dot_product_attention(implementation="xla")`: float32 scores of the operands scaled by 1 / sqrt(K),
+    a float32 softmax, probabilities rounded to the value dtype, float32 sums."""
+    B, L, H, K = q_BxLxHxK.shape
+    G = k_BxLxGxK.shape[2]
+    f32 = jnp.float32
+    q_BxTxGxRxK = q_BxLxHxK.reshape(B, L, G, H // G, K).astype(f32)
+    k_Bx1xSxGx1xK = k_BxLxGxK.astype(f32)[:, None, :, :, None, :]
+    s_BxTxSxGxR = jnp.sum(q_BxTxGxRxK[:, :, None] * k_Bx1xSxGx1xK, axis=-1) * (K ** -0.5)
+    causal_TxS = jnp.arange(L)[:, None] >= jnp.arange(L)[None, :]
+    s_BxTxSxGxR = jnp.where(causal_TxS[None, :, :, None, None], s_BxTxSxGxR, -jnp.inf)
+    p_BxTxSxGxR = jax.nn.softmax(s_BxTxSxGxR, axis=2).astype(v_BxLxGxK.dtype).astype(f32)
+    v_Bx1xSxGx1xK = v_BxLxGxK.astype(f32)[:, None, :, :, None, :]
+    o_BxTxGxRxK = jnp.sum(p_BxTxSxGxR[..., None] * v_Bx1xSxGx1xK, axis=2)
+    return o_BxTxGxRxK.reshape(B, L, H, K).astype(q_BxLxHxK.dtype)
 
 
 class Attention(nn.Module):
@@ -250,8 +278,11 @@ class Attention(nn.Module):
         if cache is None:
             impl = attention_implementation(c, seq_len=L)
             with jax.named_scope(scopes.ATTENTION):
-                o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
-                                                         implementation=impl)
+                if impl == "short":
+                    o_BxLxHxK = short_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK)
+                else:
+                    o_BxLxHxK = jax.nn.dot_product_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK, is_causal=True,
+                                                             implementation=impl)
         else:
             rows_Bx1 = jnp.arange(B)[:, None]
             k_BxSxGxK = cache["k"].at[rows_Bx1, positions_BxL].set(k_BxLxGxK.astype(cache["k"].dtype))
