@@ -26,7 +26,8 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
                                                  fp8.wgrad=bf16 every GEMM keeps its BF16 input
               + a (H K + 2 G K)                  RoPE'd q and k, v
               + H L (9 + a) + 8 H                causal mask, float32 scores and exp, probabilities
-              + 5 a F                            gate and up outputs, the three residuals of silu
+              + 2 a F                            gate and up outputs (`transformer.swiglu`'s backward
+                                                 recomputes silu from them)
       dots  s = a (H K + 2 G K + D + 2 F) + a D  GEMM outputs (q, k, v, o, gate, up) and input; 4 bytes
                                                  for an FP8 GEMM's output in the `f32` form
                                                  (`fp8.gemm_form`; auto: dequant on a GPU, f32 on a CPU)
@@ -36,7 +37,8 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
     These equal, byte for byte, what `jax.ad_checkpoint.print_saved_residuals` lists for the real
     model (tested for FP8 on/off/partial, bfloat16/float32, none/dots/full).
   - `w_layer`: one layer's backward working set per token: its recomputed `none` residuals (when
-    remat is on) plus t_D D + t_F F + t_S H L bytes of gradients in flight.
+    remat is on) plus t_D D + t_F F + t_S H L bytes of gradients in flight, and on CPU the float32
+    copies of `transformer.swiglu`'s backward (12 F; `swiglu_f32`).
   - k_l C V: the chunked cross-entropy's logits and their gradient, C = min(train.loss_chunk, N);
     k_l = loss_multi with several chunks, loss_single when one chunk covers the micro-batch (XLA
     then inlines the one-step loop and keeps BF16 copies of the logits as well).
@@ -121,18 +123,20 @@ class Calibration:
     loss_single: float = 12.9  # ... with one chunk (XLA inlines the loop; BF16 copies stay too)
     cpu_scan_none: float = 1.6  # XLA CPU keeps this much more for a scanned layer without remat
     norm_keep: float = 1.0  # share of the RMSNorms' float32 residuals kept (XLA GPU fuses the norms)
-    mlp_keep: float = 1.0  # share of the SwiGLU's 5 a F residual bytes kept (XLA GPU fuses silu * up)
+    mlp_keep: float = 1.0  # share of the SwiGLU's 2 a F residual bytes kept
     recompute: float = 1.0  # share of a rematerialized layer's residuals alive in its backward pass
+    swiglu_f32: float = 1.0  # float32 copies of gate, up and their gradient in `swiglu`'s backward (XLA GPU fuses them)
 
 
 CALIBRATION = Calibration()
 # Fitted to XLA's sm_90 memory analysis: 29 deviceless H100 compiles of tiny, pythia-70m-capped,
 # yxanul-197m and -270m variants (scripts/fit_plan.py, jax 0.10.2, 2026-11-21; largest error 18 %,
 # RMS 6 %; docs/MEMORY.md). XLA's GPU fusions keep almost none of the RMSNorms' float32 copies and
-# a third of the SwiGLU's, and recompute a rematerialized layer piece by piece.
+# a third of the SwiGLU's five residuals of then (1.875 a F; mlp_keep rescaled when `swiglu` came to keep
+# the two, 2026-11-26), and recompute a rematerialized layer piece by piece.
 GPU_CALIBRATION = Calibration(g_loss=0.516, g_layer=0.07, g_accum=2.643, embed=0.328, t_D=0.825, t_F=0.917,
                               t_S=1.262, t_h=9.684, loss_multi=5.901, loss_single=5.644, norm_keep=0.015,
-                              mlp_keep=0.375, recompute=0.111)
+                              mlp_keep=0.9375, recompute=0.111, swiglu_f32=0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -240,7 +244,7 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
     s += H * K if "o" in fp8_in else a * H * K
     s += F if "down" in fp8_in else a * F
     s += a * (H * K + 2 * G * K) + (4 * H if flash else H * L * (9 + a) + 8 * H)
-    s += mlp_keep * 5 * a * F
+    s += mlp_keep * 2 * a * F
     return s
 
 
@@ -287,7 +291,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     scores = 0 if flash else cal.t_S * m.n_heads * stage.seq_len
     if attention_implementation(m, platform, stage.seq_len) == "short":
         scores += SHORT_SCORE_BYTES * m.n_heads * stage.seq_len
-    w_layer = recompute + cal.t_D * m.d_model + cal.t_F * m.ffn_dim + scores
+    w_layer = recompute + cal.t_D * m.d_model + (cal.t_F + 12 * cal.swiglu_f32) * m.ffn_dim + scores
     chunk = max(1, min(cfg.train.loss_chunk, N))
     k_l = cal.loss_single if chunk >= N else cal.loss_multi
     logits = k_l * chunk * m.padded_vocab
@@ -425,6 +429,22 @@ def _fit_batches(cfg: Config, budget: int, platform: Platform) -> tuple[Config, 
     return dataclasses.replace(cfg, curriculum=tuple(stages)), ok
 
 
+def largest_micro_batches(cfg: Config, budget: int, platform: Platform = "gpu") -> Config:
+    """`cfg` with each stage's largest micro-batch that fits `budget` bytes, among the divisors of its rows per
+    step (grad_accum_steps lowered to match: tokens per step unchanged, the same sums): fewer, larger GEMMs and
+    one FP8 cast of each weight per micro-batch fewer. A stage that cannot grow keeps its layout."""
+    st = state_bytes(cfg)
+    stages = []
+    for s in cfg.curriculum:
+        rows = s.batch_size * s.grad_accum_steps
+        cap = max_batch_size(cfg, s, budget, platform, state=st)
+        grown = [dataclasses.replace(s, batch_size=b, grad_accum_steps=rows // b)
+                 for b in _divisors(rows) if s.batch_size < b <= cap]
+        fits = [g for g in grown if estimate_stage(cfg, g, platform, state=st, budget=budget)["bytes_total"] <= budget]
+        stages.append(fits[0] if fits else s)  # _divisors: largest first
+    return dataclasses.replace(cfg, curriculum=tuple(stages))
+
+
 def _round_to(x: float, q: int) -> int:
     return max(q, int(round(x / q)) * q)
 
@@ -460,7 +480,7 @@ def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: st
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(m, name=f"{m.name}-{tag}"))
     out, ok = _fit_batches(cfg, budget, platform)
     if ok:
-        return out, _batch_notes(cfg, out), True
+        return out, batch_notes(cfg, out), True
     notes: list[str] = []
     saving = m.remat if m.remat in ("full", "auto") else "full"  # auto takes full where nothing else fits
     saver = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=saving, scan_layers=True))
@@ -477,7 +497,7 @@ def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: st
     if saver.train.loss_chunk < t.loss_chunk:
         notes.append(f"loss chunk {t.loss_chunk:,} -> {saver.train.loss_chunk:,} tokens (a smaller logits block)")
     if ok:
-        return out, notes + _batch_notes(cfg, out), True
+        return out, notes + batch_notes(cfg, out), True
     # Shrink the model (the seeds' GTX 1650 recipe: same vocabulary, narrower): the largest of these
     # widths x depths whose every stage fits.
     candidates = [(w, dd) for dd in (1.0, 0.75, 0.5, 0.25) for w in (1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25)
@@ -492,12 +512,13 @@ def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: st
                          f"{sm.n_layers} x {sm.d_model} (FFN {sm.ffn_dim}, {sm.n_heads}/{sm.n_kv_heads} heads"
                          f"{f', embed rank {sm.embed_rank}' if sm.embed_rank != m.embed_rank else ''}): "
                          f"{param_count(cfg) / 1e6:.1f} M -> {param_count(out) / 1e6:.1f} M parameters")
-            return out, notes + _batch_notes(cfg, out), True
+            return out, notes + batch_notes(cfg, out), True
     return saver, notes + ["no smaller model of this vocabulary fits either: the vocabulary-sized matrices and "
                            "their optimizer state alone are too large; use a smaller tokenizer"], False
 
 
-def _batch_notes(before: Config, after: Config) -> list[str]:
+def batch_notes(before: Config, after: Config) -> list[str]:
+    """Each stage whose micro-batch layout differs between the two configs, in words."""
     out = []
     for i, (a, b) in enumerate(zip(before.curriculum, after.curriculum)):
         if (a.batch_size, a.grad_accum_steps) != (b.batch_size, b.grad_accum_steps):
