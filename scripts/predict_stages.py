@@ -40,7 +40,8 @@ def predict_cell(config: str, stage: int, precision: str, target: str, overrides
             "rows": r["batch_size"] * r["grad_accum_steps"], "step_ms": p["predicted_step_ms"],
             "tokens_per_s": p["predicted_tokens_per_s"], "mfu": p["predicted_mfu"], "hlo_flops": p["hlo_flops"],
             "model_flops": p["model_flops"], "categories": {k: v["ms"] for k, v in p["categories"].items()},
-            "xla_peak_bytes": r["memory"]["peak_bytes"], "calibration": p["calibration"]}
+            "xla_peak_bytes": r["memory"]["peak_bytes"], "attention": r["attention"], "remat": r["remat"],
+            "calibration": p["calibration"]}
 
 
 def table(rows: list[dict]) -> str:
