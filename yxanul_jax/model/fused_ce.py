@@ -10,21 +10,22 @@ tied-through-rank head), w the vocabulary table ([V, K], padded rows allowed: co
 -inf, so no `[T x V]` mask exists anywhere). The caller builds the NLL (lse - target) and the z-loss
 (lse^2) from the two float32 vectors, with its token mask.
 
-The lse is three kernels, one program per block of rows:
+Three kernels, one program per block of rows:
 
   * forward (`fused_ce_fwd`, grid T / BT): each program walks the vocabulary in blocks of BV rows of w,
     computes the [BT, BV] logits tile in registers with float32 accumulation, and carries an online max
     and sum of exps. Writes lse: 4 bytes per token.
   * input gradient (`fused_ce_dx`, grid T / BT): recomputes each logits tile, forms
-    dlogits = softmax * g_lse in float32, and accumulates dx += dlogits @ w_blk.
+    dlogits = softmax * g_lse + onehot(target) * g_target in float32, and accumulates dx += dlogits @ w_blk.
   * table gradient (`fused_ce_dw`, grid V / BV): the same tiles walked the other way, dw += dlogits^T @ x_blk.
 
-The target logit is not in the kernels (`target_logits`): a gather of one table row per token, a product
-and a sum, whose gradients are the one-hot part of dlogits (g_target times the target's row into dx, a
-float32 scatter-add of g_target x into the target's row of dw). That keeps every kernel's inner loop to
-a GEMM, one exp and the softmax arithmetic. The padded vocabulary costs a mask only in the one block that
-straddles v_real (the forward and dx walk the whole blocks unmasked, then that one; blocks of padded rows
-alone are skipped), and dw adds a per-program -inf column bias.
+The forward leaves the target logit to XLA (`target_logits`: a gather of one table row per token, a product
+and a sum), so its inner loop is a GEMM, one exp and the online max and sum. The backward kernels keep the
+one-hot part of dlogits in the tile, summed with the softmax part in float32 before the tile is rounded to
+BF16 for the gradient GEMM: where the target's probability is near 1 the two parts nearly cancel. The
+padded vocabulary costs a mask only in the one block that straddles v_real (the forward and dx walk the
+whole blocks unmasked, then that one; blocks of padded rows alone are skipped, and dw runs no program for
+them), and dw adds a per-program -inf column bias.
 
 The backward recomputes the logits (levanter's design) instead of storing them: 5 x 2 T K V FLOPs in all,
 no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x have zero gradient
@@ -47,6 +48,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from yxanul_jax.core.config import FUSED_CE_MAX_K, fused_ce_takes
 
@@ -117,37 +119,45 @@ def _fwd_kernel(x_ref, w_ref, lse_ref, *, V, v_real, BV):
     lse_ref[...] = m + jnp.log(s)
 
 
-def _dx_kernel(x_ref, w_ref, lse_ref, glse_ref, dx_ref, *, V, v_real, BV):
+def _dlogits(logits, cols, lse, g_lse, tgt, g_tl):
+    """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the gradient GEMM:
+    softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two nearly
+    cancel: rounding each to BF16 first left 11-15 % errors in the gradients there."""
+    return jnp.exp(logits - lse[:, None]) * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
+
+
+def _dx_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dx_ref, *, V, v_real, BV):
     from jax.experimental import pallas as pl
 
-    x, lse, g_lse = x_ref[...], lse_ref[...], glse_ref[...]
+    x, tgt, lse, g_lse, g_tl = x_ref[...], t_ref[...], lse_ref[...], glse_ref[...], gtl_ref[...]
 
     def body(v0, acc, masked):
         w = w_ref[pl.ds(v0, BV), :]
         logits = _logits(x, w)
+        cols = v0 + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
         if masked:
-            logits = _masked(logits, v0, v_real)
-        d = (jnp.exp(logits - lse[:, None]) * g_lse[:, None]).astype(w.dtype)  # softmax * g_lse
+            logits = jnp.where(cols < v_real, logits, -jnp.inf)
+        d = _dlogits(logits, cols, lse, g_lse, tgt, g_tl).astype(w.dtype)
         return acc + jax.lax.dot_general(d, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = _walk_vocab(body, jnp.zeros(x.shape, jnp.float32), V, v_real, BV)
     dx_ref[...] = acc.astype(dx_ref.dtype)
 
 
-def _dw_kernel(x_ref, w_ref, lse_ref, glse_ref, dw_ref, *, T, v_real, BT, BV):
+def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV):
     from jax.experimental import pallas as pl
 
     w = w_ref[...]
     v0 = pl.program_id(0) * BV
-    # -inf on this block's padded columns, once per program: an add per logit, no mask in the loop
     cols = v0 + jax.lax.broadcasted_iota(jnp.int32, (1, BV), 1)
+    # -inf on this block's padded columns, once per program: an add per logit, no mask in the loop
     pad = jnp.where(cols < v_real, 0.0, -jnp.inf).astype(jnp.float32)
 
     def body(i, acc):
         rows = pl.ds(i * BT, BT)
         x = x_ref[rows, :]
         logits = _logits(x, w) + pad
-        d = (jnp.exp(logits - lse_ref[rows][:, None]) * glse_ref[rows][:, None]).astype(x.dtype)
+        d = _dlogits(logits, cols, lse_ref[rows], glse_ref[rows], t_ref[rows], gtl_ref[rows]).astype(x.dtype)
         return acc + jax.lax.dot_general(d, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, T // BT, body, jnp.zeros(w.shape, jnp.float32))
@@ -177,29 +187,34 @@ def _forward(x, w, *, v_real, interpret):
     )(x, w)
 
 
-def _backward(x, w, lse, g_lse, *, v_real, interpret):
+def _backward(x, w, targets, lse, g_lse, g_tl, *, v_real, interpret):
+    """(dx in x's dtype, dw in float32), dw only for the vocabulary blocks that hold real rows (the blocks of
+    padded rows alone get zeros without a program)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V = w.shape[0]
+    full, partial = _vocab_blocks(V, v_real, BLOCK_V)
     rows = pl.BlockSpec((BLOCK_T,), lambda i: (i,))
     whole_t = pl.BlockSpec((T,), lambda i: (0,))
     dx = pl.pallas_call(
         functools.partial(_dx_kernel, V=V, v_real=v_real, BV=BLOCK_V),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(T // BLOCK_T,),
-        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)), rows, rows],
+        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)),
+                  rows, rows, rows, rows],
         out_specs=pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), compiler_params=_compiler_params(),
         interpret=interpret, name="fused_ce_dx",
-    )(x, w, lse, g_lse)
+    )(x, w, targets, lse, g_lse, g_tl)
+    real = (full + partial) * BLOCK_V
     dw = pl.pallas_call(
         functools.partial(_dw_kernel, T=T, v_real=v_real, BT=BLOCK_T, BV=BLOCK_V),
-        out_shape=jax.ShapeDtypeStruct(w.shape, jnp.float32), grid=(V // BLOCK_V,),
+        out_shape=jax.ShapeDtypeStruct((real, K), jnp.float32), grid=(full + partial,),
         in_specs=[pl.BlockSpec((T, K), lambda j: (0, 0)), pl.BlockSpec((BLOCK_V, K), lambda j: (j, 0)),
-                  whole_t, whole_t],
+                  whole_t, whole_t, whole_t, whole_t],
         out_specs=pl.BlockSpec((BLOCK_V, K), lambda j: (j, 0)), compiler_params=_compiler_params(),
         interpret=interpret, name="fused_ce_dw",
-    )(x, w, lse, g_lse)
-    return dx, dw
+    )(x, w, targets, lse, g_lse, g_tl)
+    return dx, _pad(dw, V) if real < V else dw
 
 
 def _on_platform(fn, interpret, *args):
@@ -212,45 +227,58 @@ def _on_platform(fn, interpret, *args):
                                       default=functools.partial(fn, interpret=False))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _lse(x, w, v_real, interpret):
-    return _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w)
-
-
-def _lse_fwd(x, w, v_real, interpret):
-    lse = _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w)
-    return lse, (x, w, lse)
-
-
-def _lse_bwd(v_real, interpret, res, g_lse):
-    x, w, lse = res
-    dx, dw = _on_platform(functools.partial(_backward, v_real=v_real), interpret, x, w, lse, g_lse.astype(jnp.float32))
-    return dx, dw.astype(w.dtype)
-
-
-_lse.defvjp(_lse_fwd, _lse_bwd)
+def _target_rows(targets, v_real: int):
+    """(whether each target is a real row, the index to gather: the target, or 0 where it is not)."""
+    valid = (targets >= 0) & (targets < v_real)
+    return valid, jnp.where(valid, targets, 0)
 
 
 def target_logits(x_TxK, w_VxK, targets_T, v_real: int):
-    """x[t] . w[targets[t]] in float32 (0 for a target outside [0, v_real)): a gather, a product and a sum,
-    outside the kernels. Its table gradient is a float32 scatter-add (every occurrence of a token adds to its
-    row), rounded once to the table's dtype."""
-    valid = (targets_T >= 0) & (targets_T < v_real)
-    rows = w_VxK.astype(jnp.float32)[jnp.where(valid, targets_T, 0)]
-    return jnp.where(valid, jnp.sum(x_TxK.astype(jnp.float32) * rows, axis=1), 0.0)
+    """x[t] . w[targets[t]] in float32 (0 for a target outside [0, v_real)): a gather, a product and a sum in
+    XLA, outside the kernels."""
+    valid, idx = _target_rows(targets_T, v_real)
+    return jnp.where(valid, jnp.sum(x_TxK.astype(jnp.float32) * w_VxK[idx].astype(jnp.float32), axis=1), 0.0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _fused(x, w, targets, v_real, interpret):
+    lse = _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w)
+    return lse, target_logits(x, w, targets, v_real)
+
+
+def _fused_fwd(x, w, targets, v_real, interpret):
+    out = _fused(x, w, targets, v_real, interpret)
+    return out, (x, w, targets, out[0])
+
+
+def _fused_bwd(v_real, interpret, res, g):
+    x, w, targets, lse = res
+    g_lse, g_tl = (a.astype(jnp.float32) for a in g)
+    valid, _ = _target_rows(targets, v_real)
+    g_tl = jnp.where(valid, g_tl, 0.0)  # a target outside [0, v_real) has a constant target logit (0)
+    dx, dw = _on_platform(functools.partial(_backward, v_real=v_real), interpret, x, w, targets, lse, g_lse, g_tl)
+    return dx, dw.astype(w.dtype), np.zeros(targets.shape, dtype=jax.dtypes.float0)
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
 
 
 def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool = False):
     """(lse[T], target logit[T]) in float32 of the logits x @ w^T over the first v_real columns: the lse by the
-    fused kernels (module docstring), the target logit by `target_logits`; differentiable in x and w. Targets
-    outside [0, v_real) give a target logit of 0 (mask those tokens out). The kernels compile with Triton when
-    lowered for a GPU and run in Pallas interpret mode when lowered for a CPU (`interpret=True` forces that)."""
+    fused kernels (module docstring), the target logit by `target_logits`; differentiable in x and w (one
+    custom gradient for both: the backward kernels). Targets outside [0, v_real) give a target logit of 0 (mask those
+    tokens out). The kernels compile with Triton when lowered for a GPU and run in Pallas interpret mode when
+    lowered for a CPU (`interpret=True` forces that)."""
     T, K = x_TxK.shape
     if not supported(K):
         raise ValueError(f"fused cross-entropy takes a head input width of 16..{FUSED_CE_MAX_K} in multiples of 16, got {K}")
-    w = w_VxK.astype(x_TxK.dtype)
-    lse = _lse(_pad(x_TxK, BLOCK_T), _pad(w, BLOCK_V), int(v_real), bool(interpret))
-    return lse[:T], target_logits(x_TxK, w, targets_T.astype(jnp.int32), int(v_real))
+    if not 0 < v_real <= w_VxK.shape[0]:
+        raise ValueError(f"v_real {v_real} must be in 1..{w_VxK.shape[0]} (the table's rows)")
+    x = _pad(x_TxK, BLOCK_T)
+    w = _pad(w_VxK.astype(x_TxK.dtype), BLOCK_V)
+    targets = _pad(targets_T.astype(jnp.int32), BLOCK_T)
+    lse, tl = _fused(x, w, targets, int(v_real), bool(interpret))
+    return lse[:T], tl[:T]
 
 
 def reference(x_TxK, w_VxK, targets_T, v_real: int):
