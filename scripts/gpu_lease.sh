@@ -4,7 +4,7 @@
 # 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
 # (bash scripts/gpu_carry_kit.sh here first):
 #
-#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | calibrate | fp8 | wgrad;
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | calibrate | fp8 | wgrad;
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
@@ -17,7 +17,10 @@
 # it ran on 2026-11-26): the ways of writing an FP8 GEMM for XLA (`fp8.gemm_form`) under XLA options, one
 # projection at a time (scripts/fp8_gemm_probe.py), then stage 9 FP8 in the `dequant` form without Triton
 # GEMMs profiled (its HLO kept), in the `f32` form with XLA's default options, and stage 0 in `dequant`. Plan wgrad: stages 9 and 0 in FP8 with the weight gradient in FP8 and in
-# BF16 (`fp8.wgrad`). A step that would not finish before the deadline is skipped and says so.
+# BF16 (`fp8.wgrad`). Plan ab (the fourth session's changes, each against what it replaced in the same call):
+# the fused head + loss kernels, stage 9 FP8 profiled (remat auto: cuDNN's output kept) and with remat full,
+# stage 0 FP8 profiled (short_attention) and with XLA's attention, stage 9 BF16. A step that would not finish before the
+# deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
 set -uo pipefail
@@ -25,7 +28,7 @@ cd "$(dirname "$0")/.."
 DEADLINE=${1:-540}
 PLAN=${2:-bench}
 PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
-case "$PLAN" in bench | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
+case "$PLAN" in bench | ab | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
 case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
 DEADLINE=$((10#$DEADLINE))  # "0540" is 540, not octal
 OUT=${OUT:-$PWD/lease}
@@ -83,6 +86,17 @@ case "$PLAN" in
     step s0_fp8 70 30 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
     XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 90 "${BENCH[@]}" --cell-timeout 220 --stages 9 \
       --precisions bf16 --torch --out "$RES/s9_bf16_torch"
+    ;;
+  ab)  # remat auto against full at stage 9, short_attention against XLA's at stage 0, the reworked fused loss
+    step fused_ce 100 45 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
+      --json-out "$RES/fused_ce.json"
+    step s9_fp8 110 50 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8"
+    step s9_fp8_remat_full 70 35 "${BENCH[@]}" model.remat=full --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_remat_full"
+    step s0_fp8 70 30 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
+    step s0_fp8_xla_attention 60 30 "${BENCH[@]}" model.attention=xla --stages 0 --precisions fp8-xla --no-torch \
+      --out "$RES/s0_fp8_xla_attention"
+    step s9_bf16 70 30 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
     ;;
   calibrate)  # attention above 32 tokens; profiles without command buffers, every kernel matched to the prediction
     step attention 100 40 "$PY" scripts/attention_check.py --stages 3 4 5 6 --iters 10

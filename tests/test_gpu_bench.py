@@ -168,7 +168,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     bad = subprocess.run(["bash", "scripts/gpu_lease.sh", "60", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | calibrate | fp8 | wgrad)"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | calibrate | fp8 | wgrad)"
     assert not (tmp_path / "lease.log").exists()  # refused before anything was written
     proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "calibrate"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -182,6 +182,12 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     log = (tmp_path / "lease.log").read_text()
     assert proc.returncode == 0 and all(f"== {step}: skipped" in log for step in
                                         ("gemm_probe", "s9_fp8_dequant_prof", "s9_fp8_f32", "s0_fp8_dequant"))
+    proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "ab"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "lease.log").read_text()
+    assert proc.returncode == 0 and all(f"== {step}: skipped" in log for step in
+                                        ("fused_ce", "s9_fp8", "s9_fp8_remat_full", "s0_fp8", "s0_fp8_xla_attention",
+                                         "s9_bf16"))
 
 
 def test_a_cell_past_its_time_limit_is_recorded_and_the_rest_written(tmp_path):
