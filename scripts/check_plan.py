@@ -22,7 +22,7 @@ import time
 import jax
 
 from yxanul_jax.analysis.gpu_target import gpu_config
-from yxanul_jax.analysis.memory import estimate_stage
+from yxanul_jax.analysis.memory import estimate_stage, with_stage_remat
 from yxanul_jax.core.config import load_config
 from yxanul_jax.training.stages import compile_stage, compiled_memory
 
@@ -52,7 +52,7 @@ def main() -> None:
     flavor = "cpu" if plat == "cpu" else "gpu"
     rows = []
     gpu_head = f"{'sm_90 peak':>11}{'gpu plan':>9}{'error':>8}" if device is not None else ""
-    print(f"{'config':<24}{'stage':>6}{'seq':>6}{'batch':>7}{'accum':>6}{'remat':>6}"
+    print(f"{'config':<24}{'stage':>6}{'seq':>6}{'batch':>7}{'accum':>6}{'remat':>10}"
           f"{plat + ' peak':>11}{flavor + ' plan':>9}{'error':>8}{gpu_head}{'compile s':>10}")
     for spec in args.config or DEFAULT:
         path, _, which = spec.partition(":")
@@ -60,23 +60,26 @@ def main() -> None:
         indices = [int(i) for i in which.split(",")] if which else range(len(cfg.curriculum))
         for i in indices:
             stage = cfg.curriculum[i]
-            xla = compiled_peak(cfg, stage)
-            est = estimate_stage(cfg, stage, platform=flavor)
+            here = with_stage_remat(cfg, stage)  # `remat: auto` as this machine's step runs it
+            xla = compiled_peak(here, stage)
+            est = estimate_stage(here, stage, platform=flavor)
             err = (est["bytes_total"] - xla["peak_bytes"]) / xla["peak_bytes"]
             row = {"config": path, "stage": i, "seq_len": stage.seq_len, "batch_size": stage.batch_size,
-                   "grad_accum_steps": stage.grad_accum_steps, "remat": cfg.model.remat,
+                   "grad_accum_steps": stage.grad_accum_steps, "remat": here.model.remat,
                    "scan_layers": cfg.model.scan_layers, "fp8": cfg.fp8.active, **xla,
                    "plan_bytes": est["bytes_total"], "plan_phase": est["phase"], "error": round(err, 4)}
             gpu_cols = ""
             if device is not None:
-                g = compiled_peak(gpu_config(cfg, stage.seq_len), stage, device)
-                g_est = estimate_stage(cfg, stage, platform="gpu")["bytes_total"]
+                on_gpu = with_stage_remat(gpu_config(cfg, stage.seq_len), stage, device)
+                g = compiled_peak(on_gpu, stage, device)
+                g_est = estimate_stage(on_gpu, stage, platform="gpu")["bytes_total"]
+                row["gpu_remat"] = on_gpu.model.remat
                 g_err = (g_est - g["peak_bytes"]) / g["peak_bytes"]
                 row["gpu"] = {**g, "target": args.target, "plan_bytes": g_est, "error": round(g_err, 4)}
                 gpu_cols = f"{g['peak_bytes'] / GB:>11.3f}{g_est / GB:>9.3f}{100 * g_err:>+7.1f}%"
             rows.append(row)
             print(f"{path.split('/')[-1]:<24}{i:>6}{stage.seq_len:>6}{stage.batch_size:>7}{stage.grad_accum_steps:>6}"
-                  f"{cfg.model.remat:>6}{xla['peak_bytes'] / GB:>11.3f}{est['bytes_total'] / GB:>9.3f}"
+                  f"{here.model.remat:>10}{xla['peak_bytes'] / GB:>11.3f}{est['bytes_total'] / GB:>9.3f}"
                   f"{100 * err:>+7.1f}%{gpu_cols}{xla['compile_seconds']:>10}", flush=True)
     worst = max(abs(r["error"]) for r in rows)
     worst_gpu = max((abs(r["gpu"]["error"]) for r in rows if "gpu" in r), default=None)

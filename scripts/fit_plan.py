@@ -43,6 +43,7 @@ VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, a
 def collect(args) -> None:
     import jax
 
+    from yxanul_jax.analysis import memory
     from yxanul_jax.analysis.gpu_target import gpu_config
     from yxanul_jax.core.coerce import to_dict
     from yxanul_jax.core.config import load_config
@@ -58,8 +59,9 @@ def collect(args) -> None:
             cfg = load_config(path, overrides)
             for i in stages:
                 start = time.perf_counter()
-                # resolve attention=auto as the GPU would for this stage's sequence length
+                # resolve attention=auto as the GPU would for this stage's sequence length, remat=auto for the device
                 stage_cfg = gpu_config(cfg, cfg.curriculum[i].seq_len) if device is not None else cfg
+                stage_cfg = memory.with_stage_remat(stage_cfg, stage_cfg.curriculum[i], device)
                 mem = compiled_memory(compile_stage(stage_cfg, stage_cfg.curriculum[i], device=device))
                 peak = mem["peak_bytes"]
                 row = {"config": path, "stage": i, "overrides": overrides, "platform": platform,

@@ -79,7 +79,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
 
     from yxanul_jax.analysis import gpus, perf
     from yxanul_jax.analysis.accounting import flops_per_token
-    from yxanul_jax.analysis.memory import estimate_stage
+    from yxanul_jax.analysis.memory import estimate_stage, with_stage_remat
     from yxanul_jax.core.config import load_config
     from yxanul_jax.core.errors import UserError
     from yxanul_jax.model import fp8 as fp8_lib
@@ -100,6 +100,8 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
     except UserError as e:
         return {**row, "skipped": str(e)}
     device = jax.devices()[0]
+    cfg = with_stage_remat(cfg, stage, device)  # `remat: auto` as the step compiles it, for the planner's figure too
+    row["remat"] = cfg.model.remat
     t0 = time.perf_counter()
     step = compile_stage(cfg, stage)
     row["compile_s"] = round(time.perf_counter() - t0, 2)

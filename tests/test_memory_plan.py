@@ -126,7 +126,7 @@ def test_auto_remat_saves_cudnn_attention_where_it_fits_and_only_block_inputs_el
     assert memory.stage_remat(cfg, s9, plans["attention"]) == "attention"
     assert memory.stage_remat(cfg, s9, plans["attention"] - 1) == "full"  # does not fit: only block inputs
     assert memory.stage_remat(cfg, s9, None) == "full"
-    assert memory.stage_remat(cfg, s0, 10 ** 15) == "full"  # seq 8 runs XLA's attention: nothing to save
+    assert memory.stage_remat(cfg, s0, 10 ** 15) == "full"  # seq 8 runs short_attention: no cuDNN output to save
     assert memory.stage_remat(cfg, s9, 10 ** 15, platform="cpu") == "full"
     # the planner plans what auto picks for the budget it is given
     assert memory.estimate_stage(cfg, s9, budget=plans["attention"])["bytes_total"] == plans["attention"]
@@ -234,7 +234,7 @@ def test_a_config_that_only_needs_smaller_batches_keeps_its_model(tmp_path):
 
 def test_plan_offers_fewer_larger_micro_batches_where_they_fit(tmp_path):
     # yxanul-270m keeps its seeds' layout (micro-batches of 1,024-2,048 tokens, 32 per step); an H100 holds a
-    # whole step as one micro-batch, which the performance model predicts 3.4x faster at stage 0 (BENCHMARKS.md)
+    # whole step as one micro-batch, which the performance model predicts 3.3x faster at stage 0 (BENCHMARKS.md)
     cfg = load_config(str(REPO / "configs/yxanul_270m.yaml"))
     gpu = memory.parse_gpu("h100")
     first = plan.build_plan(cfg, gpu)

@@ -214,7 +214,7 @@ def test_swiglu_gradient_equals_autodiff_of_its_forward(dtype, tol):
 
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
 def test_short_attention_equals_jax_xla_attention_with_its_gradients(dtype, tol):
-    # transformer.short_attention (auto's choice on a GPU up to 32 tokens) against jax.nn.dot_product_attention's
+    # transformer.short_attention (auto's choice on a GPU up to 16 tokens) against jax.nn.dot_product_attention's
     # XLA implementation: causal, 6 query heads over 2 kv heads; bfloat16 rounds outputs and gradients
     from yxanul_jax.model.transformer import short_attention
 
@@ -233,3 +233,15 @@ def test_short_attention_equals_jax_xla_attention_with_its_gradients(dtype, tol)
     # causal: the first token attends to itself alone
     np.testing.assert_allclose(np.asarray(out[:, 0, :3], np.float32), np.asarray(v[:, 0, :1].repeat(3, 1), np.float32),
                                rtol=tol, atol=tol)
+
+
+def test_the_attention_remat_policy_names_jaxs_cudnn_primitive():
+    # remat=attention matches cuDNN's forward by its jax primitive's name: were jax to rename it, the policy
+    # would silently become `full` while the planner still budgets the saved output. Checked here, on any CPU.
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+
+    from yxanul_jax.model.transformer import CUDNN_ATTENTION_FWD, REMAT_POLICIES
+
+    prim = cudnn_attention._dot_product_attention_fwd_p_wrapper
+    assert prim.name == CUDNN_ATTENTION_FWD
+    assert REMAT_POLICIES["attention"](prim) and not REMAT_POLICIES["attention"](jax.lax.exp_p)

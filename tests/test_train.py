@@ -223,7 +223,7 @@ def test_train_as_a_library_call_has_a_pulse(fast_run):
     assert 0 < out.validation["val/mean/loss"] < np.log(512) + 1
     assert "stage 0 from step 0: seq_len 32" in text and "stage 1 from step 6: seq_len 64" in text
     assert "config:" not in text  # the resolved config is in the run directory, not on the console
-    assert "parameters, attention xla (auto); data" in text  # what `model.attention: auto` became here
+    assert "parameters, attention xla (auto), remat none; data" in text  # what `model.attention: auto` became here
     assert os.path.exists(os.path.join(run, "config.yaml"))
     assert "s training; outside it compile waits" in text
     assert [r["step"] for r in rows(run, "val/mean/loss")] == [6, 12]

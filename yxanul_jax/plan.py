@@ -59,8 +59,8 @@ def _stage_report(cfg: Config, i: int, stage: StageConfig, gpu: memory.Gpu, stat
     by_remat = {r: memory.estimate_stage(cfg, stage, remat=r, state=state) for r in REMAT_COLUMNS}
     return {"stage": i, "start_step": stage.start_step, "seq_len": stage.seq_len, "batch_size": stage.batch_size,
             "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step,
-            "remat": memory.stage_remat(cfg, stage, gpu.budget_bytes, state=state),
-            "bytes": {k: v for k, v in est.items() if k not in ("bytes_total", "phase")},
+            "remat": est["remat"],
+            "bytes": {k: v for k, v in est.items() if k not in ("bytes_total", "phase", "remat")},
             "peak_phase": est["phase"], "bytes_total": est["bytes_total"],
             "activations_by_remat": {r: e["activations"] for r, e in by_remat.items()},
             "bytes_total_by_remat": {r: e["bytes_total"] for r, e in by_remat.items()},

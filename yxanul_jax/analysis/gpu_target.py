@@ -181,9 +181,9 @@ def compile_device(target: str = "h100"):
 
 def gpu_config(cfg, seq_len: int | None = None):
     """`cfg` with `model.attention: auto`, `train.loss_kernel: auto` and `fp8.gemm_form: auto` resolved as on a GPU
-    (cuDNN attention for BF16 beyond `transformer.XLA_ATTENTION_MAX_SEQ` tokens of `seq_len`, the fused head + loss
-    kernels, FP8 GEMMs in the `dequant` form), for compiling one stage on a compile-only device while JAX's own
-    backend is the CPU."""
+    (`transformer.attention_implementation` for `seq_len`: `short`, XLA's or cuDNN's; the fused head + loss
+    kernels; FP8 GEMMs in the `dequant` form), for compiling one stage on a compile-only device while JAX's own
+    backend is the CPU. `model.remat: auto` is resolved later, for the compile's device (`memory.with_stage_remat`)."""
     import dataclasses
 
     from yxanul_jax.model import fp8 as fp8_lib

@@ -131,9 +131,9 @@ class Calibration:
 CALIBRATION = Calibration()
 # Fitted to XLA's sm_90 memory analysis: 29 deviceless H100 compiles of tiny, pythia-70m-capped,
 # yxanul-197m and -270m variants (scripts/fit_plan.py, jax 0.10.2, 2026-11-21; largest error 18 %,
-# RMS 6 %; docs/MEMORY.md). XLA's GPU fusions keep almost none of the RMSNorms' float32 copies and
-# a third of the SwiGLU's five residuals of then (1.875 a F; mlp_keep rescaled when `swiglu` came to keep
-# the two, 2026-11-26), and recompute a rematerialized layer piece by piece.
+# RMS 6 %; docs/MEMORY.md). XLA's GPU fusions keep almost none of the RMSNorms' float32 copies and 1.875 a F
+# of the SwiGLU's (fitted as 3/8 of autodiff's 5 a F; mlp_keep rescaled to the 2 a F `swiglu` keeps,
+# 2026-11-26), and recompute a rematerialized layer piece by piece.
 GPU_CALIBRATION = Calibration(g_loss=0.516, g_layer=0.07, g_accum=2.643, embed=0.328, t_D=0.825, t_F=0.917,
                               t_S=1.262, t_h=9.684, loss_multi=5.901, loss_single=5.644, norm_keep=0.015,
                               mlp_keep=0.9375, recompute=0.111, swiglu_f32=0.0)
@@ -260,7 +260,8 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     activations (saved for the backward pass), working (one layer's backward working set), logits
     (the chunked loss's logits and their gradient), other (embedding-gradient copies, hidden-state
     buffers, the step counter), temp, bytes_total (the peak), phase ('loss' or 'layer': the part of the
-    backward pass that sets the peak; only that phase's `logits` or `working` counts in the total).
+    backward pass that sets the peak; only that phase's `logits` or `working` counts in the total), remat (the
+    policy planned: `auto` resolved).
     `remat` overrides model.remat; `state` reuses `state_bytes(cfg)` across calls; `budget` (bytes) is what
     `remat: auto` chooses for (`stage_remat`).
     """
@@ -281,7 +282,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     keep = cal
     if platform == "gpu" and m.scan_layers and effective == "none":
         # A scanned layer without remat hands every residual out of the loop body as a stacked buffer: XLA
-        # cannot fuse the norms or the SwiGLU away there (sm_90: 4 float32 [N, D] and 5 [N, F] stacks).
+        # cannot fuse the norms or the SwiGLU away there (sm_90: float32 [N, D] and several [N, F] stacks).
         keep = dataclasses.replace(cal, norm_keep=1.0, mlp_keep=1.0)
     saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash, keep, platform)
     if platform == "cpu" and m.scan_layers and effective == "none":
@@ -315,7 +316,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         "weights": st["weights"], "gradients": g_live * grads, "optimizer": st["optimizer"],
         "fp8_state": st["fp8_state"], "batch": batch, "activations": saved, "working": N * w_layer,
         "logits": logits, "other": other + st["misc_state"], "temp": temp, "bytes_total": total}.items()} | {
-        "phase": phase}
+        "phase": phase, "remat": remat}
 
 
 # `transformer.short_attention` holds three float32 copies of its [L x L x H] scores per token in a layer's
@@ -325,7 +326,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
 SHORT_SCORE_BYTES = 12.0
 
 # `model.remat: auto` takes the first of these whose planned peak fits, fastest first as the performance model
-# ranks them (`analyze --target h100`, yxanul-197m stage 9 FP8, jax 0.10.2, 2026-11-26: attention 651.0 ms, full
+# ranks them (`analyze --target h100`, yxanul-197m stage 9 FP8, jax 0.10.2, 2026-11-26: attention 651.4 ms, full
 # 665.9; `none` 1172 and `dots` 706 are slower even where they fit: XLA stacks every residual of a scanned layer,
 # 224 against 183 ms at batch 16). The last one is taken when none fits.
 AUTO_REMAT = ("attention", "full")
@@ -347,25 +348,27 @@ def stage_remat(cfg: Config, stage: StageConfig, budget: int | None, platform: P
     return AUTO_REMAT[-1]
 
 
-def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int, Platform]:
+def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int | None, Platform]:
     """(bytes a train step may use on `device`, its planner platform): JAX's pool as the device reports it
-    (`bytes_limit`), else the pool of its GPU model (a compile-only device: `gpus.of_device_kind`), else the
-    host's memory (CPU), less `headroom`. Default device: jax's first."""
+    (`bytes_limit`), else the pool of its GPU model (a compile-only device: `gpus.of_device_kind`), else, for
+    a CPU, the host's memory; less `headroom`. None for a GPU that reports neither (`auto` then takes the
+    policy that saves the most). Default device: this process's first (every process of a multi-host run
+    asks its own, which are alike). The budget is one device's, planned as if it held the whole micro-batch:
+    on a mesh that shards the batch, `auto` errs toward saving memory."""
     import jax
 
-    device = device or jax.devices()[0]
+    device = device or jax.local_devices()[0]
     platform: Platform = "gpu" if device.platform == "gpu" else "cpu"
     try:
         limit = (device.memory_stats() or {}).get("bytes_limit")
-    except Exception:  # compile-only and some CPU devices keep no statistics
+    except (RuntimeError, NotImplementedError, AttributeError):  # compile-only devices keep no statistics
         limit = None
-    if not limit:
-        spec = gpus.of_device_kind(device.device_kind) if platform == "gpu" else None
-        if spec is not None:
-            limit = spec.memory_bytes * mem_fraction_from_env()
-        else:
-            limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(limit * (1.0 - headroom)), platform
+    if not limit and platform == "gpu":
+        spec = gpus.of_device_kind(device.device_kind)
+        limit = spec.memory_bytes * mem_fraction_from_env() if spec is not None else None
+    elif not limit:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return (None if limit is None else int(limit * (1.0 - headroom))), platform
 
 
 def with_stage_remat(cfg: Config, stage: StageConfig, device=None) -> Config:
@@ -408,6 +411,20 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]), reverse=True)
 
 
+def _largest_fitting(cfg: Config, s: StageConfig, budget: int, platform: Platform, st: dict,
+                     above: int = 0) -> StageConfig | None:
+    """`s` with the largest micro-batch above `above` rows that fits `budget`, among the divisors of its rows per
+    step (grad_accum_steps set so tokens per step stay the same); None when none does."""
+    rows = s.batch_size * s.grad_accum_steps
+    cap = max(1, max_batch_size(cfg, s, budget, platform, state=st))  # prunes the divisor scan
+    for b in _divisors(rows):  # largest first
+        if above < b <= cap:
+            new = dataclasses.replace(s, batch_size=b, grad_accum_steps=rows // b)
+            if estimate_stage(cfg, new, platform, state=st, budget=budget)["bytes_total"] <= budget:
+                return new
+    return None
+
+
 def _fit_batches(cfg: Config, budget: int, platform: Platform) -> tuple[Config, bool]:
     """Each stage that does not fit gets the largest micro-batch that does among the divisors of its
     rows per step, with grad_accum_steps raised so tokens per step stay the same.
@@ -418,31 +435,20 @@ def _fit_batches(cfg: Config, budget: int, platform: Platform) -> tuple[Config, 
         if estimate_stage(cfg, s, platform, state=st, budget=budget)["bytes_total"] <= budget:
             stages.append(s)
             continue
-        rows = s.batch_size * s.grad_accum_steps
-        cap = max(1, max_batch_size(cfg, s, budget, platform, state=st))  # prunes the divisor scan
-        for b in [d for d in _divisors(rows) if d <= cap] + [1]:
-            new = dataclasses.replace(s, batch_size=b, grad_accum_steps=rows // b)
-            if estimate_stage(cfg, new, platform, state=st, budget=budget)["bytes_total"] <= budget:
-                break
-        ok &= estimate_stage(cfg, new, platform, state=st, budget=budget)["bytes_total"] <= budget
-        stages.append(new)
+        new = _largest_fitting(cfg, s, budget, platform, st)
+        ok &= new is not None
+        stages.append(new or dataclasses.replace(s, batch_size=1, grad_accum_steps=s.batch_size * s.grad_accum_steps))
     return dataclasses.replace(cfg, curriculum=tuple(stages)), ok
 
 
 def largest_micro_batches(cfg: Config, budget: int, platform: Platform = "gpu") -> Config:
     """`cfg` with each stage's largest micro-batch that fits `budget` bytes, among the divisors of its rows per
     step (grad_accum_steps lowered to match: tokens per step unchanged, the same sums): fewer, larger GEMMs and
-    one FP8 cast of each weight per micro-batch fewer. A stage that cannot grow keeps its layout."""
+    one FP8 cast of each weight per micro-batch fewer. A stage that cannot grow keeps its layout. Under
+    `remat: auto` a grown micro-batch may run a policy that saves less (`stage_remat`)."""
     st = state_bytes(cfg)
-    stages = []
-    for s in cfg.curriculum:
-        rows = s.batch_size * s.grad_accum_steps
-        cap = max_batch_size(cfg, s, budget, platform, state=st)
-        grown = [dataclasses.replace(s, batch_size=b, grad_accum_steps=rows // b)
-                 for b in _divisors(rows) if s.batch_size < b <= cap]
-        fits = [g for g in grown if estimate_stage(cfg, g, platform, state=st, budget=budget)["bytes_total"] <= budget]
-        stages.append(fits[0] if fits else s)  # _divisors: largest first
-    return dataclasses.replace(cfg, curriculum=tuple(stages))
+    return dataclasses.replace(cfg, curriculum=tuple(_largest_fitting(cfg, s, budget, platform, st, s.batch_size) or s
+                                                     for s in cfg.curriculum))
 
 
 def _round_to(x: float, q: int) -> int:

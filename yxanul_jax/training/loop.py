@@ -18,7 +18,7 @@ import time
 
 import jax
 
-from yxanul_jax.analysis import accounting
+from yxanul_jax.analysis import accounting, memory
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config
@@ -280,17 +280,25 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
             lock.release()
 
 
+def _by_stage(cfg: Config, choice) -> str:
+    """`choice(stage)` over the curriculum, in words: one value, or each value from the sequence length it starts at."""
+    changes: list[tuple[int, str]] = []  # (seq_len, value) where the stages' choice changes
+    for s in cfg.curriculum:
+        value = choice(s)
+        if not changes or changes[-1][1] != value:
+            changes.append((s.seq_len, value))
+    return changes[0][1] if len(changes) == 1 else ", ".join(f"{v} from seq {n}" for n, v in changes)
+
+
 def _describe(ctx: RunContext, run_dir: str) -> str:
     cfg = ctx.cfg
-    changes: list[tuple[int, str]] = []  # (seq_len, implementation) where the stages' choice changes
-    for s in cfg.curriculum:
-        impl = attention_implementation(cfg.model, seq_len=s.seq_len)
-        if not changes or changes[-1][1] != impl:
-            changes.append((s.seq_len, impl))
-    attention = changes[0][1] if len(changes) == 1 else ", ".join(f"{i} from seq {n}" for n, i in changes)
+    attention = _by_stage(cfg, lambda s: attention_implementation(cfg.model, seq_len=s.seq_len))
     attention += " (auto)" if cfg.model.attention == "auto" else ""
+    remat = _by_stage(cfg, lambda s: memory.with_stage_remat(cfg, s).model.remat)
+    remat += " (auto)" if cfg.model.remat == "auto" else ""
     fp8 = f"{cfg.fp8.backend} ({cfg.fp8.scaling})" if cfg.fp8.active else "off"
-    return (f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters, attention {attention}; data "
+    return (f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters, attention {attention}, remat "
+            f"{remat}; data "
             f"{cfg.data.train or 'demo corpus'}; FP8 {fp8}; {len(cfg.curriculum)} stage(s); {cfg.train.steps} "
             f"steps; mesh data={ctx.mesh.shape['data']} x fsdp={ctx.mesh.shape['fsdp']}; "
             f"run dir {run_dir} (resolved config in {CONFIG_FILE})")
