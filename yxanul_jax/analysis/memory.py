@@ -363,12 +363,16 @@ def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int 
         limit = (device.memory_stats() or {}).get("bytes_limit")
     except (RuntimeError, NotImplementedError, AttributeError):  # compile-only devices keep no statistics
         limit = None
-    if not limit and platform == "gpu":
-        spec = gpus.of_device_kind(device.device_kind)
-        limit = spec.memory_bytes * mem_fraction_from_env() if spec is not None else None
-    elif not limit:
-        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return (None if limit is None else int(limit * (1.0 - headroom))), platform
+    spec = gpus.of_device_kind(device.device_kind) if platform == "gpu" and not limit else None
+    if limit:  # JAX's pool itself
+        pool = Gpu(device.device_kind, int(limit), 1.0, headroom)
+    elif spec is not None:
+        pool = Gpu(spec.key, spec.memory_bytes, mem_fraction_from_env(), headroom)
+    elif platform == "cpu":
+        pool = Gpu("host", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), 1.0, headroom)
+    else:
+        return None, platform
+    return pool.budget_bytes, platform
 
 
 def with_stage_remat(cfg: Config, stage: StageConfig, device=None) -> Config:

@@ -78,10 +78,14 @@ def _logits(x, w):
     return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _masked(logits, v0, v_real):
+def _columns(v0, shape):
+    """The vocabulary column of each element of a [BT, BV] tile that starts at column v0."""
+    return v0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+
+
+def _masked(logits, cols, v_real):
     """The tile's columns >= v_real at -inf (the padded vocabulary): only the one block that straddles v_real
     pays for the mask (`_vocab_blocks`)."""
-    cols = v0 + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
     return jnp.where(cols < v_real, logits, -jnp.inf)
 
 
@@ -110,7 +114,7 @@ def _fwd_kernel(x_ref, w_ref, lse_ref, *, V, v_real, BV):
         m, s = carry
         logits = _logits(x, w_ref[pl.ds(v0, BV), :])
         if masked:
-            logits = _masked(logits, v0, v_real)
+            logits = _masked(logits, _columns(v0, logits.shape), v_real)
         m_new = jnp.maximum(m, jnp.max(logits, axis=1))
         s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(logits - m_new[:, None]), axis=1)
         return m_new, s
@@ -134,9 +138,9 @@ def _dx_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dx_ref, *, V, v_
     def body(v0, acc, masked):
         w = w_ref[pl.ds(v0, BV), :]
         logits = _logits(x, w)
-        cols = v0 + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+        cols = _columns(v0, logits.shape)
         if masked:
-            logits = jnp.where(cols < v_real, logits, -jnp.inf)
+            logits = _masked(logits, cols, v_real)
         d = _dlogits(logits, cols, lse, g_lse, tgt, g_tl).astype(w.dtype)
         return acc + jax.lax.dot_general(d, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
@@ -149,7 +153,7 @@ def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_
 
     w = w_ref[...]
     v0 = pl.program_id(0) * BV
-    cols = v0 + jax.lax.broadcasted_iota(jnp.int32, (1, BV), 1)
+    cols = _columns(v0, (1, BV))
     # -inf on this block's padded columns, once per program: an add per logit, no mask in the loop
     pad = jnp.where(cols < v_real, 0.0, -jnp.inf).astype(jnp.float32)
 

@@ -156,7 +156,7 @@ def make_train_step(cfg: Config, stage: StageConfig, device=None):
     shapes and the clip; the learning rate is `cfg`'s schedule at `state.step`, whose per-stage `lr_scale`
     and warmup come from `cfg.curriculum` by step number, so a stage that is not in `cfg.curriculum`
     changes no lr. `model.remat: auto` is chosen for this stage within `device`'s memory
-    (`memory.with_stage_remat`; default: jax's first device)."""
+    (`memory.with_stage_remat`; default: this process's first device)."""
     cfg = memory.with_stage_remat(cfg, stage, device)
     optimizer = make_optimizer(cfg)
     schedule = lr_schedule(cfg)
