@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import gzip
 import hashlib
 import json
@@ -177,6 +178,14 @@ def prediction(kernels, gpu, model_flops: float, tokens: int, step_s: float, dev
             "prediction": f"analysis/perf.py for {gpu.label}; calibration: {p['calibration']}"}
 
 
+def traced_ms(trace: str, kernels, hlo_text: str, steps: int) -> tuple[dict, dict[str, float]]:
+    """A trace's kernel times (`profile_summary.kernel_times`) and each matched kernel's ms per step."""
+    import profile_summary
+
+    times = profile_summary.kernel_times(profile_summary.load_events(trace), [k.name for k in kernels], hlo_text)
+    return times, {name: us / 1e3 / steps for name, us in times["us"].items()}
+
+
 def profile_cell(step, state, batch, kernels, hlo_text: str, gpu, steps: int, out: str) -> dict:
     """Trace `steps` steps, read each HLO instruction's device time per step and compare it per
     category with the uncalibrated prediction (`perf.category_ratios`)."""
@@ -186,8 +195,7 @@ def profile_cell(step, state, batch, kernels, hlo_text: str, gpu, steps: int, ou
 
     path, state = profile_summary.trace_steps(step, state, batch, steps, out)
     del state
-    times = profile_summary.kernel_times(profile_summary.load_events(path), [k.name for k in kernels], hlo_text)
-    measured_ms = {name: us / 1e3 / steps for name, us in times["us"].items()}
+    times, measured_ms = traced_ms(path, kernels, hlo_text, steps)
     unmatched = sorted(times["unmatched"].items(), key=lambda kv: -kv[1])[:8]
     prof = {"trace": path, "steps": steps, "device_ms_per_step": times["total_us"] / 1e3 / steps,
             "matched_ms_per_step": times["matched_us"] / 1e3 / steps,
@@ -262,14 +270,41 @@ def write_calibration(calib: dict, rows: list[dict], out: str) -> str:
             f"{' / '.join(repr(k) for k in calib)} entry into yxanul_jax/analysis/perf_calibration.json")
 
 
+def reread_profile(row: dict, bench_dir: str) -> bool:
+    """Recompute a profiled row's `category_ratios` from its kept trace and `step.hlo.gz` (under
+    BENCH_DIR/profile/CELL/, as `profile_cell` left them) with today's model; False (the row unchanged)
+    where either is missing."""
+    from yxanul_jax.analysis import gpus, perf
+
+    parts = (row.get("profile") or {}).get("trace", "").split("/")  # .../profile/CELL/plugins/profile/TS/trace
+    if not row.get("category_ratios") or "plugins" not in parts[1:]:
+        return False
+    at = parts.index("plugins", 1)
+    cell_dir = os.path.join(bench_dir, "profile", parts[at - 1])
+    local = os.path.join(cell_dir, *parts[at:])
+    hlo_path = os.path.join(cell_dir, "step.hlo.gz")
+    if not (os.path.exists(local) and os.path.exists(hlo_path)):
+        return False
+    with gzip.open(hlo_path, "rt", encoding="utf-8") as fh:
+        hlo_text = fh.read()
+    kernels = perf.kernels(hlo_text)
+    _, measured_ms = traced_ms(local, kernels, hlo_text, row["profile"]["steps"])
+    row["category_ratios"] = perf.category_ratios(kernels, gpus.GPUS[row["predicted_gpu"]], measured_ms)
+    return True
+
+
 def merge_calibration(paths: list[str], out: str) -> int:
     """`--calibrate-from`: OUT/calibration.json from the profiled cells of earlier runs' bench.json files (the
-    cells' ratios summed as in one run), with their dates and devices in its `source`. Exit 2 on a missing or
+    cells' ratios summed as in one run), with their dates and devices in its `source`. A cell whose trace and
+    compiled HLO were kept beside its bench.json is re-read with today's performance model (`reread_profile`),
+    so that a corrected model is calibrated against the same measurement. Exit 2 on a missing or
     unreadable file, or when no file has a profiled cell."""
-    rows, dates, devices = [], set(), set()
+    rows, dates, devices, reread = [], set(), set(), 0
     for path in paths:
         try:
             record = json.loads(Path(path).read_text())
+            for row in record["rows"]:
+                reread += reread_profile(row, os.path.dirname(os.path.abspath(path)))
             rows += record["rows"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"error: --calibrate-from {path}: not a readable bench.json ({type(e).__name__}: {e})",
@@ -289,6 +324,8 @@ def merge_calibration(paths: list[str], out: str) -> int:
         return 2
     for entry in calib.values():
         entry["source"] += f"; merged from {len(paths)} runs by --calibrate-from"
+        if reread:
+            entry["source"] += f", {reread} cells re-read with the model of {datetime.date.today().isoformat()}"
     os.makedirs(out, exist_ok=True)
     print(write_calibration(calib, rows, out))
     print(json.dumps({"calibration": {k: v["ratios"] for k, v in calib.items()}}))

@@ -141,6 +141,59 @@ def test_a_slice_of_a_loop_carried_buffer_is_charged_the_slice():
     assert ks["layer"].category == ks["new"].category == "copies"
 
 
+# The same update as XLA of jax 0.11 schedules it: an asynchronous fusion, one kernel from start to done.
+ASYNC_STACK = STACK.replace(
+    "  ROOT %new = bf16[28,64,2048,768]{3,2,1,0} fusion(%stack, %e, %i), kind=kLoop, calls=%put_layer",
+    "  %new = ((bf16[28,64,2048,768]{3,2,1,0}, bf16[64,2048,768]{2,1,0}, s32[]), bf16[28,64,2048,768]{3,2,1,0}, "
+    "u32[]) fusion-start(%stack, %e, %i), kind=kLoop, calls=%put_layer\n"
+    "  ROOT %done = bf16[28,64,2048,768]{3,2,1,0} fusion-done(%new)")
+
+
+def test_an_asynchronous_fusion_is_one_kernel_charged_at_its_start():
+    ks = _by_name(ASYNC_STACK)
+    assert "done" not in ks  # fusion-done launches nothing
+    assert ks["new"].bytes == 2 * LAYER + 4 and ks["new"].category == "copies"  # in place, as the plain fusion
+
+
+# XLA's dynamic-slice fusion (jax 0.11): a cuBLAS GEMM reading a layer of a stacked buffer and writing its
+# weight gradient into a stack in place, launched (and traced) as the GEMM.
+SLICED_GEMM = """
+HloModule m, is_scheduled=true
+
+%dsf (p0: bf16[28,2048,768], p1: s32[], p2: bf16[2048,1024], p3: f32[28,768,1024]) -> (f32[28,768,1024], s8[33554432]) {
+  %p0 = bf16[28,2048,768]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = bf16[1,2048,768]{2,1,0} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,2048,768}
+  %x = bf16[2048,768]{1,0} bitcast(%ds)
+  %p2 = bf16[2048,1024]{1,0} parameter(2)
+  %gemm = (f32[768,1024]{1,0}, s8[33554432]{0}) custom-call(%x, %p2), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(f)/transpose(jvp(f))/layers/mlp/up/gemm/bf16_wgrad/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["0"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %w = f32[768,1024]{1,0} get-tuple-element(%gemm), index=0
+  %w1 = f32[1,768,1024]{2,1,0} bitcast(%w)
+  %p3 = f32[28,768,1024]{2,1,0} parameter(3)
+  %u = f32[28,768,1024]{2,1,0} dynamic-update-slice(%p3, %w1, %p1, %z, %z)
+  %ws = s8[33554432]{0} get-tuple-element(%gemm), index=1
+  ROOT %t = (f32[28,768,1024]{2,1,0}, s8[33554432]{0}) tuple(%u, %ws)
+}
+
+ENTRY %main (x: bf16[28,2048,768], i: s32[], g: bf16[2048,1024], dw: f32[28,768,1024]) -> (f32[28,768,1024], s8[33554432]) {
+  %x = bf16[28,2048,768]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %g = bf16[2048,1024]{1,0} parameter(2)
+  %dw = f32[28,768,1024]{2,1,0} parameter(3)
+  ROOT %dynamic_slice_fusion = (f32[28,768,1024]{2,1,0}, s8[33554432]{0}) fusion(%x, %i, %g, %dw), kind=kCustom, calls=%dsf, backend_config={"fusion_backend_config":{"custom_fusion_config":{"kernel_index":0,"name":"dynamic_slice_fusion"},"kind":"__custom_fusion"}}
+}
+"""
+
+
+def test_a_dynamic_slice_fusion_is_its_cublas_gemm():
+    (k,) = perf.kernels(SLICED_GEMM)
+    assert k.name == "gemm"  # the name its kernel carries in a trace
+    assert k.flops == 2 * 768 * 1024 * 2048 and k.precision == "bf16" and k.category == "GEMM bf16"
+    # one layer's slice and the gradient read, the layer's weight gradient written in place; no workspace
+    assert k.bytes == 2 * 2048 * 768 + 4 + 2 * 2048 * 1024 + 4 * 768 * 1024
+
+
 # A conditional of two branches, as `lax.platform_dependent` leaves it when XLA does not fold it: the
 # taken branch is a small elementwise kernel, the other a large one.
 BRANCHES = """
@@ -247,7 +300,7 @@ def test_cudnn_attention_counts_causal_tiles_and_custom_gemms_their_flops():
     assert _by_name(backward)["fwd"].flops == pytest.approx(2.5 * fwd.flops)
     g = ks["g"]
     assert g.flops == 2 * 256 * 512 * 1024 and g.category == "GEMM bf16" and g.precision == "bf16"
-    assert g.bytes == 2 * (256 * 512 + 512 * 1024 + 256 * 1024) + 4194304  # s8 workspace: u8 only is skipped
+    assert g.bytes == 2 * (256 * 512 + 512 * 1024 + 256 * 1024)  # its workspace (u8, s8 since jax 0.11): scratch
     # 2 x 8 output tiles on 132 SMs: a tenth of the rate, unless split-K fills them (K = 512: no split)
     assert perf.wave_efficiency(g, H100) == pytest.approx(16 / 132)
 
@@ -296,6 +349,19 @@ def test_predict_sums_categories_and_reports_mfu():
     assert "GEMM bf16" in table and "a prediction, not a measurement" in table
     both = perf.format_prediction(p, perf.predict(perf.kernels(NESTED), H100), ("a", "b"))
     assert "B - A" in both and "copies" in both
+
+
+def test_attention_in_xla_kernels_is_calibrated_apart_from_cudnn():
+    cudnn = _by_name(CALLS)["fwd"]
+    xla = perf.Kernel("s", "fusion", "kInput", 28, 0.0, 1e8, None, "attention", "layers/attn/attention_core/reduce_sum")
+    assert perf.calibration_key(cudnn) == "attention" and perf.calibration_key(xla) == perf.ATTENTION_XLA
+    calibration = {"ratios": {"attention": 2.0, perf.ATTENTION_XLA: 5.0}}
+    for k, ratio in ((cudnn, 2.0), (xla, 5.0)):
+        plain = perf.predict([k], H100)["categories"]["attention"]["ms"]  # both still report as attention
+        assert perf.predict([k], H100, calibration=calibration)["categories"]["attention"]["ms"] == pytest.approx(
+            ratio * plain)
+    ratios = perf.category_ratios([cudnn, xla], H100, {"fwd": 1.0, "s": 2.0})
+    assert set(ratios) == {"attention", perf.ATTENTION_XLA} and ratios[perf.ATTENTION_XLA]["measured_ms"] == 2.0
 
 
 def test_gpu_table_names_rates_and_device_kinds():

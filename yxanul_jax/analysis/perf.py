@@ -6,7 +6,9 @@ is not bookkeeping (parameter, tuple, get-tuple-element, bitcast, constant, the 
 
   * runs: executions per step, from the loops' known trip counts (nested loops multiply; `hlo.HloGraph`);
   * flops: the dots inside a fusion (also nested Triton GEMM fusions), a cuBLAS GEMM custom call
-    (2 x output elements x contracted size), cuDNN flash attention (`attention_flops`);
+    (2 x output elements x contracted size; also inside XLA's dynamic-slice fusion, which runs and is
+    traced as its GEMM), cuDNN flash attention (`attention_flops`); an asynchronous fusion
+    (`fusion-start` ... `fusion-done`, jax 0.11) is one kernel, charged at its start;
   * bytes: every distinct operand read once and the result written once, except that an operand a
     fusion only slices (`slice`, `dynamic-slice`, `gather`) is charged the slices, a buffer updated in
     place (`dynamic-update-slice`, a loop-carried stack of layer activations) is charged the update,
@@ -87,7 +89,9 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "conditional", "call",
                 "after-all", "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain", "async-start",
                 "async-update", "async-done", "copy-done", "all-reduce-done", "all-gather-done",
-                "collective-permute-done", "send-done", "recv-done", "send", "recv"}
+                "collective-permute-done", "send-done", "recv-done", "send", "recv", "fusion-done"}
+# An asynchronous fusion (`fusion-start` ... `fusion-done`, XLA since jax 0.11) is one kernel, charged at its start.
+_FUSIONS = ("fusion", "fusion-start")
 _VIEWS = {"bitcast", "reshape", "get-tuple-element"}
 _SLICES = {"slice", "dynamic-slice", "gather"}
 _MOVES = {"parameter", "constant", "bitcast", "reshape", "copy", "transpose", "slice", "dynamic-slice",
@@ -101,8 +105,10 @@ def arrays(type_text: str) -> list[tuple[str, list[int]]]:
     return [(t, [int(d) for d in dims.split(",") if d]) for t, dims in _ARRAY.findall(type_text) if t in _BYTES]
 
 
-def type_bytes(type_text: str, skip_u8: bool = False) -> float:
-    return sum(_BYTES[t] * math.prod(d) for t, d in arrays(type_text) if not (skip_u8 and t == "u8"))
+def type_bytes(type_text: str, skip_workspace: bool = False) -> float:
+    """Bytes of every array in a type text; `skip_workspace`: not a GEMM's scratch (a rank-1 u8 or s8 array)."""
+    return sum(_BYTES[t] * math.prod(d) for t, d in arrays(type_text)
+               if not (skip_workspace and t in ("u8", "s8") and len(d) == 1))
 
 
 @dataclasses.dataclass
@@ -252,8 +258,8 @@ class _Reader:
                 v = self.comps[comp][v.operands[0]]
             if v.op == "dynamic-update-slice" and len(v.operands) > 1:
                 total += type_bytes(self._shape(comp, v.operands[1]))
-            else:
-                total += type_bytes(p.shape)
+            else:  # a fused GEMM's workspace passes through the root: not written
+                total += type_bytes(p.shape, skip_workspace=v.op == "get-tuple-element")
         return total
 
     def _fusion_bytes(self, ins: Instr) -> float:
@@ -281,8 +287,9 @@ class _Reader:
             return 2 * type_bytes(self._shape(ins.computation, ins.operands[1]))
         if ins.op in _SLICES:
             return 2 * type_bytes(ins.shape)
-        reads = sum(type_bytes(self._shape(ins.computation, o), skip_u8=True) for o in dict.fromkeys(ins.operands))
-        return reads + type_bytes(ins.shape, skip_u8=ins.op == "custom-call")
+        reads = sum(type_bytes(self._shape(ins.computation, o), skip_workspace=True)
+                    for o in dict.fromkeys(ins.operands))
+        return reads + type_bytes(ins.shape, skip_workspace=ins.op == "custom-call")
 
     def _is_move(self, callee: str) -> bool:
         return all(x.op in _MOVES for x in self.comps.get(callee, {}).values())
@@ -296,11 +303,18 @@ class _Reader:
         runs = self.g.runs(comp)
         if not runs:  # a conditional's branch that a constant index never takes
             return None
-        flops, tiles, k, precision, phase = 0.0, 0, 0, None, ""
-        if ins.op == "fusion":
+        flops, tiles, k, precision, phase, name = 0.0, 0, 0, None, "", ins.name
+        if ins.op in _FUSIONS:
             kind = _fusion_kind(ins)
             nbytes = self._fusion_bytes(ins)
-            for c, dot in self._dots((_called(ins.attrs, "calls") or [""])[0]):
+            callee = (_called(ins.attrs, "calls") or [""])[0]
+            if gemm := self._fused_gemm(callee):
+                # XLA's dynamic-slice fusion: a cuBLAS GEMM reading and writing slices of stacked buffers in
+                # place. It runs, and is traced, as that GEMM.
+                name, kind, op_name = gemm.name, "custom-call", _op_name(gemm)
+                flops, tiles, k = self._custom_gemm_flops(gemm)
+                precision = self._dot_precision(gemm)
+            for c, dot in self._dots(callee):
                 f, t, kk = self._dot_flops(c, dot)
                 if f > flops:
                     tiles, k, precision = t, kk, self._dot_precision(dot)
@@ -324,9 +338,16 @@ class _Reader:
             if ins.op in ("dot", "convolution"):
                 flops, tiles, k = self._dot_flops(comp, ins)
                 precision = self._dot_precision(ins)
-        kernel = Kernel(ins.name, ins.op, kind, runs, flops, nbytes, precision, "", op_name, tiles, k, phase)
+        kernel = Kernel(name, ins.op, kind, runs, flops, nbytes, precision, "", op_name, tiles, k, phase)
         kernel.category = self._category(ins, kernel)
         return kernel
+
+    def _fused_gemm(self, callee: str) -> Instr | None:
+        """The cuBLAS GEMM custom call inside a fused computation (XLA's dynamic-slice fusion), if any."""
+        for x in self.comps.get(callee, {}).values():
+            if x.op == "custom-call" and re.search(r'custom_call_target="__cublas', x.attrs):
+                return x
+        return None
 
     def _custom_gemm_flops(self, ins: Instr) -> tuple[float, int, int]:
         out = arrays(ins.shape)
@@ -357,7 +378,7 @@ class _Reader:
             return "GEMM " + ("f32" if k.precision in ("tf32", "f32") else k.precision)
         if scopes.FP8_SCALING in path or any(t in FP8_TYPES for t, _ in arrays(ins.shape)):
             return "FP8 scaling"
-        if ins.op in _MOVES or (ins.op == "fusion" and self._is_move((_called(ins.attrs, "calls") or [""])[0])):
+        if ins.op in _MOVES or (ins.op in _FUSIONS and self._is_move((_called(ins.attrs, "calls") or [""])[0])):
             return "copies"
         return "norms + elementwise"
 
@@ -485,17 +506,28 @@ def load_calibration(gpu_key: str, path: str | None = None) -> dict | None:
     return entry or None
 
 
+# Calibrated apart from cuDNN's kernels: attention written as XLA fusions (`short_attention`, XLA's own), whose
+# small reductions and batched GEMMs run far from their roofline (H200, 2026-11-26: 5.5x at a sequence of 8,
+# where cuDNN's calls ran at 1.4x). One ratio for both would move each by the other's error.
+ATTENTION_XLA = "attention, XLA kernels"
+
+
+def calibration_key(k: Kernel) -> str:
+    """The calibration ratio a kernel takes: its category's, except attention outside cuDNN (ATTENTION_XLA)."""
+    return ATTENTION_XLA if k.category == "attention" and k.precision != "attention" else k.category
+
+
 def category_ratios(items: list[Kernel], gpu: GpuSpec, measured_ms: dict[str, float]) -> dict[str, dict]:
-    """Measured against predicted time per category. `measured_ms`: kernel (HLO instruction) name ->
-    measured milliseconds per step (a profile's device time, summed over launches). `ratio` is measured over
+    """Measured against predicted time per calibration key (`calibration_key`). `measured_ms`: kernel (HLO
+    instruction) name -> measured milliseconds per step (a profile's device time, summed over launches). `ratio` is measured over
     the predicted time of the kernels the profile saw (`matched_predicted_ms`): a kernel it did not see
     (counted under `unmatched`) says nothing about the model's error. `predicted_ms` is the whole category.
     This ratio is what a calibration multiplies a category by (scripts/gpu_bench.py sums these rows over
     its cells)."""
     out: dict[str, dict] = {}
     for k in items:
-        row = out.setdefault(k.category, {"predicted_ms": 0.0, "matched_predicted_ms": 0.0, "measured_ms": 0.0,
-                                          "unmatched": 0})
+        row = out.setdefault(calibration_key(k), {"predicted_ms": 0.0, "matched_predicted_ms": 0.0,
+                                                  "measured_ms": 0.0, "unmatched": 0})
         ms = 1e3 * kernel_time(k, gpu)[0] * k.runs
         row["predicted_ms"] += ms
         if k.name in measured_ms:
@@ -512,14 +544,14 @@ def category_ratios(items: list[Kernel], gpu: GpuSpec, measured_ms: dict[str, fl
 def predict(items: list[Kernel], gpu: GpuSpec, model_flops: float | None = None, tokens: int | None = None,
             top: int = 12, calibration: dict | None = None) -> dict:
     """The step's predicted time on `gpu`, by category and by kernel, as JSON-ready values. `calibration`
-    (`load_calibration`): {"ratios": {category: measured / predicted}, "source": "..."} multiplies each
-    category's kernels; without one the prediction is the spec sheet's roofline alone."""
+    (`load_calibration`): {"ratios": {calibration key: measured / predicted}, "source": "..."} multiplies each
+    key's kernels (`calibration_key`); without one the prediction is the spec sheet's roofline alone."""
     ratios = (calibration or {}).get("ratios", {})
     cats = {c: {"kernels": 0, "launches": 0, "flops": 0.0, "bytes": 0.0, "ms": 0.0} for c in CATEGORIES}
     rows = []
     for k in items:
         t, bound = kernel_time(k, gpu)
-        t *= ratios.get(k.category) or 1.0
+        t *= ratios.get(calibration_key(k)) or 1.0
         c = cats[k.category]
         c["kernels"] += 1
         c["launches"] += k.runs
