@@ -3,6 +3,7 @@ float32 reference, and timed beside the chunked XLA loss they replace.
 
     python scripts/fused_ce_check.py [--config configs/yxanul_197m.yaml] [--check-tokens 8000]
                                      [--time-tokens 16384 65536] [--iters 10] [--json-out F]
+                                     [--tiles default fwd=256x64 dx=64x128w4,dw=128x64 ...]
 
 The vocabulary (padded rows included), the head width K and the loss chunk come from the config. On a
 GPU the kernels compile through Triton; on a CPU they run in Pallas interpret mode (use small sizes).
@@ -19,6 +20,13 @@ forward alone and of forward + backward (value and both gradients), fused and ch
 counts 2 T K V per GEMM: 1 forward, 5 forward + backward (the fused backward recomputes the logits; the
 chunked one recomputes them under remat too). `efficiency` is fused forward + backward TFLOP/s over the
 device's dense BF16 peak (analysis/gpus.py): the number `analysis.perf.FUSED_CE_EFFICIENCY` assumes.
+
+Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
+`KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default (`fused_ce.KernelTiles.replace`); each set is checked
+on the small ragged case and timed (fused rows carry its name). A set that fails to compile (too much
+shared memory, say) is recorded with its error and the sweep goes on. Then each kernel's fastest tiles
+among the sets that change only it are put together (`combined_spec`), checked and timed too, and the
+fastest set is named last.
 
 Prints a table and one JSON line.
 """
@@ -64,7 +72,33 @@ def rel_err(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4) -> dict:
+def tiles_of(spec: str):
+    from yxanul_jax.model import fused_ce
+
+    return fused_ce.parse_tiles(spec)
+
+
+def combined_spec(rows: list[dict], specs: list[str], T: int) -> str | None:
+    """Each kernel's fastest tiles at T tokens among the sets that change only that kernel (the forward by its
+    forward time, dx and dw by forward + backward), as one set; None where that set was timed already."""
+    from yxanul_jax.model import fused_ce
+
+    default = fused_ce.DEFAULT_TILES
+    ms = {(r["tiles"], r["mode"]): r["ms"] for r in rows if r["kernel"] == "fused" and r["tokens"] == T and "ms" in r}
+    parts = []
+    for kernel, mode in (("fwd", "fwd"), ("dx", "fwd+bwd"), ("dw", "fwd+bwd")):
+        others = [k for k in ("fwd", "dx", "dw") if k != kernel]
+        alone = [s for s in specs if (s, mode) in ms
+                 and all(getattr(tiles_of(s), k) == getattr(default, k) for k in others)]
+        if alone:
+            t = getattr(tiles_of(min(alone, key=lambda s: ms[(s, mode)])), kernel)
+            if t != getattr(default, kernel):
+                parts.append(f"{kernel}={t.bt}x{t.bv}w{t.warps}s{t.stages}")
+    spec = ",".join(parts) or "default"
+    return None if any(tiles_of(s) == tiles_of(spec) for s in specs) else spec
+
+
+def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4, tiles: str = "default") -> dict:
     """Relative errors of the fused kernels against the float32 reference, and whether each is in bounds."""
     import jax
     import jax.numpy as jnp
@@ -79,7 +113,8 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
         nll, z = masked_sums(lse, tl, mask)
         return nll + z_weight * z
 
-    fused = lambda x, w, t: fused_ce.linear_cross_entropy(x, w, t, v_real)  # noqa: E731
+    kernel_tiles = tiles_of(tiles)
+    fused = lambda x, w, t: fused_ce.linear_cross_entropy(x, w, t, v_real, tiles=kernel_tiles)  # noqa: E731
     ref = lambda x, w, t: fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), t, v_real)  # noqa: E731
     lse, tl = jax.jit(fused)(x, w, targets)
     (v, (gx, gw)) = jax.jit(jax.value_and_grad(lambda x, w: loss(fused, x, w), argnums=(0, 1)))(x, w)
@@ -91,8 +126,14 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
     bounds = {n: GRAD_RTOL if n.startswith("grad") else VALUE_RTOL for n in errs}
     padded_rows_zero = bool(not jnp.any(gw[v_real:]))
     ok = all(e <= bounds[n] for n, e in errs.items()) and padded_rows_zero  # NaN compares False
-    return {"tokens": T, "vocab_rows": V, "v_real": v_real, "k": K, "seed": seed, "rel_err": errs, "bounds": bounds,
-            "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
+    return {"tokens": T, "vocab_rows": V, "v_real": v_real, "k": K, "seed": seed, "tiles": tiles, "rel_err": errs,
+            "bounds": bounds, "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
+
+
+def print_check(c: dict) -> None:
+    print(f"check at {c['tokens']} tokens x {c['vocab_rows']} rows ({c['v_real']} real, K {c['k']}, tiles "
+          f"{c['tiles']}): " + ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
+          + f"; padded rows' gradient zero: {c['padded_rows_zero_grad']} -> {'ok' if c['ok'] else 'FAILED'}", flush=True)
 
 
 def median_s(fn, args, iters: int) -> float:
@@ -109,8 +150,10 @@ def median_s(fn, args, iters: int) -> float:
     return statistics.median(times)
 
 
-def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: float | None) -> list[dict]:
-    """Fused and chunked, forward and forward + backward, at T tokens: median seconds and TFLOP/s."""
+def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: float | None,
+           tiles: tuple[str, ...] = ("default",), chunked: bool = True) -> list[dict]:
+    """Fused (each set of `tiles`) and chunked, forward and forward + backward, at T tokens: median seconds and
+    TFLOP/s; a set that fails gets a row with its error."""
     import jax
     import jax.numpy as jnp
 
@@ -120,9 +163,11 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
     x, w, targets, mask = _inputs(jax.random.key(T), T, V, K, v_real)
     cols_real = jnp.arange(V) < v_real
 
-    def fused_loss(x, w):
-        lse, tl = fused_ce.linear_cross_entropy(x, w, targets, v_real)
-        return masked_sums(lse, tl, mask)[0]
+    def fused_loss(kernel_tiles):
+        def f(x, w):
+            lse, tl = fused_ce.linear_cross_entropy(x, w, targets, v_real, tiles=kernel_tiles)
+            return masked_sums(lse, tl, mask)[0]
+        return f
 
     def chunked_loss(x, w):
         def logits(h, _):
@@ -130,13 +175,18 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
             return jnp.where(cols_real, s, -jnp.inf)
         return chunked_cross_entropy(logits, x, jnp.maximum(targets, 0), mask, chunk)[0]
 
+    cells = [("fused", spec, fused_loss(tiles_of(spec))) for spec in tiles]
     rows = []
-    for name, f in (("fused", fused_loss), ("chunked", chunked_loss)):
+    for name, spec, f in cells + ([("chunked", "", chunked_loss)] if chunked else []):
         for mode, fn in (("fwd", jax.jit(f)), ("fwd+bwd", jax.jit(jax.value_and_grad(f, argnums=(0, 1))))):
-            s = median_s(fn, (x, w), iters)
+            row = {"kernel": name, "tiles": spec, "mode": mode, "tokens": T}
+            try:
+                s = median_s(fn, (x, w), iters)
+            except Exception as e:  # a set of tiles the GPU cannot run (shared memory): recorded, the sweep goes on
+                rows.append({**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]})
+                continue
             tflops = FLOP_MULTIPLE[mode] * 2 * T * K * V / s / 1e12
-            rows.append({"kernel": name, "mode": mode, "tokens": T, "ms": 1e3 * s, "tflops": tflops,
-                         "of_peak": None if peak is None else tflops * 1e12 / peak})
+            rows.append({**row, "ms": 1e3 * s, "tflops": tflops, "of_peak": None if peak is None else tflops * 1e12 / peak})
     return rows
 
 
@@ -149,7 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--tiles", nargs="+", default=["default"], metavar="SET",
+                   help="sets of kernel tiles to check and time: default, or e.g. fwd=256x64,dx=64x128w4")
     args = p.parse_args(argv)
+    for spec in args.tiles:
+        try:
+            tiles_of(spec)
+        except ValueError as e:
+            print(f"error: --tiles {spec}: {e}", file=sys.stderr)
+            return 2
     import jax
 
     from yxanul_jax.analysis import gpus
@@ -169,24 +227,40 @@ def main(argv: list[str] | None = None) -> int:
     # A small ragged case (a partial last block of tokens and of vocabulary rows, K 32), then the config's.
     shapes = [(200, 300, 32, 290)] + ([(args.check_tokens, V, K, v_real)] if args.check_tokens else [])
     record["checks"] = [check(*shape, args.seed) for shape in shapes]
-    ok = all(c["ok"] for c in record["checks"])
+    record["checks"] += [check(200, 300, 32, 290, args.seed, tiles=spec) for spec in args.tiles if spec != "default"]
     for c in record["checks"]:
-        print(f"check at {c['tokens']} tokens x {c['vocab_rows']} rows ({c['v_real']} real, K {c['k']}): "
-              + ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
-              + f"; padded rows' gradient zero: {c['padded_rows_zero_grad']} -> {'ok' if c['ok'] else 'FAILED'}",
-              flush=True)
-    rows = [r for T in args.time_tokens for r in timing(T, V, K, v_real, chunk, args.iters, peak)]
+        print_check(c)
+    rows = []
+    for T in args.time_tokens:
+        rows += timing(T, V, K, v_real, chunk, args.iters, peak, tuple(args.tiles))
+        spec = combined_spec(rows, args.tiles, T) if len(args.tiles) > 1 else None
+        if spec:  # each kernel's best, together
+            record["checks"].append(check(200, 300, 32, 290, args.seed, tiles=spec))
+            print_check(record["checks"][-1])
+            rows += [{**r, "combined": True} for r in timing(T, V, K, v_real, chunk, args.iters, peak, (spec,), False)]
+    ok = all(c["ok"] for c in record["checks"])
     record["timing"] = rows
-    by = {(r["kernel"], r["mode"], r["tokens"]): r for r in rows}
-    fused_fb = [r for r in rows if r["kernel"] == "fused" and r["mode"] == "fwd+bwd"]
+    timed = [r for r in rows if "ms" in r]
+    by = {(r["kernel"], r["mode"], r["tokens"]): r for r in timed}
+    fused_fb = [r for r in timed if r["kernel"] == "fused" and r["mode"] == "fwd+bwd"]
     if fused_fb and peak:
         record["efficiency"] = max(r["of_peak"] for r in fused_fb)
-    print(f"{'kernel':<9}{'mode':<9}{'tokens':>8}{'ms':>10}{'TFLOP/s':>10}{'of peak':>9}{'fused speedup':>15}")
+    print(f"{'kernel':<9}{'tiles':<24}{'mode':<9}{'tokens':>8}{'ms':>10}{'TFLOP/s':>10}{'of peak':>9}{'fused speedup':>15}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['kernel']:<9}{r['tiles']:<24}{r['mode']:<9}{r['tokens']:>8}  failed: {r['error'][:80]}")
+            continue
         other = by.get(("chunked", r["mode"], r["tokens"]))
         speed = f"{other['ms'] / r['ms']:.2f}x" if r["kernel"] == "fused" and other else ""
         share = "-" if r["of_peak"] is None else f"{100 * r['of_peak']:.1f}%"
-        print(f"{r['kernel']:<9}{r['mode']:<9}{r['tokens']:>8}{r['ms']:>10.2f}{r['tflops']:>10.1f}{share:>9}{speed:>15}")
+        print(f"{r['kernel']:<9}{r['tiles']:<24}{r['mode']:<9}{r['tokens']:>8}{r['ms']:>10.2f}{r['tflops']:>10.1f}"
+              f"{share:>9}{speed:>15}")
+    if len(args.tiles) > 1 and fused_fb:
+        for T in args.time_tokens:
+            best = min((r for r in fused_fb if r["tokens"] == T), key=lambda r: r["ms"], default=None)
+            if best:
+                record.setdefault("fastest_tiles", {})[str(T)] = best["tiles"]
+                print(f"fastest tiles at {T} tokens (forward + backward): {best['tiles']} ({best['ms']:.2f} ms)")
     record["ok"] = ok
     line = json.dumps(record)
     if args.json_out:

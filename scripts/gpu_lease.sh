@@ -4,7 +4,7 @@
 # 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
 # (bash scripts/gpu_carry_kit.sh here first):
 #
-#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | calibrate | fp8 | wgrad;
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | calibrate | fp8 | wgrad;
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
@@ -18,8 +18,11 @@
 # projection at a time (scripts/fp8_gemm_probe.py), then stage 9 FP8 in the `dequant` form without Triton
 # GEMMs profiled (its HLO kept), in the `f32` form with XLA's default options, and stage 0 in `dequant`. Plan wgrad: stages 9 and 0 in FP8 with the weight gradient in FP8 and in
 # BF16 (`fp8.wgrad`). Plan ab (the fourth session's changes, each against what it replaced in the same call):
-# the fused head + loss kernels, stage 9 FP8 profiled (remat auto: cuDNN's output kept) and with remat full,
-# stage 0 FP8 profiled (short_attention) and with XLA's attention, stage 9 BF16. A step that would not finish before the
+# the fused head + loss kernels, stage 9 FP8 (remat auto: cuDNN's output kept) and with remat full,
+# stage 0 FP8 (short_attention) and with XLA's attention, stage 9 BF16 (remat auto, then full), stage 8
+# FP8 with the time left. Plan tiles: the fused head + loss kernels' tiles swept at stage 9's 131,072 tokens (one
+# kernel changed at a time, then each kernel's fastest together; every set checked against float32), then stage 9
+# FP8 with the default tiles and with the fastest set (train.fused_ce_tiles), and stage 0 likewise. A step that would not finish before the
 # deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/.."
 DEADLINE=${1:-540}
 PLAN=${2:-bench}
 PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
-case "$PLAN" in bench | ab | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
+case "$PLAN" in bench | ab | tiles | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
 case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
 DEADLINE=$((10#$DEADLINE))  # "0540" is 540, not octal
 OUT=${OUT:-$PWD/lease}
@@ -87,16 +90,39 @@ case "$PLAN" in
     XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 90 "${BENCH[@]}" --cell-timeout 220 --stages 9 \
       --precisions bf16 --torch --out "$RES/s9_bf16_torch"
     ;;
-  ab)  # remat auto against full at stage 9, short_attention against XLA's at stage 0, the reworked fused loss
+  ab)  # remat auto against full at stage 9, short_attention against XLA's at stage 0, the reworked fused loss;
+        # no cell profiled: a profile turns command buffers off, and both sides of a comparison keep them
     step fused_ce 100 45 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
       --json-out "$RES/fused_ce.json"
-    step s9_fp8 110 50 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8"
+    step s9_fp8 70 35 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
     step s9_fp8_remat_full 70 35 "${BENCH[@]}" model.remat=full --stages 9 --precisions fp8-xla --no-torch \
       --out "$RES/s9_fp8_remat_full"
-    step s0_fp8 70 30 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
+    step s0_fp8 60 30 "${BENCH[@]}" --stages 0 --precisions fp8-xla --no-torch --out "$RES/s0_fp8"
     step s0_fp8_xla_attention 60 30 "${BENCH[@]}" model.attention=xla --stages 0 --precisions fp8-xla --no-torch \
       --out "$RES/s0_fp8_xla_attention"
     step s9_bf16 70 30 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
+    step s9_bf16_remat_full 60 30 "${BENCH[@]}" model.remat=full --stages 9 --precisions bf16 --no-torch \
+      --out "$RES/s9_bf16_remat_full"
+    step s8_fp8 80 40 "${BENCH[@]}" --stages 8 --precisions fp8-xla --no-torch --out "$RES/s8_fp8"
+    ;;
+  tiles)  # the fused head + loss kernels' blocks, warps and stages: which run fastest on this GPU, and in the step
+    SETS=(default)
+    for k in fwd dx dw; do
+      SETS+=("$k=64x128" "$k=256x128" "$k=128x64" "$k=128x256" "$k=128x128w4" "$k=128x128s4")
+    done
+    step tiles_sweep 240 90 "$PY" scripts/fused_ce_check.py --check-tokens 0 --time-tokens 131072 --iters 5 \
+      --tiles "${SETS[@]}" --json-out "$RES/fused_ce_tiles.json"
+    BEST=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["fastest_tiles"]["131072"])' \
+      "$RES/fused_ce_tiles.json" 2>/dev/null || echo default)
+    echo "== fastest tiles: $BEST"
+    step s9_fp8 70 35 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
+    if [ "$BEST" != default ]; then
+      step s9_fp8_tiles 70 35 "${BENCH[@]}" "train.fused_ce_tiles=$BEST" --stages 9 --precisions fp8-xla --no-torch \
+        --out "$RES/s9_fp8_tiles"
+      step s0_fp8 60 30 "${BENCH[@]}" --stages 0 --precisions fp8-xla --no-torch --out "$RES/s0_fp8"
+      step s0_fp8_tiles 60 30 "${BENCH[@]}" "train.fused_ce_tiles=$BEST" --stages 0 --precisions fp8-xla --no-torch \
+        --out "$RES/s0_fp8_tiles"
+    fi
     ;;
   calibrate)  # attention above 32 tokens; profiles without command buffers, every kernel matched to the prediction
     step attention 100 40 "$PY" scripts/attention_check.py --stages 3 4 5 6 --iters 10

@@ -28,9 +28,17 @@ def _loss(fn, x, w, targets, mask, z_weight):
     return nll + z_weight * z
 
 
-@pytest.mark.parametrize("T, V, v_real, K", [(200, 300, 290, 32), (128, 256, 256, 16), (130, 400, 200, 16),
-                                             (128, 300, 256, 16)])
-def test_loss_and_gradients_match_the_float32_reference(T, V, v_real, K):
+# Other tiles than the default: each kernel its own blocks, so tokens and rows are padded to the largest.
+MIXED_TILES = fused_ce.KernelTiles(fwd=fused_ce.Tiles(64, 32), dx=fused_ce.Tiles(32, 64, 4, 2),
+                                   dw=fused_ce.Tiles(16, 128))
+
+
+@pytest.mark.parametrize("T, V, v_real, K, tiles", [(200, 300, 290, 32, fused_ce.DEFAULT_TILES),
+                                                    (128, 256, 256, 16, fused_ce.DEFAULT_TILES),
+                                                    (130, 400, 200, 16, fused_ce.DEFAULT_TILES),
+                                                    (128, 300, 256, 16, fused_ce.DEFAULT_TILES),
+                                                    (200, 300, 290, 32, MIXED_TILES)])
+def test_loss_and_gradients_match_the_float32_reference(T, V, v_real, K, tiles):
     # 200 tokens: a ragged last token block; 300 rows: a ragged vocabulary block; 10 padded columns.
     # 400 rows of which 200 real: one block straddles v_real and two hold padded rows only (skipped);
     # 300 rows of which 256 real: v_real ends a block, and the next holds padded rows only.
@@ -42,7 +50,7 @@ def test_loss_and_gradients_match_the_float32_reference(T, V, v_real, K):
     targets = targets.at[:12].set(targets[0]).at[12].set(min(v_real, V - 1) if v_real < V else targets[12])
     mask = (jax.random.uniform(k[3], (T,)) > 0.2).astype(jnp.float32)
     targets = jnp.where(mask > 0, targets, -1)  # masked tokens carry a padding id outside the vocabulary
-    fused = jax.jit(lambda x, w, t: fused_ce.linear_cross_entropy(x, w, t, v_real))
+    fused = jax.jit(lambda x, w, t: fused_ce.linear_cross_entropy(x, w, t, v_real, tiles=tiles))
     ref = lambda x, w, t: fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), t, v_real)  # noqa: E731
     lse, target = fused(x, w, targets)
     lse_r, target_r = ref(x, w, targets)
@@ -83,6 +91,15 @@ def test_gradients_stay_accurate_where_the_model_is_confident():
         assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(b)
 
 
+def test_tiles_are_read_from_a_spec_and_checked():
+    tiles = fused_ce.DEFAULT_TILES.replace("dx=64x256w4s2").replace("fwd=256x64")
+    assert tiles.dx == fused_ce.Tiles(64, 256, 4, 2) and tiles.fwd == fused_ce.Tiles(256, 64, 8, 3)
+    assert tiles.dw == fused_ce.Tiles() and (tiles.t_multiple, tiles.v_multiple) == (256, 256)
+    for bad in ("dx=64", "dq=64x64", "dx=48x64", "dx=8x64", "dx=64x64w3", "dx=64x64s0"):
+        with pytest.raises(ValueError, match="fused cross-entropy tile"):
+            fused_ce.DEFAULT_TILES.replace(bad)
+
+
 def test_v_real_outside_the_table_is_refused():
     x, w, t = jnp.zeros((8, 16), jnp.bfloat16), jnp.zeros((32, 16), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
     for v_real in (0, 33):
@@ -100,14 +117,21 @@ def test_the_train_step_loss_is_the_same_fused_or_chunked():
     batch = {"inputs": jax.random.randint(k[0], (2, 40), 0, 97), "targets": jax.random.randint(k[1], (2, 40), 0, 97),
              "mask": jnp.ones((2, 40)).at[1, 30:].set(0.0)}
 
-    def run(kernel):
+    def run(kernel, tiles="default"):
         c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, loss_kernel=kernel, loss_chunk=32,
-                                                               z_loss=1e-3))
+                                                               z_loss=1e-3, fused_ce_tiles=tiles))
         f = lambda p: loss_sums(c, p, {}, None, batch)  # noqa: E731
         (total, (nll, z)), g = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
         return total, nll, z, g
 
     fused, chunked = run("fused"), run("chunked")
+    # train.fused_ce_tiles: the same sums in other blocks, so in another order: float32 sums equal closely, BF16
+    # gradients within a rounding of their largest entry
+    tiled = run("fused", "fwd=16x32,dx=32x16w4s2,dw=64x64")
+    np.testing.assert_allclose(np.asarray(tiled[:3]), np.asarray(fused[:3]), rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(tiled[3]), jax.tree_util.tree_leaves(fused[3])):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 2 ** -7 * (np.max(np.abs(b)) or 1.0)
     for a, b in zip(fused[:3], chunked[:3]):
         np.testing.assert_allclose(a, b, rtol=2e-3)  # BF16 model: the head's BF16 logits vs float32 in-kernel
     for path, a in jax.tree_util.tree_leaves_with_path(fused[3]):

@@ -71,6 +71,7 @@ def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
                             ["--calibrate-from", out / "bench.json", out / "bench.json", "--out", merged_out])
     merged = perf.load_calibration("h100", str(merged_out / "calibration.json"))
     assert rc == 0 and "merged from 2 runs" in merged["source"]
+    assert "4 cells re-read with the model of" in merged["source"]  # the kept traces and HLO, read again
     for cat, c in merged["categories"].items():
         assert c["measured_ms"] == pytest.approx(2 * calib["categories"][cat]["measured_ms"])
         assert merged["ratios"].get(cat) == pytest.approx(calib["ratios"].get(cat))
@@ -129,26 +130,49 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     out = tmp_path / "fused_ce.json"
     rc, stdout, _ = run_cli(load_script("fused_ce_check").main,
                             ["--config", REPO / "configs/tiny.yaml", "--check-tokens", "130", "--time-tokens", "128",
-                             "--iters", "1", "--json-out", out])
+                             "--iters", "1", "--json-out", out, "--tiles", "default", "fwd=64x32,dw=32x64w4"])
     assert rc == 0, stdout
     record = json.loads(stdout.strip().splitlines()[-1])
     assert record == json.loads(out.read_text()) and record["ok"]
-    small, full = record["checks"]
+    small, full, tiled = record["checks"]
     assert (small["tokens"], small["vocab_rows"], small["v_real"], small["k"]) == (200, 300, 290, 32)
     assert full["tokens"] == 130 and full["k"] == record["k"] == 128
+    assert tiled["tiles"] == "fwd=64x32,dw=32x64w4" and tiled["tokens"] == 200  # each other set of tiles checked
     for c in record["checks"]:
         assert c["ok"] and c["padded_rows_zero_grad"]
         assert all(0 <= e <= c["bounds"][n] for n, e in c["rel_err"].items())
-    assert {(r["kernel"], r["mode"]) for r in record["timing"]} == {
-        ("fused", "fwd"), ("fused", "fwd+bwd"), ("chunked", "fwd"), ("chunked", "fwd+bwd")}
+    assert {(r["kernel"], r["tiles"], r["mode"]) for r in record["timing"]} == {
+        ("fused", "default", "fwd"), ("fused", "default", "fwd+bwd"), ("fused", "fwd=64x32,dw=32x64w4", "fwd"),
+        ("fused", "fwd=64x32,dw=32x64w4", "fwd+bwd"), ("chunked", "", "fwd"), ("chunked", "", "fwd+bwd")}
+    assert record["fastest_tiles"]["128"] in ("default", "fwd=64x32,dw=32x64w4")
     assert all(r["ms"] > 0 and r["of_peak"] is None for r in record["timing"])  # a CPU has no BF16 peak
     import math
 
     import numpy as np
 
     fce = load_script("fused_ce_check")
+    rc, _, err = run_cli(fce.main, ["--config", REPO / "configs/tiny.yaml", "--tiles", "dx=48x64", "--json-out",
+                                    tmp_path / "bad.json"])
+    assert rc == 2 and err.startswith("error: --tiles dx=48x64: ") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad.json").exists()
     assert math.isnan(fce.rel_err(np.array([np.nan, 1.0]), np.ones(2)))  # NaN never passes a bound
     assert fce.rel_err(np.array([1.0, 1.1]), np.ones(2)) > fce.VALUE_RTOL
+
+
+def test_the_fastest_tiles_of_each_kernel_are_put_together():
+    fce = load_script("fused_ce_check")
+
+    def rows(spec, fwd, both):
+        return [{"kernel": "fused", "tiles": spec, "mode": "fwd", "tokens": 8, "ms": fwd},
+                {"kernel": "fused", "tiles": spec, "mode": "fwd+bwd", "tokens": 8, "ms": both}]
+
+    timed = (rows("default", 10, 30) + rows("fwd=64x128", 8, 29) + rows("fwd=256x128", 9, 20)
+             + rows("dx=64x128", 10, 25) + rows("dw=128x64", 10, 35) + rows("fwd=16x16,dx=16x16", 1, 1))
+    specs = ["default", "fwd=64x128", "fwd=256x128", "dx=64x128", "dw=128x64", "fwd=16x16,dx=16x16"]
+    # the forward by its forward time, dx and dw by forward + backward; sets changing two kernels say nothing
+    assert fce.combined_spec(timed, specs, 8) == "fwd=64x128w8s3,dx=64x128w8s3"
+    assert fce.combined_spec(timed, specs + ["dx=64x128,fwd=64x128"], 8) is None  # timed already
+    assert fce.combined_spec(rows("default", 1, 1) + rows("dx=64x128", 2, 2), ["default", "dx=64x128"], 8) is None
 
 
 def test_attention_check_times_xla_attention_per_stage_on_a_cpu():
@@ -168,7 +192,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     bad = subprocess.run(["bash", "scripts/gpu_lease.sh", "60", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | calibrate | fp8 | wgrad)"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | tiles | calibrate | fp8 | wgrad)"
     assert not (tmp_path / "lease.log").exists()  # refused before anything was written
     proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "calibrate"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -187,7 +211,11 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     log = (tmp_path / "lease.log").read_text()
     assert proc.returncode == 0 and all(f"== {step}: skipped" in log for step in
                                         ("fused_ce", "s9_fp8", "s9_fp8_remat_full", "s0_fp8", "s0_fp8_xla_attention",
-                                         "s9_bf16"))
+                                         "s9_bf16", "s9_bf16_remat_full", "s8_fp8"))
+    proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "tiles"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "lease.log").read_text()
+    assert proc.returncode == 0 and "== tiles_sweep: skipped" in log and "== fastest tiles: default" in log
 
 
 def test_a_cell_past_its_time_limit_is_recorded_and_the_rest_written(tmp_path):

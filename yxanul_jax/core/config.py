@@ -581,6 +581,11 @@ class TrainConfig:
     that never write logits: model/fused_ce.py; on a CPU they run in Pallas interpret mode, slowly), or
     `auto`: fused on a single GPU for a BF16 model whose head is not FP8 and is at most 256 wide, else
     chunked (on several devices XLA would gather the kernels' inputs onto each)."""
+    fused_ce_tiles: str = field(default="default", metadata=RESUME)
+    """Block sizes and launch of the fused head + loss kernels: `default` (128 x 128 tiles, 8 warps, 3
+    stages each), or comma-separated changes, e.g. `fwd=256x64,dx=64x128w4s3` (KERNEL=BTxBV[wWARPS][sSTAGES],
+    KERNEL fwd, dx or dw; powers of 2 of at least 16). `scripts/fused_ce_check.py --tiles` times them on a
+    GPU. Speed only: the loss is the same sum in another order."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
     sample_prompt: str = field(default="def ", metadata=RESUME)
@@ -601,6 +606,12 @@ class TrainConfig:
             raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
         if self.seed < 0 or self.z_loss < 0:
             raise UserError(f"config keys 'train.seed' ({self.seed}) and 'train.z_loss' ({self.z_loss}) must be >= 0")
+        from yxanul_jax.model.fused_ce import parse_tiles  # here: the kernels' module imports this one
+
+        try:
+            parse_tiles(self.fused_ce_tiles)
+        except ValueError as e:
+            raise UserError(f"config key 'train.fused_ce_tiles': {e}") from None
 
 
 def auto_lanes(stages) -> int:

@@ -29,9 +29,10 @@ them), and dw adds a per-program -inf column bias.
 
 The backward recomputes the logits (levanter's design) instead of storing them: 5 x 2 T K V FLOPs in all,
 no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x have zero gradient
-weight; zero rows of w sit beyond v_real), so the kernels need no masked loads. Tiles: BT = BV = 128
-with K <= 256 keeps x and w tiles in shared memory on sm_90 (3 pipeline stages, ~128 KB at K = 128);
-`supported(K)` says when the fused path applies.
+weight; zero rows of w sit beyond v_real), so the kernels need no masked loads. Tiles (`Tiles`, one per
+kernel in `KernelTiles`): BT = BV = 128, 8 warps and 3 pipeline stages by default, which with K <= 256
+keeps x and w tiles in shared memory on sm_90 (~128 KB at K = 128); `supported(K)` says when the fused
+path applies. `scripts/fused_ce_check.py --tiles` times other tiles on a GPU.
 
 Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
 their inputs onto every device, so `loss.loss_kernel`'s `auto` keeps the chunked loss there (a
@@ -44,7 +45,9 @@ without a GPU in tests/test_gpu_target.py). The performance model counts their F
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -52,10 +55,69 @@ import numpy as np
 
 from yxanul_jax.core.config import FUSED_CE_MAX_K, fused_ce_takes
 
-BLOCK_T = 128
-BLOCK_V = 128
-NUM_WARPS = 8
-NUM_STAGES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 of at least 16
+    (Triton's dot), and Triton's warps and software-pipeline stages."""
+
+    bt: int = 128
+    bv: int = 128
+    warps: int = 8
+    stages: int = 3
+
+    def __post_init__(self):
+        for name in ("bt", "bv"):
+            n = getattr(self, name)
+            if n < 16 or n & (n - 1):
+                raise ValueError(f"fused cross-entropy tile {name}={n}: a power of 2 of at least 16, e.g. 128")
+        if self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
+            raise ValueError(f"fused cross-entropy tiles: warps {self.warps} (1, 2, 4, 8 or 16), stages "
+                             f"{self.stages} (>= 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTiles:
+    """The tiles of the three kernels (module docstring): forward, input gradient, table gradient."""
+
+    fwd: Tiles = Tiles()
+    dx: Tiles = Tiles()
+    dw: Tiles = Tiles()
+
+    @property
+    def t_multiple(self) -> int:
+        """Tokens are padded to a multiple of every kernel's bt (powers of 2: the largest)."""
+        return max(self.fwd.bt, self.dx.bt, self.dw.bt)
+
+    @property
+    def v_multiple(self) -> int:
+        """Vocabulary rows likewise, of every bv."""
+        return max(self.fwd.bv, self.dx.bv, self.dw.bv)
+
+    def replace(self, spec: str) -> "KernelTiles":
+        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES]` (`dx=64x256w4s3`;
+        warps and stages default to that kernel's); ValueError naming the form otherwise."""
+        m = re.fullmatch(r"(fwd|dx|dw)=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?", spec.strip())
+        if not m:
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES] with KERNEL "
+                             "fwd, dx or dw, e.g. dx=64x256w4s3")
+        name, bt, bv, warps, stages = m.groups()
+        old = getattr(self, name)
+        new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages)
+        return dataclasses.replace(self, **{name: new})
+
+
+DEFAULT_TILES = KernelTiles()
+
+
+def parse_tiles(spec: str) -> KernelTiles:
+    """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default tiles
+    (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
+    tiles = DEFAULT_TILES
+    for part in ([] if spec.strip() == "default" else spec.split(",")):
+        tiles = tiles.replace(part)
+    return tiles
 
 # kernel name -> multiple of 2 T K V (T, K from operand 0, V from operand 1) it executes: read by
 # analysis/perf.py. Forward: one GEMM; dx and dw: the recomputed logits and the gradient GEMM.
@@ -67,10 +129,10 @@ def supported(k: int) -> bool:
     return fused_ce_takes(k)
 
 
-def _compiler_params():
+def _compiler_params(tiles: Tiles):
     from jax.experimental.pallas import triton as plt
 
-    return plt.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return plt.CompilerParams(num_warps=tiles.warps, num_stages=tiles.stages)
 
 
 def _logits(x, w):
@@ -177,45 +239,48 @@ def _pad(a, n: int, axis: int = 0):
     return jnp.pad(a, widths)
 
 
-def _forward(x, w, *, v_real, interpret):
+def _forward(x, w, *, v_real, tiles, interpret):
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V = w.shape[0]
-    row = pl.BlockSpec((BLOCK_T,), lambda i: (i,))
+    t = tiles.fwd
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=BLOCK_V),
-        out_shape=jax.ShapeDtypeStruct((T,), jnp.float32), grid=(T // BLOCK_T,),
-        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0))],
-        out_specs=row, compiler_params=_compiler_params(), interpret=interpret, name="fused_ce_fwd",
+        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv),
+        out_shape=jax.ShapeDtypeStruct((T,), jnp.float32), grid=(T // t.bt,),
+        in_specs=[pl.BlockSpec((t.bt, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((t.bt,), lambda i: (i,)), compiler_params=_compiler_params(t), interpret=interpret,
+        name="fused_ce_fwd",
     )(x, w)
 
 
-def _backward(x, w, targets, lse, g_lse, g_tl, *, v_real, interpret):
+def _backward(x, w, targets, lse, g_lse, g_tl, *, v_real, tiles, interpret):
     """(dx in x's dtype, dw in float32), dw only for the vocabulary blocks that hold real rows (the blocks of
     padded rows alone get zeros without a program)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V = w.shape[0]
-    full, partial = _vocab_blocks(V, v_real, BLOCK_V)
-    rows = pl.BlockSpec((BLOCK_T,), lambda i: (i,))
-    whole_t = pl.BlockSpec((T,), lambda i: (0,))
+    t = tiles.dx
+    rows = pl.BlockSpec((t.bt,), lambda i: (i,))
     dx = pl.pallas_call(
-        functools.partial(_dx_kernel, V=V, v_real=v_real, BV=BLOCK_V),
-        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(T // BLOCK_T,),
-        in_specs=[pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)),
+        functools.partial(_dx_kernel, V=V, v_real=v_real, BV=t.bv),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(T // t.bt,),
+        in_specs=[pl.BlockSpec((t.bt, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)),
                   rows, rows, rows, rows],
-        out_specs=pl.BlockSpec((BLOCK_T, K), lambda i: (i, 0)), compiler_params=_compiler_params(),
+        out_specs=pl.BlockSpec((t.bt, K), lambda i: (i, 0)), compiler_params=_compiler_params(t),
         interpret=interpret, name="fused_ce_dx",
     )(x, w, targets, lse, g_lse, g_tl)
-    real = (full + partial) * BLOCK_V
+    t = tiles.dw
+    full, partial = _vocab_blocks(V, v_real, t.bv)
+    real = (full + partial) * t.bv
+    whole_t = pl.BlockSpec((T,), lambda i: (0,))
     dw = pl.pallas_call(
-        functools.partial(_dw_kernel, T=T, v_real=v_real, BT=BLOCK_T, BV=BLOCK_V),
+        functools.partial(_dw_kernel, T=T, v_real=v_real, BT=t.bt, BV=t.bv),
         out_shape=jax.ShapeDtypeStruct((real, K), jnp.float32), grid=(full + partial,),
-        in_specs=[pl.BlockSpec((T, K), lambda j: (0, 0)), pl.BlockSpec((BLOCK_V, K), lambda j: (j, 0)),
+        in_specs=[pl.BlockSpec((T, K), lambda j: (0, 0)), pl.BlockSpec((t.bv, K), lambda j: (j, 0)),
                   whole_t, whole_t, whole_t, whole_t],
-        out_specs=pl.BlockSpec((BLOCK_V, K), lambda j: (j, 0)), compiler_params=_compiler_params(),
+        out_specs=pl.BlockSpec((t.bv, K), lambda j: (j, 0)), compiler_params=_compiler_params(t),
         interpret=interpret, name="fused_ce_dw",
     )(x, w, targets, lse, g_lse, g_tl)
     return dx, _pad(dw, V) if real < V else dw
@@ -244,44 +309,46 @@ def target_logits(x_TxK, w_VxK, targets_T, v_real: int):
     return jnp.where(valid, jnp.sum(x_TxK.astype(jnp.float32) * w_VxK[idx].astype(jnp.float32), axis=1), 0.0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _fused(x, w, targets, v_real, interpret):
-    lse = _on_platform(functools.partial(_forward, v_real=v_real), interpret, x, w)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _fused(x, w, targets, v_real, tiles, interpret):
+    lse = _on_platform(functools.partial(_forward, v_real=v_real, tiles=tiles), interpret, x, w)
     return lse, target_logits(x, w, targets, v_real)
 
 
-def _fused_fwd(x, w, targets, v_real, interpret):
-    out = _fused(x, w, targets, v_real, interpret)
+def _fused_fwd(x, w, targets, v_real, tiles, interpret):
+    out = _fused(x, w, targets, v_real, tiles, interpret)
     return out, (x, w, targets, out[0])
 
 
-def _fused_bwd(v_real, interpret, res, g):
+def _fused_bwd(v_real, tiles, interpret, res, g):
     x, w, targets, lse = res
     g_lse, g_tl = (a.astype(jnp.float32) for a in g)
     valid, _ = _target_rows(targets, v_real)
     g_tl = jnp.where(valid, g_tl, 0.0)  # a target outside [0, v_real) has a constant target logit (0)
-    dx, dw = _on_platform(functools.partial(_backward, v_real=v_real), interpret, x, w, targets, lse, g_lse, g_tl)
+    dx, dw = _on_platform(functools.partial(_backward, v_real=v_real, tiles=tiles), interpret, x, w, targets, lse,
+                          g_lse, g_tl)
     return dx, dw.astype(w.dtype), np.zeros(targets.shape, dtype=jax.dtypes.float0)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
 
 
-def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool = False):
+def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool = False,
+                         tiles: KernelTiles = DEFAULT_TILES):
     """(lse[T], target logit[T]) in float32 of the logits x @ w^T over the first v_real columns: the lse by the
     fused kernels (module docstring), the target logit by `target_logits`; differentiable in x and w (one
     custom gradient for both: the backward kernels). Targets outside [0, v_real) give a target logit of 0 (mask those
     tokens out). The kernels compile with Triton when lowered for a GPU and run in Pallas interpret mode when
-    lowered for a CPU (`interpret=True` forces that)."""
+    lowered for a CPU (`interpret=True` forces that). `tiles`: each kernel's blocks and launch (`KernelTiles`)."""
     T, K = x_TxK.shape
     if not supported(K):
         raise ValueError(f"fused cross-entropy takes a head input width of 16..{FUSED_CE_MAX_K} in multiples of 16, got {K}")
     if not 0 < v_real <= w_VxK.shape[0]:
         raise ValueError(f"v_real {v_real} must be in 1..{w_VxK.shape[0]} (the table's rows)")
-    x = _pad(x_TxK, BLOCK_T)
-    w = _pad(w_VxK.astype(x_TxK.dtype), BLOCK_V)
-    targets = _pad(targets_T.astype(jnp.int32), BLOCK_T)
-    lse, tl = _fused(x, w, targets, int(v_real), bool(interpret))
+    x = _pad(x_TxK, tiles.t_multiple)
+    w = _pad(w_VxK.astype(x_TxK.dtype), tiles.v_multiple)
+    targets = _pad(targets_T.astype(jnp.int32), tiles.t_multiple)
+    lse, tl = _fused(x, w, targets, int(v_real), tiles, bool(interpret))
     return lse[:T], tl[:T]
 
 

@@ -501,14 +501,16 @@ class Yxanul(nn.Module):
             logits = logits + bias_V.reshape((1,) * (logits.ndim - 1) + (-1,))
         return logits
 
-    def fused_loss_terms(self, h_NxD, targets_N, interpret: bool = False):
+    def fused_loss_terms(self, h_NxD, targets_N, interpret: bool = False, tiles: str = "default"):
         """(lse_N, target logit_N) of the head's logits by the fused kernels (`model.fused_ce`): the
-        logits never exist in memory. The head must not be FP8 (`loss.loss_kernel` checks)."""
-        from yxanul_jax.model.fused_ce import linear_cross_entropy
+        logits never exist in memory. The head must not be FP8 (`loss.loss_kernel` checks). `tiles`: the
+        kernels' tiles (`fused_ce.parse_tiles`, `train.fused_ce_tiles`)."""
+        from yxanul_jax.model.fused_ce import linear_cross_entropy, parse_tiles
 
         x_NxK, w_KxV = self.head_operands(h_NxD)
         dt = DTYPES[self.cfg.dtype]
-        return linear_cross_entropy(x_NxK.astype(dt), w_KxV.T.astype(dt), targets_N, self.cfg.vocab_size, interpret)
+        return linear_cross_entropy(x_NxK.astype(dt), w_KxV.T.astype(dt), targets_N, self.cfg.vocab_size, interpret,
+                                    parse_tiles(tiles))
 
     def __call__(self, tokens_BxL):
         """Token ids [B, L] -> float32 logits [B, L, vocab_size]."""

@@ -94,7 +94,7 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
         d = h_BxLxD.shape[-1]
         with jax.named_scope(scopes.LOSS):
             lse_N, target_N = model.apply({"params": params}, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
-                                          method=Yxanul.fused_loss_terms)
+                                          tiles=cfg.train.fused_ce_tiles, method=Yxanul.fused_loss_terms)
             nll, z = masked_sums(lse_N, target_N, batch["mask"].reshape(-1))
         return nll + cfg.train.z_loss * z, (nll, z)
 
