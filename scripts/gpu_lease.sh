@@ -10,10 +10,10 @@
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
 # loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 (the config's: BF16 weight gradients) profiled
 # against the prediction, stage 9 BF16, stage 9 FP8 with FP8 weight gradients (fp8.wgrad=fp8), stage 0 FP8
-# profiled, then stage 9 BF16 beside PyTorch with the time left (scripts/gpu_bench.py). Plan calibrate (a second call): cuDNN against XLA attention at stages 3-6
-# (scripts/attention_check.py; 0-3 were measured on 2026-11-26), then profiles without command buffers,
+# profiled, then stage 9 BF16 beside PyTorch with the time left (scripts/gpu_bench.py). Plan calibrate (a second call): profiles without command buffers,
 # so that every kernel is matched to its prediction: stage 9 FP8 (its compiled HLO and the predicted kernels
-# the trace never showed kept), stage 0 FP8, stage 9 BF16. Plan fp8 (FP8 weight gradients throughout, as when
+# the trace never showed kept), stage 0 FP8, stage 9 BF16, then stage 2 FP8 (XLA's attention: its own data for
+# the 'attention, XLA kernels' ratio, measured so far at stage 0 alone). Plan fp8 (FP8 weight gradients throughout, as when
 # it ran on 2026-11-26): the ways of writing an FP8 GEMM for XLA (`fp8.gemm_form`) under XLA options, one
 # projection at a time (scripts/fp8_gemm_probe.py), then stage 9 FP8 in the `dequant` form without Triton
 # GEMMs profiled (its HLO kept), in the `f32` form with XLA's default options, and stage 0 in `dequant`. Plan wgrad: stages 9 and 0 in FP8 with the weight gradient in FP8 and in
@@ -124,11 +124,11 @@ case "$PLAN" in
         --out "$RES/s0_fp8_tiles"
     fi
     ;;
-  calibrate)  # attention above 32 tokens; profiles without command buffers, every kernel matched to the prediction
-    step attention 100 40 "$PY" scripts/attention_check.py --stages 3 4 5 6 --iters 10
+  calibrate)  # profiles without command buffers, every kernel matched to the prediction
     step s9_fp8_prof 160 110 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8p"
     step s0_fp8_prof 80 40 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8p"
     step s9_bf16_prof 70 35 "${BENCH[@]}" --stages 9 --precisions bf16 --profile --no-torch --out "$RES/s9_bf16p"
+    step s2_fp8_prof 80 40 "${BENCH[@]}" --stages 2 --precisions fp8-xla --profile --no-torch --out "$RES/s2_fp8p"
     ;;
   fp8)  # the FP8 GEMM's form and XLA's Triton GEMMs: which one leaves no cast kernel behind
     DEQUANT=(fp8.wgrad=fp8 fp8.gemm_form=dequant train.xla_options.xla_gpu_enable_triton_gemm=false)
