@@ -186,7 +186,8 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
                 rows.append({**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]})
                 continue
             tflops = FLOP_MULTIPLE[mode] * 2 * T * K * V / s / 1e12
-            rows.append({**row, "ms": 1e3 * s, "tflops": tflops, "of_peak": None if peak is None else tflops * 1e12 / peak})
+            of_peak = None if peak is None else tflops * 1e12 / peak
+            rows.append({**row, "ms": 1e3 * s, "tflops": tflops, "of_peak": of_peak})
     return rows
 
 
@@ -245,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     fused_fb = [r for r in timed if r["kernel"] == "fused" and r["mode"] == "fwd+bwd"]
     if fused_fb and peak:
         record["efficiency"] = max(r["of_peak"] for r in fused_fb)
-    print(f"{'kernel':<9}{'tiles':<24}{'mode':<9}{'tokens':>8}{'ms':>10}{'TFLOP/s':>10}{'of peak':>9}{'fused speedup':>15}")
+    print(f"{'kernel':<9}{'tiles':<24}{'mode':<9}{'tokens':>8}{'ms':>10}{'TFLOP/s':>10}{'of peak':>9}"
+          f"{'fused speedup':>15}")
     for r in rows:
         if "error" in r:
             print(f"{r['kernel']:<9}{r['tiles']:<24}{r['mode']:<9}{r['tokens']:>8}  failed: {r['error'][:80]}")

@@ -519,11 +519,11 @@ def calibration_key(k: Kernel) -> str:
 
 def category_ratios(items: list[Kernel], gpu: GpuSpec, measured_ms: dict[str, float]) -> dict[str, dict]:
     """Measured against predicted time per calibration key (`calibration_key`). `measured_ms`: kernel (HLO
-    instruction) name -> measured milliseconds per step (a profile's device time, summed over launches). `ratio` is measured over
-    the predicted time of the kernels the profile saw (`matched_predicted_ms`): a kernel it did not see
-    (counted under `unmatched`) says nothing about the model's error. `predicted_ms` is the whole category.
-    This ratio is what a calibration multiplies a category by (scripts/gpu_bench.py sums these rows over
-    its cells)."""
+    instruction) name -> measured milliseconds per step (a profile's device time, summed over launches).
+    `ratio` is measured over the predicted time of the kernels the profile saw (`matched_predicted_ms`): a
+    kernel it did not see (counted under `unmatched`) says nothing about the model's error. `predicted_ms`
+    is the whole key's. This ratio is what a calibration multiplies a key's kernels by (scripts/gpu_bench.py
+    sums these rows over its cells)."""
     out: dict[str, dict] = {}
     for k in items:
         row = out.setdefault(calibration_key(k), {"predicted_ms": 0.0, "matched_predicted_ms": 0.0,
