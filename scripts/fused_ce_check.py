@@ -22,7 +22,7 @@ chunked one recomputes them under remat too). `efficiency` is fused forward + ba
 device's dense BF16 peak (analysis/gpus.py): the number `analysis.perf.FUSED_CE_EFFICIENCY` assumes.
 
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
-`KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default (`fused_ce.KernelTiles.replace`); each set is checked
+`KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default (`core.tiles.KernelTiles.replace`); each set is checked
 on the small ragged case and timed (fused rows carry its name). A set that fails to compile (too much
 shared memory, say) is recorded with its error and the sweep goes on. Then each kernel's fastest tiles
 among the sets that change only it are put together (`combined_spec`), checked and timed too, and the
@@ -73,17 +73,16 @@ def rel_err(a, b) -> float:
 
 
 def tiles_of(spec: str):
-    from yxanul_jax.model import fused_ce
+    from yxanul_jax.core.tiles import parse_tiles
 
-    return fused_ce.parse_tiles(spec)
+    return parse_tiles(spec)
 
 
 def combined_spec(rows: list[dict], specs: list[str], T: int) -> str | None:
     """Each kernel's fastest tiles at T tokens among the sets that change only that kernel (the forward by its
     forward time, dx and dw by forward + backward), as one set; None where that set was timed already."""
-    from yxanul_jax.model import fused_ce
+    from yxanul_jax.core.tiles import DEFAULT_TILES as default
 
-    default = fused_ce.DEFAULT_TILES
     ms = {(r["tiles"], r["mode"]): r["ms"] for r in rows if r["kernel"] == "fused" and r["tokens"] == T and "ms" in r}
     parts = []
     for kernel, mode in (("fwd", "fwd"), ("dx", "fwd+bwd"), ("dw", "fwd+bwd")):

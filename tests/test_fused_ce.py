@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from yxanul_jax.core.tiles import DEFAULT_TILES, KernelTiles, Tiles, parse_tiles
 from yxanul_jax.core.config import Config, TrainConfig, load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model import fused_ce
@@ -29,14 +30,13 @@ def _loss(fn, x, w, targets, mask, z_weight):
 
 
 # Other tiles than the default: each kernel its own blocks, so tokens and rows are padded to the largest.
-MIXED_TILES = fused_ce.KernelTiles(fwd=fused_ce.Tiles(64, 32), dx=fused_ce.Tiles(32, 64, 4, 2),
-                                   dw=fused_ce.Tiles(16, 128))
+MIXED_TILES = KernelTiles(fwd=Tiles(64, 32), dx=Tiles(32, 64, 4, 2), dw=Tiles(16, 128))
 
 
-@pytest.mark.parametrize("T, V, v_real, K, tiles", [(200, 300, 290, 32, fused_ce.DEFAULT_TILES),
-                                                    (128, 256, 256, 16, fused_ce.DEFAULT_TILES),
-                                                    (130, 400, 200, 16, fused_ce.DEFAULT_TILES),
-                                                    (128, 300, 256, 16, fused_ce.DEFAULT_TILES),
+@pytest.mark.parametrize("T, V, v_real, K, tiles", [(200, 300, 290, 32, DEFAULT_TILES),
+                                                    (128, 256, 256, 16, DEFAULT_TILES),
+                                                    (130, 400, 200, 16, DEFAULT_TILES),
+                                                    (128, 300, 256, 16, DEFAULT_TILES),
                                                     (200, 300, 290, 32, MIXED_TILES)])
 def test_loss_and_gradients_match_the_float32_reference(T, V, v_real, K, tiles):
     # 200 tokens: a ragged last token block; 300 rows: a ragged vocabulary block; 10 padded columns.
@@ -92,12 +92,13 @@ def test_gradients_stay_accurate_where_the_model_is_confident():
 
 
 def test_tiles_are_read_from_a_spec_and_checked():
-    tiles = fused_ce.DEFAULT_TILES.replace("dx=64x256w4s2").replace("fwd=256x64")
-    assert tiles.dx == fused_ce.Tiles(64, 256, 4, 2) and tiles.fwd == fused_ce.Tiles(256, 64, 8, 3)
-    assert tiles.dw == fused_ce.Tiles() and (tiles.t_multiple, tiles.v_multiple) == (256, 256)
+    tiles = DEFAULT_TILES.replace("dx=64x256w4s2").replace("fwd=256x64")
+    assert tiles.dx == Tiles(64, 256, 4, 2) and tiles.fwd == Tiles(256, 64, 8, 3)
+    assert tiles.dw == Tiles() and (tiles.t_multiple, tiles.v_multiple) == (256, 256)
+    assert parse_tiles("dx=64x256w4s2,fwd=256x64") == tiles and parse_tiles("default") == DEFAULT_TILES
     for bad in ("dx=64", "dq=64x64", "dx=48x64", "dx=8x64", "dx=64x64w3", "dx=64x64s0"):
         with pytest.raises(ValueError, match="fused cross-entropy tile"):
-            fused_ce.DEFAULT_TILES.replace(bad)
+            DEFAULT_TILES.replace(bad)
 
 
 def test_v_real_outside_the_table_is_refused():

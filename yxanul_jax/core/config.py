@@ -24,6 +24,7 @@ from typing import Literal, Optional, Union
 from yxanul_jax.core.coerce import apply_overrides, from_dict, read_yaml, suggest
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.names import safe_name
+from yxanul_jax.core.tiles import parse_tiles
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
 FUSED_TARGETS = ("q", "k", "v", "gate", "up", "down")  # what `fp8.te_layers` runs inside TE's fused layers
@@ -606,8 +607,6 @@ class TrainConfig:
             raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
         if self.seed < 0 or self.z_loss < 0:
             raise UserError(f"config keys 'train.seed' ({self.seed}) and 'train.z_loss' ({self.z_loss}) must be >= 0")
-        from yxanul_jax.model.fused_ce import parse_tiles  # here: the kernels' module imports this one
-
         try:
             parse_tiles(self.fused_ce_tiles)
         except ValueError as e:

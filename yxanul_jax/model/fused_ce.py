@@ -30,7 +30,7 @@ them), and dw adds a per-program -inf column bias.
 The backward recomputes the logits (levanter's design) instead of storing them: 5 x 2 T K V FLOPs in all,
 no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x have zero gradient
 weight; zero rows of w sit beyond v_real), so the kernels need no masked loads. Tiles (`Tiles`, one per
-kernel in `KernelTiles`): BT = BV = 128, 8 warps and 3 pipeline stages by default, which with K <= 256
+kernel in `core.tiles.KernelTiles`): BT = BV = 128, 8 warps and 3 pipeline stages by default, which with K <= 256
 keeps x and w tiles in shared memory on sm_90 (~128 KB at K = 128); `supported(K)` says when the fused
 path applies. `scripts/fused_ce_check.py --tiles` times other tiles on a GPU.
 
@@ -45,79 +45,14 @@ without a GPU in tests/test_gpu_target.py). The performance model counts their F
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from yxanul_jax.core.config import FUSED_CE_MAX_K, fused_ce_takes
-
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiles:
-    """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 of at least 16
-    (Triton's dot), and Triton's warps and software-pipeline stages."""
-
-    bt: int = 128
-    bv: int = 128
-    warps: int = 8
-    stages: int = 3
-
-    def __post_init__(self):
-        for name in ("bt", "bv"):
-            n = getattr(self, name)
-            if n < 16 or n & (n - 1):
-                raise ValueError(f"fused cross-entropy tile {name}={n}: a power of 2 of at least 16, e.g. 128")
-        if self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
-            raise ValueError(f"fused cross-entropy tiles: warps {self.warps} (1, 2, 4, 8 or 16), stages "
-                             f"{self.stages} (>= 1)")
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelTiles:
-    """The tiles of the three kernels (module docstring): forward, input gradient, table gradient."""
-
-    fwd: Tiles = Tiles()
-    dx: Tiles = Tiles()
-    dw: Tiles = Tiles()
-
-    @property
-    def t_multiple(self) -> int:
-        """Tokens are padded to a multiple of every kernel's bt (powers of 2: the largest)."""
-        return max(self.fwd.bt, self.dx.bt, self.dw.bt)
-
-    @property
-    def v_multiple(self) -> int:
-        """Vocabulary rows likewise, of every bv."""
-        return max(self.fwd.bv, self.dx.bv, self.dw.bv)
-
-    def replace(self, spec: str) -> "KernelTiles":
-        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES]` (`dx=64x256w4s3`;
-        warps and stages default to that kernel's); ValueError naming the form otherwise."""
-        m = re.fullmatch(r"(fwd|dx|dw)=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?", spec.strip())
-        if not m:
-            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES] with KERNEL "
-                             "fwd, dx or dw, e.g. dx=64x256w4s3")
-        name, bt, bv, warps, stages = m.groups()
-        old = getattr(self, name)
-        new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages)
-        return dataclasses.replace(self, **{name: new})
-
-
-DEFAULT_TILES = KernelTiles()
-
-
-def parse_tiles(spec: str) -> KernelTiles:
-    """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default tiles
-    (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
-    tiles = DEFAULT_TILES
-    for part in ([] if spec.strip() == "default" else spec.split(",")):
-        tiles = tiles.replace(part)
-    return tiles
+from yxanul_jax.core.tiles import DEFAULT_TILES, KernelTiles, Tiles
 
 # kernel name -> multiple of 2 T K V (T, K from operand 0, V from operand 1) it executes: read by
 # analysis/perf.py. Forward: one GEMM; dx and dw: the recomputed logits and the gradient GEMM.

@@ -504,8 +504,9 @@ class Yxanul(nn.Module):
     def fused_loss_terms(self, h_NxD, targets_N, interpret: bool = False, tiles: str = "default"):
         """(lse_N, target logit_N) of the head's logits by the fused kernels (`model.fused_ce`): the
         logits never exist in memory. The head must not be FP8 (`loss.loss_kernel` checks). `tiles`: the
-        kernels' tiles (`fused_ce.parse_tiles`, `train.fused_ce_tiles`)."""
-        from yxanul_jax.model.fused_ce import linear_cross_entropy, parse_tiles
+        kernels' tiles (`core.tiles.parse_tiles`, `train.fused_ce_tiles`)."""
+        from yxanul_jax.core.tiles import parse_tiles
+        from yxanul_jax.model.fused_ce import linear_cross_entropy
 
         x_NxK, w_KxV = self.head_operands(h_NxD)
         dt = DTYPES[self.cfg.dtype]

@@ -1,0 +1,70 @@
+"""The fused head + loss kernels' tiles (`model.fused_ce`): their blocks, warps and stages per kernel, and the
+form a config gives them in (`train.fused_ce_tiles`, `scripts/fused_ce_check.py --tiles`). Here, below the
+model, so that the config checks a spec before anything runs."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 of at least 16
+    (Triton's dot), and Triton's warps and software-pipeline stages."""
+
+    bt: int = 128
+    bv: int = 128
+    warps: int = 8
+    stages: int = 3
+
+    def __post_init__(self):
+        for name in ("bt", "bv"):
+            n = getattr(self, name)
+            if n < 16 or n & (n - 1):
+                raise ValueError(f"fused cross-entropy tile {name}={n}: a power of 2 of at least 16, e.g. 128")
+        if self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
+            raise ValueError(f"fused cross-entropy tiles: warps {self.warps} (1, 2, 4, 8 or 16), stages "
+                             f"{self.stages} (>= 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTiles:
+    """The tiles of the three kernels (module docstring): forward, input gradient, table gradient."""
+
+    fwd: Tiles = Tiles()
+    dx: Tiles = Tiles()
+    dw: Tiles = Tiles()
+
+    @property
+    def t_multiple(self) -> int:
+        """Tokens are padded to a multiple of every kernel's bt (powers of 2: the largest)."""
+        return max(self.fwd.bt, self.dx.bt, self.dw.bt)
+
+    @property
+    def v_multiple(self) -> int:
+        """Vocabulary rows likewise, of every bv."""
+        return max(self.fwd.bv, self.dx.bv, self.dw.bv)
+
+    def replace(self, spec: str) -> "KernelTiles":
+        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES]` (`dx=64x256w4s3`;
+        warps and stages default to that kernel's); ValueError naming the form otherwise."""
+        m = re.fullmatch(r"(fwd|dx|dw)=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?", spec.strip())
+        if not m:
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES] with KERNEL "
+                             "fwd, dx or dw, e.g. dx=64x256w4s3")
+        name, bt, bv, warps, stages = m.groups()
+        old = getattr(self, name)
+        new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages)
+        return dataclasses.replace(self, **{name: new})
+
+
+DEFAULT_TILES = KernelTiles()
+
+
+def parse_tiles(spec: str) -> KernelTiles:
+    """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default tiles
+    (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
+    tiles = DEFAULT_TILES
+    for part in ([] if spec.strip() == "default" else spec.split(",")):
+        tiles = tiles.replace(part)
+    return tiles
