@@ -191,6 +191,14 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10  # what `plan` tells a user, within 10 %
     # The performance model saw the whole step: every scanned layer, every loss chunk (trip counts applied).
     assert 0.9 < r["hlo_flops"] / r["model_flops"] < 1.6 and 0.02 < r["predicted_mfu"] < 0.9
+    # The gradient of the fused q/k/v is written whole once (`transformer.materialized_grad`), so its FP8 amax and
+    # cast are one kernel reading it; fused into their producers they were two, each re-reading dq, dk and dv.
+    from yxanul_jax.analysis import perf
+
+    qkv_grad_scaling = [k.name for k in perf.kernels(hlo_path.read_text())
+                        if "attn/qkv/fp8_scaling" in k.op_name and "transpose(" in k.op_name
+                        and "rematted_computation" not in k.op_name and k.bytes >= tokens * 1024]
+    assert len(qkv_grad_scaling) == 1, qkv_grad_scaling
 
 
 def test_attention_remat_keeps_cudnns_output_and_statistics_as_the_planner_counts():

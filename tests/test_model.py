@@ -194,6 +194,16 @@ def test_auto_attention_is_short_on_short_sequences_and_cudnn_beyond():
 
 
 
+def test_materialized_grad_is_the_identity_and_its_gradient_too():
+    # transformer.materialized_grad only keeps XLA from fusing the gradient's producers into its consumers
+    from yxanul_jax.model.transformer import materialized_grad
+
+    x = jax.random.normal(jax.random.key(5), (4, 24)).astype(jnp.bfloat16)
+    f = lambda x: jnp.sum(jnp.sin(x.astype(jnp.float32)) * 3.0)  # noqa: E731
+    np.testing.assert_array_equal(materialized_grad(x), x)
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda x: f(materialized_grad(x))))(x), jax.jit(jax.grad(f))(x))
+
+
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
 def test_swiglu_gradient_equals_autodiff_of_its_forward(dtype, tol):
     # transformer.swiglu's hand-written backward (one fused kernel on sm_90) against jax's own derivative of

@@ -267,6 +267,11 @@ class Attention(nn.Module):
             kernels = [Kernel(D, n * K, ("embed", axis), c.init_std, name=t)()
                        for t, n, axis in (("q", H, "heads"), ("k", G, "kv_heads"), ("v", G, "kv_heads"))]
             qkv_BxLxO = _fused_matmul(c, self.backend, "qkv", ("q", "k", "v"))(x_BxLxD, jnp.concatenate(kernels, axis=1))
+            # The gradient of qkv is the concatenation of dq, dk (after RoPE's backward) and dv. Written once, it
+            # is one contiguous read for FP8's amax and cast (one kernel), dx and the weight gradient; left to
+            # fusion, the amax and the cast each re-read the three parts through a concatenation (H200: 9.4 ms each
+            # at stage 9). analyze --target h100, 197m stage 9: FP8 634.5 -> 629.6 ms, BF16 656.8 -> 646.3.
+            qkv_BxLxO = materialized_grad(qkv_BxLxO)
             q, k, v = jnp.split(qkv_BxLxO, [H * K, (H + G) * K], axis=-1)
             q_BxLxHxK, k_BxLxGxK, v_BxLxGxK = q.reshape(B, L, H, K), k.reshape(B, L, G, K), v.reshape(B, L, G, K)
         else:
@@ -318,6 +323,24 @@ def _swiglu_bwd(res, dh):
 
 
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
+@jax.custom_vjp
+def materialized_grad(x):
+    """x, whose gradient is written to memory whole before anything reads it (an `optimization_barrier`: XLA
+    may not fuse the gradient's producers into its consumers)."""
+    return x
+
+
+def _materialized_fwd(x):
+    return x, None
+
+
+def _materialized_bwd(_, g):
+    return (jax.lax.optimization_barrier(g),)
+
+
+materialized_grad.defvjp(_materialized_fwd, _materialized_bwd)
 
 
 class SwiGLU(nn.Module):
