@@ -24,9 +24,9 @@ device's dense BF16 peak (analysis/gpus.py): the number `analysis.perf.FUSED_CE_
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
 `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default (`core.tiles.KernelTiles.replace`); each set is checked
 on the small ragged case and timed (fused rows carry its name). A set that fails to compile (too much
-shared memory, say) is recorded with its error and the sweep goes on. Then each kernel's fastest tiles
-among the sets that change only it are put together (`combined_spec`), checked and timed too, and the
-fastest set is named last.
+shared memory, say), or whose check fails, is recorded as such, never timed and never chosen; the sweep goes
+on, and the JSON is rewritten after each set. Then each kernel's fastest tiles among the sets that change
+only it are put together (`combined_spec`), checked and timed too, and the fastest set is named last.
 
 Prints a table and one JSON line.
 """
@@ -129,7 +129,18 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
             "bounds": bounds, "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
 
 
+def guarded_check(*args, tiles: str) -> dict:
+    """`check` of a set of tiles; a set the device cannot compile or run is a failed check with its error."""
+    try:
+        return check(*args, tiles=tiles)
+    except Exception as e:  # a Triton compile or launch error (shared memory): recorded, the sweep goes on
+        return {"tiles": tiles, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+
+
 def print_check(c: dict) -> None:
+    if "error" in c:
+        print(f"check of tiles {c['tiles']}: FAILED, {c['error']}", flush=True)
+        return
     print(f"check at {c['tokens']} tokens x {c['vocab_rows']} rows ({c['v_real']} real, K {c['k']}, tiles "
           f"{c['tiles']}): " + ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
           + f"; padded rows' gradient zero: {c['padded_rows_zero_grad']} -> {'ok' if c['ok'] else 'FAILED'}", flush=True)
@@ -227,19 +238,31 @@ def main(argv: list[str] | None = None) -> int:
     # A small ragged case (a partial last block of tokens and of vocabulary rows, K 32), then the config's.
     shapes = [(200, 300, 32, 290)] + ([(args.check_tokens, V, K, v_real)] if args.check_tokens else [])
     record["checks"] = [check(*shape, args.seed) for shape in shapes]
-    record["checks"] += [check(200, 300, 32, 290, args.seed, tiles=spec) for spec in args.tiles if spec != "default"]
     for c in record["checks"]:
         print_check(c)
-    rows = []
+    rows = record["timing"] = []
+
+    def save():  # after every set: a sweep cut short by its time limit keeps what it measured
+        if args.json_out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+            atomic_write(args.json_out, json.dumps({**record, "ok": all(c["ok"] for c in record["checks"])}) + "\n")
+
+    def checked(spec: str) -> bool:  # a set of tiles is timed only once it matches float32
+        c = guarded_check(200, 300, 32, 290, args.seed, tiles=spec)
+        record["checks"].append(c)
+        print_check(c)
+        return c["ok"]
+
+    good = [spec for spec in args.tiles if spec == "default" or checked(spec)]
     for T in args.time_tokens:
-        rows += timing(T, V, K, v_real, chunk, args.iters, peak, tuple(args.tiles))
-        spec = combined_spec(rows, args.tiles, T) if len(args.tiles) > 1 else None
-        if spec:  # each kernel's best, together
-            record["checks"].append(check(200, 300, 32, 290, args.seed, tiles=spec))
-            print_check(record["checks"][-1])
+        for i, spec in enumerate(good):
+            rows += timing(T, V, K, v_real, chunk, args.iters, peak, (spec,), chunked=i == len(good) - 1)
+            save()
+        spec = combined_spec(rows, good, T) if len(good) > 1 else None
+        if spec and checked(spec):  # each kernel's best, together
+            good.append(spec)
             rows += [{**r, "combined": True} for r in timing(T, V, K, v_real, chunk, args.iters, peak, (spec,), False)]
     ok = all(c["ok"] for c in record["checks"])
-    record["timing"] = rows
     timed = [r for r in rows if "ms" in r]
     by = {(r["kernel"], r["mode"], r["tokens"]): r for r in timed}
     fused_fb = [r for r in timed if r["kernel"] == "fused" and r["mode"] == "fwd+bwd"]
@@ -263,11 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                 record.setdefault("fastest_tiles", {})[str(T)] = best["tiles"]
                 print(f"fastest tiles at {T} tokens (forward + backward): {best['tiles']} ({best['ms']:.2f} ms)")
     record["ok"] = ok
-    line = json.dumps(record)
-    if args.json_out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-        atomic_write(args.json_out, line + "\n")
-    print(line)
+    save()
+    print(json.dumps(record))
     return 0 if ok else 1
 
 

@@ -276,12 +276,11 @@ def reread_profile(row: dict, bench_dir: str) -> bool:
     where either is missing."""
     from yxanul_jax.analysis import gpus, perf
 
-    parts = (row.get("profile") or {}).get("trace", "").split("/")  # .../profile/CELL/plugins/profile/TS/trace
-    if not row.get("category_ratios") or "plugins" not in parts[1:]:
+    parts = str((row.get("profile") or {}).get("trace", "")).split("/")  # .../CELL/plugins/profile/TS/trace
+    if not row.get("category_ratios") or len(parts) < 5 or parts[-4] != "plugins":
         return False
-    at = parts.index("plugins", 1)
-    cell_dir = os.path.join(bench_dir, "profile", parts[at - 1])
-    local = os.path.join(cell_dir, *parts[at:])
+    cell_dir = os.path.join(bench_dir, "profile", parts[-5])
+    local = os.path.join(cell_dir, *parts[-4:])
     hlo_path = os.path.join(cell_dir, "step.hlo.gz")
     if not (os.path.exists(local) and os.path.exists(hlo_path)):
         return False
@@ -299,17 +298,25 @@ def merge_calibration(paths: list[str], out: str) -> int:
     compiled HLO were kept beside its bench.json is re-read with today's performance model (`reread_profile`),
     so that a corrected model is calibrated against the same measurement. Exit 2 on a missing or
     unreadable file, or when no file has a profiled cell."""
+    from yxanul_jax.core.errors import one_line
+
     rows, dates, devices, reread = [], set(), set(), 0
     for path in paths:
         try:
             record = json.loads(Path(path).read_text())
-            for row in record["rows"]:
-                reread += reread_profile(row, os.path.dirname(os.path.abspath(path)))
             rows += record["rows"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"error: --calibrate-from {path}: not a readable bench.json ({type(e).__name__}: {e})",
                   file=sys.stderr)
             return 2
+        for row in record["rows"]:
+            try:
+                reread += reread_profile(row, os.path.dirname(os.path.abspath(path)))
+            except Exception as e:  # a truncated trace or HLO kept beside it: name it, change nothing
+                print(f"error: --calibrate-from {path}: the kept trace or step.hlo.gz of a profiled cell is not "
+                      f"readable ({type(e).__name__}: {one_line(e)}); remove its profile/ folder to use the ratios "
+                      "recorded with it", file=sys.stderr)
+                return 2
         dates.add(record.get("date", "?"))
         devices.add(record.get("device", "?"))
     try:
@@ -326,6 +333,8 @@ def merge_calibration(paths: list[str], out: str) -> int:
         entry["source"] += f"; merged from {len(paths)} runs by --calibrate-from"
         if reread:
             entry["source"] += f", {reread} cells re-read with the model of {datetime.date.today().isoformat()}"
+        if reread and (stale := sum(1 for r in rows if r.get("category_ratios")) - reread):
+            entry["source"] += f", {stale} with the ratios recorded when they ran"
     os.makedirs(out, exist_ok=True)
     print(write_calibration(calib, rows, out))
     print(json.dumps({"calibration": {k: v["ratios"] for k, v in calib.items()}}))

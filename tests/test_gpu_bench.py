@@ -77,6 +77,12 @@ def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
         assert merged["ratios"].get(cat) == pytest.approx(calib["ratios"].get(cat))
     rc, _, err = run_cli(load_script("gpu_bench").main, ["--calibrate-from", tmp_path / "nope.json", "--out", tmp_path])
     assert rc == 2 and err.startswith("error: --calibrate-from ") and len(err.strip().splitlines()) == 1
+    # a kept HLO cut short: named in one line, nothing written
+    hlo = out / "profile" / "tiny-stage0-bf16" / "step.hlo.gz"
+    hlo.write_bytes(hlo.read_bytes()[:100])
+    rc, _, err = run_cli(load_script("gpu_bench").main, ["--calibrate-from", out / "bench.json", "--out", tmp_path / "cut"])
+    assert rc == 2 and "step.hlo.gz of a profiled cell is not readable" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "cut").exists()
 
 
 def test_gpu_bench_without_a_gpu_records_no_prediction(tmp_path):

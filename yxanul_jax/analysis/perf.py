@@ -308,7 +308,7 @@ class _Reader:
             kind = _fusion_kind(ins)
             nbytes = self._fusion_bytes(ins)
             callee = (_called(ins.attrs, "calls") or [""])[0]
-            if gemm := self._fused_gemm(callee):
+            if gemm := self._fused_gemm(ins, callee):
                 # XLA's dynamic-slice fusion: a cuBLAS GEMM reading and writing slices of stacked buffers in
                 # place. It runs, and is traced, as that GEMM.
                 name, kind, op_name = gemm.name, "custom-call", _op_name(gemm)
@@ -342,12 +342,20 @@ class _Reader:
         kernel.category = self._category(ins, kernel)
         return kernel
 
-    def _fused_gemm(self, callee: str) -> Instr | None:
-        """The cuBLAS GEMM custom call inside a fused computation (XLA's dynamic-slice fusion), if any."""
-        for x in self.comps.get(callee, {}).values():
-            if x.op == "custom-call" and re.search(r'custom_call_target="__cublas', x.attrs):
-                return x
-        return None
+    def _fused_gemm(self, ins: Instr, callee: str) -> Instr | None:
+        """The cuBLAS GEMM custom call of XLA's dynamic-slice fusion (one per fusion), else None."""
+        if '"name":"dynamic_slice_fusion"' not in ins.attrs:
+            return None
+        gemms = [x for x in self.comps.get(callee, {}).values()
+                 if x.op == "custom-call" and re.search(r'custom_call_target="__cublas', x.attrs)]
+        return gemms[0] if len(gemms) == 1 else None
+
+    def _result_shape(self, ins: Instr) -> str:
+        """What an instruction produces: for a `fusion-start` (typed ((operands), result, context)), its callee's."""
+        if ins.op != "fusion-start":
+            return ins.shape
+        comp = self.comps.get((_called(ins.attrs, "calls") or [""])[0], {})
+        return next((x.shape for x in comp.values() if x.is_root), "")
 
     def _custom_gemm_flops(self, ins: Instr) -> tuple[float, int, int]:
         out = arrays(ins.shape)
@@ -376,7 +384,7 @@ class _Reader:
             return "collectives"
         if k.flops > 0 and k.precision:
             return "GEMM " + ("f32" if k.precision in ("tf32", "f32") else k.precision)
-        if scopes.FP8_SCALING in path or any(t in FP8_TYPES for t, _ in arrays(ins.shape)):
+        if scopes.FP8_SCALING in path or any(t in FP8_TYPES for t, _ in arrays(self._result_shape(ins))):
             return "FP8 scaling"
         if ins.op in _MOVES or (ins.op in _FUSIONS and self._is_move((_called(ins.attrs, "calls") or [""])[0])):
             return "copies"
