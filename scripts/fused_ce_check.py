@@ -81,20 +81,20 @@ def tiles_of(spec: str):
 def combined_spec(rows: list[dict], specs: list[str], T: int) -> str | None:
     """Each kernel's fastest tiles at T tokens among the sets that change only that kernel (the forward by its
     forward time, dx and dw by forward + backward), as one set; None where that set was timed already."""
-    from yxanul_jax.core.tiles import DEFAULT_TILES as default
+    import dataclasses
+
+    from yxanul_jax.core.tiles import DEFAULT_TILES, KERNELS
 
     ms = {(r["tiles"], r["mode"]): r["ms"] for r in rows if r["kernel"] == "fused" and r["tokens"] == T and "ms" in r}
-    parts = []
-    for kernel, mode in (("fwd", "fwd"), ("dx", "fwd+bwd"), ("dw", "fwd+bwd")):
-        others = [k for k in ("fwd", "dx", "dw") if k != kernel]
+    best = {}
+    for kernel in KERNELS:
+        mode = "fwd" if kernel == "fwd" else "fwd+bwd"
         alone = [s for s in specs if (s, mode) in ms
-                 and all(getattr(tiles_of(s), k) == getattr(default, k) for k in others)]
+                 and all(getattr(tiles_of(s), k) == getattr(DEFAULT_TILES, k) for k in KERNELS if k != kernel)]
         if alone:
-            t = getattr(tiles_of(min(alone, key=lambda s: ms[(s, mode)])), kernel)
-            if t != getattr(default, kernel):
-                parts.append(f"{kernel}={t.bt}x{t.bv}w{t.warps}s{t.stages}")
-    spec = ",".join(parts) or "default"
-    return None if any(tiles_of(s) == tiles_of(spec) for s in specs) else spec
+            best[kernel] = getattr(tiles_of(min(alone, key=lambda s: ms[(s, mode)])), kernel)
+    combined = dataclasses.replace(DEFAULT_TILES, **best)
+    return None if any(tiles_of(s) == combined for s in specs) else combined.spec()
 
 
 def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4, tiles: str = "default") -> dict:

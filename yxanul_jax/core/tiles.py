@@ -7,6 +7,9 @@ import dataclasses
 import re
 
 
+KERNELS = ("fwd", "dx", "dw")  # forward, input gradient, table gradient: the fields of `KernelTiles`
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 of at least 16
@@ -38,17 +41,17 @@ class KernelTiles:
     @property
     def t_multiple(self) -> int:
         """Tokens are padded to a multiple of every kernel's bt (powers of 2: the largest)."""
-        return max(self.fwd.bt, self.dx.bt, self.dw.bt)
+        return max(getattr(self, k).bt for k in KERNELS)
 
     @property
     def v_multiple(self) -> int:
         """Vocabulary rows likewise, of every bv."""
-        return max(self.fwd.bv, self.dx.bv, self.dw.bv)
+        return max(getattr(self, k).bv for k in KERNELS)
 
     def replace(self, spec: str) -> "KernelTiles":
         """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES]` (`dx=64x256w4s3`;
         warps and stages default to that kernel's); ValueError naming the form otherwise."""
-        m = re.fullmatch(r"(fwd|dx|dw)=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?", spec.strip())
+        m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?", spec.strip())
         if not m:
             raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES] with KERNEL "
                              "fwd, dx or dw, e.g. dx=64x256w4s3")
@@ -56,6 +59,12 @@ class KernelTiles:
         old = getattr(self, name)
         new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages)
         return dataclasses.replace(self, **{name: new})
+
+    def spec(self) -> str:
+        """The spec `parse_tiles` reads back as these tiles: each kernel that differs from the default, in full."""
+        parts = [f"{k}={t.bt}x{t.bv}w{t.warps}s{t.stages}" for k in KERNELS
+                 if (t := getattr(self, k)) != getattr(DEFAULT_TILES, k)]
+        return ",".join(parts) or "default"
 
 
 DEFAULT_TILES = KernelTiles()
