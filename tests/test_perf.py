@@ -351,17 +351,21 @@ def test_predict_sums_categories_and_reports_mfu():
     assert "B - A" in both and "copies" in both
 
 
-def test_attention_in_xla_kernels_is_calibrated_apart_from_cudnn():
+def test_attention_in_xla_kernels_is_calibrated_apart_from_cudnn_and_its_gemms_apart_from_its_fusions():
     cudnn = _by_name(CALLS)["fwd"]
     xla = perf.Kernel("s", "fusion", "kInput", 28, 0.0, 1e8, None, "attention", "layers/attn/attention_core/reduce_sum")
+    gemm = perf.Kernel("g", "custom-call", "", 28, 6e9, 3e8, "bf16", "attention",
+                       "layers/attn/attention_core/dot_general")
     assert perf.calibration_key(cudnn) == "attention" and perf.calibration_key(xla) == perf.ATTENTION_XLA
-    calibration = {"ratios": {"attention": 2.0, perf.ATTENTION_XLA: 5.0}}
-    for k, ratio in ((cudnn, 2.0), (xla, 5.0)):
-        plain = perf.predict([k], H100)["categories"]["attention"]["ms"]  # both still report as attention
+    assert perf.calibration_key(gemm) == perf.ATTENTION_XLA_GEMM
+    calibration = {"ratios": {"attention": 2.0, perf.ATTENTION_XLA: 5.0, perf.ATTENTION_XLA_GEMM: 1.5}}
+    for k, ratio in ((cudnn, 2.0), (xla, 5.0), (gemm, 1.5)):
+        plain = perf.predict([k], H100)["categories"]["attention"]["ms"]  # all still report as attention
         assert perf.predict([k], H100, calibration=calibration)["categories"]["attention"]["ms"] == pytest.approx(
             ratio * plain)
-    ratios = perf.category_ratios([cudnn, xla], H100, {"fwd": 1.0, "s": 2.0})
-    assert set(ratios) == {"attention", perf.ATTENTION_XLA} and ratios[perf.ATTENTION_XLA]["measured_ms"] == 2.0
+    ratios = perf.category_ratios([cudnn, xla, gemm], H100, {"fwd": 1.0, "s": 2.0, "g": 3.0})
+    assert set(ratios) == {"attention", perf.ATTENTION_XLA, perf.ATTENTION_XLA_GEMM}
+    assert ratios[perf.ATTENTION_XLA]["measured_ms"] == 2.0 and ratios[perf.ATTENTION_XLA_GEMM]["measured_ms"] == 3.0
 
 
 def test_gpu_table_names_rates_and_device_kinds():

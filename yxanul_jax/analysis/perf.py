@@ -514,15 +514,20 @@ def load_calibration(gpu_key: str, path: str | None = None) -> dict | None:
     return entry or None
 
 
-# Calibrated apart from cuDNN's kernels: attention written as XLA fusions (`short_attention`, XLA's own), whose
-# small reductions and batched GEMMs run far from their roofline (H200, 2026-11-26: 5.5x at a sequence of 8,
-# where cuDNN's calls ran at 1.4x). One ratio for both would move each by the other's error.
+# Calibrated apart from cuDNN's kernels: attention written as XLA kernels (`short_attention`, XLA's own), its
+# GEMMs apart from its other fusions. H200, 2026-11-26: the fusions of XLA's attention ran at 1.5x their roofline
+# at a sequence of 32 and `short_attention`'s reductions of broadcast products at 5.7x at 8, where its batched
+# GEMMs ran at 1.07x and cuDNN's calls at 1.4x. One ratio for all of them would move each by the others' error.
 ATTENTION_XLA = "attention, XLA kernels"
+ATTENTION_XLA_GEMM = "attention, XLA GEMMs"
 
 
 def calibration_key(k: Kernel) -> str:
-    """The calibration ratio a kernel takes: its category's, except attention outside cuDNN (ATTENTION_XLA)."""
-    return ATTENTION_XLA if k.category == "attention" and k.precision != "attention" else k.category
+    """The calibration ratio a kernel takes: its category's, except attention outside cuDNN: its GEMMs
+    (ATTENTION_XLA_GEMM) and its other kernels (ATTENTION_XLA)."""
+    if k.category != "attention" or k.precision == "attention":
+        return k.category
+    return ATTENTION_XLA_GEMM if k.flops > 0 and k.precision else ATTENTION_XLA
 
 
 def category_ratios(items: list[Kernel], gpu: GpuSpec, measured_ms: dict[str, float]) -> dict[str, dict]:
