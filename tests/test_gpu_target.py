@@ -199,6 +199,11 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
                         if "attn/qkv/fp8_scaling" in k.op_name and "transpose(" in k.op_name
                         and "rematted_computation" not in k.op_name and k.bytes >= tokens * 1024]
     assert len(qkv_grad_scaling) == 1, qkv_grad_scaling
+    if stage == "0":
+        # `short_attention`'s products are BF16 GEMMs (forward 2, recomputed 2, backward 4) with no float32
+        # operand: as broadcast products summed over K they were reductions at 8-16x their bandwidth time (H200)
+        gemms = [k.precision for k in perf.kernels(hlo_path.read_text()) if k.category == "attention" and k.flops]
+        assert gemms == ["bf16"] * 8, gemms
 
 
 def test_attention_remat_keeps_cudnns_output_and_statistics_as_the_planner_counts():

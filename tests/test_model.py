@@ -181,12 +181,12 @@ def test_parameters_carry_logical_axis_names():
 
 
 def test_auto_attention_is_short_on_short_sequences_and_cudnn_beyond():
-    from yxanul_jax.model.transformer import SHORT_ATTENTION_MAX_SEQ, XLA_ATTENTION_MAX_SEQ, attention_implementation
+    from yxanul_jax.model.transformer import SHORT_ATTENTION_MAX_SEQ, attention_implementation
 
     m = load_config("configs/yxanul_197m.yaml").model
     by_seq = {s: attention_implementation(m, "gpu", s) for s in (8, 16, 32, 64, 2048)}
-    assert (SHORT_ATTENTION_MAX_SEQ, XLA_ATTENTION_MAX_SEQ) == (16, 32)
-    assert by_seq == {8: "short", 16: "short", 32: "xla", 64: "cudnn", 2048: "cudnn"}
+    assert SHORT_ATTENTION_MAX_SEQ == 32
+    assert by_seq == {8: "short", 16: "short", 32: "short", 64: "cudnn", 2048: "cudnn"}
     assert attention_implementation(m, "gpu") == "cudnn"  # no length: the long-sequence answer
     assert {attention_implementation(m, "cpu", s) for s in (8, 2048)} == {"xla"}
     forced = dataclasses.replace(m, attention="cudnn")

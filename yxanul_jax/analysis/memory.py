@@ -71,7 +71,7 @@ sequence length. On the `gpu` platform `model.attention: cudnn`, and `auto` for 
 <= 128 (which the model then runs on cuDNN, see `transformer.attention_implementation`), is planned
 as flash attention: float32 row statistics (4 H bytes per token) instead of the scores, and no
 score term in the working set (not measured here: cuDNN does not run on CPU). `short` attention (auto's
-choice on a GPU up to 16 tokens) adds `SHORT_SCORE_BYTES` per score to the working set.
+choice on a GPU up to 32 tokens) adds `SHORT_SCORE_BYTES` per score to the working set.
 
 Not modeled: the CUDA context and cuBLAS/cuDNN workspaces (a few hundred MB, outside JAX's pool;
 that is what the headroom is for), activation sharding across devices (the estimate is for one
@@ -319,11 +319,11 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         "phase": phase, "remat": remat}
 
 
-# `transformer.short_attention` holds three float32 copies of its [L x L x H] scores per token in a layer's
-# backward pass beyond what XLA's attention does (scores, softmax, rounded probabilities): sm_90 compiles of
-# yxanul-197m, jax 0.10.2, 2026-11-26: +0.05 GB at stage 0 (seq 8), +0.30 GB at stage 1 (seq 16), 7.6 and
-# 11.8 bytes per score.
-SHORT_SCORE_BYTES = 12.0
+# `transformer.short_attention` holds its float32 [L*H x L*G] scores per row of the batch (G times the L x H
+# a token needs: the other kv heads' pairs are masked) beyond what XLA's attention keeps: sm_90 compiles of
+# yxanul-197m stage 2 (seq 32), jax 0.10.2, 2026-11-26: 14.286 GB against XLA's attention 13.984, 6.0 bytes per
+# H x L score of a token. (Its first form, broadcast products, took 7.6-11.8.)
+SHORT_SCORE_BYTES = 6.0
 
 # `model.remat: auto` takes the first of these whose planned peak fits, fastest first as the performance model
 # ranks them (`analyze --target h100`, yxanul-197m stage 9 FP8, jax 0.10.2, 2026-11-26: attention 651.4 ms, full

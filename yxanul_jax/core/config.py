@@ -98,10 +98,10 @@ class ModelConfig:
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Compute dtype of activations and matmuls outside FP8 (master weights stay float32)."""
     attention: Literal["auto", "cudnn", "xla", "short"] = "auto"
-    """Attention implementation. auto, on a GPU: `short` (`transformer.short_attention`: plain attention
-    without XLA's transposes) up to 16 tokens, XLA's up to 32 (`transformer.XLA_ATTENTION_MAX_SEQ`), cuDNN
+    """Attention implementation. auto, on a GPU: `short` (`transformer.short_attention`: batched GEMMs in the
+    tokens' layout, without XLA's transposes) up to 32 tokens (`transformer.SHORT_ATTENTION_MAX_SEQ`), cuDNN
     flash attention beyond for BF16 with head_dim <= 128 (else XLA's); XLA's (`jax.nn.dot_product_attention`)
-    everywhere else. cudnn / xla / short force one (`short` keeps L x L float32 scores: short rows only)."""
+    everywhere else. cudnn / xla / short force one (`short` keeps L x L x G float32 scores: short rows only)."""
     remat: Literal["none", "full", "attention", "dots", "auto"] = "none"
     """Rematerialization of each block: none, full (save only block inputs), attention (block inputs and
     cuDNN attention's output and softmax statistics: its forward does not run again; as full where the

@@ -188,53 +188,86 @@ def _fused_matmul(cfg: ModelConfig, backend, name: str, parts: tuple[str, ...]) 
     return Matmul(backend if fp8 else backend.for_target("none"), DTYPES[cfg.dtype], name, name=name)
 
 
-# `model.attention: auto` runs plain attention on a GPU up to XLA_ATTENTION_MAX_SEQ tokens: cuDNN's flash
+# `model.attention: auto` runs `short_attention` on a GPU up to SHORT_ATTENTION_MAX_SEQ tokens: cuDNN's flash
 # kernels work in 64 x 128 tiles and lose to plain attention below them. Measured (scripts/attention_check.py,
 # one yxanul-197m layer forward + backward at each stage's batch, H200, jax 0.11.2, 2026-11-26): cuDNN / XLA
 # 5.85 / 0.96 ms at seq 8, 6.45 / 2.08 at 16, 4.18 / 2.00 at 32, 2.89 / 2.53 at 64; stage 0 of the FP8 step
 # went from 450 to 306 ms. At 64 (one tile) the 13 % is one measurement and plain attention keeps the L x L
 # scores, so cuDNN stays from 64 on. One GPU measured it; the rule is applied to every GPU (an H100 has the
-# same SMs). Up to SHORT_ATTENTION_MAX_SEQ the plain attention is `short_attention`, the same math without
-# XLA's head-major transposes and batched GEMMs (issue 25; analyze --target h100, 197m FP8, 2026-11-26:
-# stage 0 299.9 -> 284.5 ms, stage 1 562.6 -> 551.4); at 32 tokens its sm_90 compile took over 15 minutes
-# on 2 cores, so stage 2 keeps XLA's.
-XLA_ATTENTION_MAX_SEQ = 32
-SHORT_ATTENTION_MAX_SEQ = 16
+# same SMs). `short_attention` replaced XLA's own up to 32 tokens when its products became GEMMs in the tokens'
+# layout: XLA's attention first transposes q, k and v head-major, and those transposes ran at 10x their
+# bandwidth time (H200 profile of stage 2, 2026-11-26: 54 of 510 ms). Predicted with the H200 calibrated on
+# that profile (analyze --target, 197m FP8): stage 0 247.4 -> 229.1 ms, stage 1 490.1 -> 451.1, stage 2
+# 510.0 -> 484.3 (H200 measured 510.5 before).
+SHORT_ATTENTION_MAX_SEQ = 32
 
 
 def attention_implementation(cfg: ModelConfig, platform: str | None = None, seq_len: int | None = None) -> str:
-    """`auto`: cuDNN flash attention on GPU for BF16/FP16 (jax's own default would pick XLA, which stores
-    the L x L scores), plain attention there for sequences of at most `XLA_ATTENTION_MAX_SEQ` tokens
-    (`short_attention` up to `SHORT_ATTENTION_MAX_SEQ`, XLA's beyond), XLA's everywhere else. `platform`
-    defaults to jax's default backend; without `seq_len` the answer is that of long sequences."""
+    """`auto`: on a GPU, `short_attention` for sequences of at most `SHORT_ATTENTION_MAX_SEQ` tokens, cuDNN
+    flash attention beyond for BF16/FP16 with head_dim <= 128 (jax's own default would pick XLA's, which stores
+    the L x L scores), XLA's otherwise; XLA's everywhere else. `platform` defaults to jax's default backend;
+    without `seq_len` the answer is that of long sequences."""
     if cfg.attention != "auto":
         return cfg.attention
     if (platform or jax.default_backend()) != "gpu":
         return "xla"
     if seq_len is not None and seq_len <= SHORT_ATTENTION_MAX_SEQ:
         return "short"
-    short = seq_len is not None and seq_len <= XLA_ATTENTION_MAX_SEQ
-    return "cudnn" if cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 and not short else "xla"
+    return "cudnn" if cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 else "xla"
+
+
+@jax.custom_vjp
+def _scores_f32(q_BxIxK, k_BxJxK):
+    """q k^T per row of the batch with float32 outputs, whose backward runs its GEMMs in the operands' dtype:
+    the score gradient is rounded to it first, as flash attention's kernels do. Left to autodiff, the float32
+    gradient would turn both backward GEMMs float32 (TF32 on a GPU, their operands converted: sm_90 compile)."""
+    return jnp.einsum("bik,bjk->bij", q_BxIxK, k_BxJxK, preferred_element_type=jnp.float32)
+
+
+def _scores_fwd(q_BxIxK, k_BxJxK):
+    return _scores_f32(q_BxIxK, k_BxJxK), (q_BxIxK, k_BxJxK)
+
+
+def _scores_bwd(res, ds_BxIxJ):
+    q_BxIxK, k_BxJxK = res
+    ds_BxIxJ = ds_BxIxJ.astype(q_BxIxK.dtype)
+    f32 = jnp.float32
+    dq_BxIxK = jnp.einsum("bij,bjk->bik", ds_BxIxJ, k_BxJxK, preferred_element_type=f32).astype(q_BxIxK.dtype)
+    dk_BxJxK = jnp.einsum("bij,bik->bjk", ds_BxIxJ, q_BxIxK, preferred_element_type=f32).astype(k_BxJxK.dtype)
+    return dq_BxIxK, dk_BxJxK
+
+
+_scores_f32.defvjp(_scores_fwd, _scores_bwd)
 
 
 def short_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK):
-    """Causal grouped-query attention as broadcast products and sums in the tokens' own [B, L, heads, K] layout:
-    no head-major transposes and no batched GEMMs, so XLA fuses each step into a few elementwise and reduction
-    kernels; the scores are [B, L, L, H] float32, for short sequences. The numerics of
-    `jax.nn.dot_product_attention(implementation="xla")`: float32 scores of the operands scaled by 1 / sqrt(K),
-    a float32 softmax, probabilities rounded to the value dtype, float32 sums."""
+    """Causal grouped-query attention for short sequences as two batched GEMMs per row of the batch, in the
+    tokens' own layout: a row's L x H queries against its L x G keys ([L*H, K] x [K, L*G]: reshapes, no
+    transposes), the pairs of another kv head or a later token masked before the softmax, and the
+    probabilities times the row's L x G values. It computes 2 G times the scores it needs, a few MFLOP per
+    row at 32 tokens, and in exchange every product runs on tensor cores: as broadcast products summed over K
+    (its first form) XLA ran them as reductions at 8-16x their bandwidth time (H200, stage 0 of yxanul-197m,
+    2026-11-26: 51 of the step's 268 ms). The numerics of `jax.nn.dot_product_attention(implementation="xla")`
+    in the forward pass: float32 scores (float32 accumulation of the operands' products) scaled by 1 / sqrt(K),
+    a float32 softmax, probabilities rounded to the value dtype, float32 sums; in the backward pass the score
+    gradient is rounded to the operands' dtype before its GEMMs (`_scores_f32`)."""
     B, L, H, K = q_BxLxHxK.shape
     G = k_BxLxGxK.shape[2]
     f32 = jnp.float32
-    q_BxTxGxRxK = q_BxLxHxK.reshape(B, L, G, H // G, K).astype(f32)
-    k_Bx1xSxGx1xK = k_BxLxGxK.astype(f32)[:, None, :, :, None, :]
-    s_BxTxSxGxR = jnp.sum(q_BxTxGxRxK[:, :, None] * k_Bx1xSxGx1xK, axis=-1) * (K ** -0.5)
-    causal_TxS = jnp.arange(L)[:, None] >= jnp.arange(L)[None, :]
-    s_BxTxSxGxR = jnp.where(causal_TxS[None, :, :, None, None], s_BxTxSxGxR, -jnp.inf)
-    p_BxTxSxGxR = jax.nn.softmax(s_BxTxSxGxR, axis=2).astype(v_BxLxGxK.dtype).astype(f32)
-    v_Bx1xSxGx1xK = v_BxLxGxK.astype(f32)[:, None, :, :, None, :]
-    o_BxTxGxRxK = jnp.sum(p_BxTxSxGxR[..., None] * v_Bx1xSxGx1xK, axis=2)
-    return o_BxTxGxRxK.reshape(B, L, H, K).astype(q_BxLxHxK.dtype)
+    q_BxIxK = q_BxLxHxK.reshape(B, L * H, K)  # i = (t, h): token-major, as stored
+    k_BxJxK = k_BxLxGxK.reshape(B, L * G, K)  # j = (s, g)
+    v_BxJxK = v_BxLxGxK.reshape(B, L * G, K)
+    if q_BxLxHxK.dtype == f32:  # float32 products (a GPU would round them to TF32), float32 gradients
+        s_BxIxJ = jnp.einsum("bik,bjk->bij", q_BxIxK, k_BxJxK, precision=jax.lax.Precision.HIGHEST)
+    else:
+        s_BxIxJ = _scores_f32(q_BxIxK, k_BxJxK)
+    i_I, j_J = jnp.arange(L * H), jnp.arange(L * G)
+    allowed_IxJ = ((j_J[None, :] // G) <= (i_I[:, None] // H)) & ((j_J[None, :] % G) == (i_I[:, None] % H) // (H // G))
+    s_BxIxJ = jnp.where(allowed_IxJ[None], s_BxIxJ * (K ** -0.5), -jnp.inf)
+    p_BxIxJ = jax.nn.softmax(s_BxIxJ, axis=-1).astype(v_BxLxGxK.dtype)
+    precision = jax.lax.Precision.HIGHEST if v_BxLxGxK.dtype == f32 else None
+    o_BxIxK = jnp.einsum("bij,bjk->bik", p_BxIxJ, v_BxJxK, precision=precision)  # float32 sums inside the GEMM
+    return o_BxIxK.reshape(B, L, H, K).astype(q_BxLxHxK.dtype)
 
 
 class Attention(nn.Module):
