@@ -407,6 +407,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stages_out_of_range(config: str, overrides: list[str], stages: list[int]) -> str | None:
+    """The one-line error for a config that does not load or --stages beyond its curriculum, before any cell
+    runs; None when every stage is there."""
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.core.errors import UserError, one_line
+
+    try:
+        n = len(load_config(config, list(overrides or [])).curriculum)
+    except UserError as e:
+        return f"error: {one_line(e)}"
+    bad = [s for s in stages if not 0 <= s < n]
+    if bad:
+        return (f"error: --stages {' '.join(map(str, bad))}: {config} has {n} curriculum stages, 0-{n - 1}; "
+                f"pick --stages among them")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/yxanul_197m.yaml")
@@ -456,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
         import importlib.util
 
         args.torch = importlib.util.find_spec("torch") is not None and _has_cuda()
+    if (bad := stages_out_of_range(args.config, args.overrides, args.stages)) is not None:
+        print(bad, file=sys.stderr)
+        return 2
     cells = [(args.config, s, prec) for s in args.stages for prec in args.precisions]
     if args.baseline:
         cells += [(args.baseline, 0, prec) for prec in args.precisions]

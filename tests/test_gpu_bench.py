@@ -255,3 +255,15 @@ def test_fp8_gemm_probe_reports_each_form_as_it_ends(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         load_script("fp8_gemm_probe").main(["--shapes", "32by48"])
     assert e.value.code == 2 and "not IxO" in capsys.readouterr().err
+
+
+def test_gpu_bench_refuses_stages_beyond_the_curriculum_before_running_any(tmp_path):
+    # yxanul-270m has 6 stages: --stages 9 is one line, exit 2, and nothing is written (no cell started)
+    rc, _, err = run_cli(load_script("gpu_bench").main, ["--config", "configs/yxanul_270m.yaml", "--stages", "0", "9",
+                                                         "--out", tmp_path / "out"])
+    assert rc == 2 and err.strip() == ("error: --stages 9: configs/yxanul_270m.yaml has 6 curriculum stages, 0-5; "
+                                       "pick --stages among them")
+    assert not (tmp_path / "out").exists()
+    rc, _, err = run_cli(load_script("gpu_bench").main, ["--config", "configs/tiny.yaml", "model.nope=1", "--stages",
+                                                         "0", "--out", tmp_path / "out"])
+    assert rc == 2 and err.startswith("error: ") and "model.nope" in err and len(err.strip().splitlines()) == 1
