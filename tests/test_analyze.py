@@ -105,6 +105,31 @@ ENTRY %main (a: f8e4m3fn[16,32], b: f8e4m3fn[32,16], sa: f32[], sb: f32[], c: bf
 """
 
 
+# JAX 0.11's XLA runs some fusions asynchronously: `fusion-start` (typed ((operands), result, context)) and
+# `fusion-done`. Here the FP8 operand is dequantized inside one.
+ASYNC_DEQUANT = """
+%fused_dequant (p0: f8e4m3fn[16,32]) -> bf16[16,32] {
+  %p0 = f8e4m3fn[16,32]{1,0} parameter(0)
+  ROOT %c = bf16[16,32]{1,0} convert(%p0)
+}
+
+ENTRY %main (a: f8e4m3fn[16,32], d: bf16[32,16]) -> bf16[16,16] {
+  %a = f8e4m3fn[16,32]{1,0} parameter(0)
+  %d = bf16[32,16]{1,0} parameter(1)
+  %start = ((f8e4m3fn[16,32]{1,0}), bf16[16,32]{1,0}, u32[]) fusion-start(%a), kind=kLoop, calls=%fused_dequant
+  %done = bf16[16,32]{1,0} fusion-done(%start)
+  ROOT %g = bf16[16,16]{1,0} dot(%done, %d), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_an_fp8_operand_dequantized_in_an_asynchronous_fusion_makes_an_fp8_dot():
+    d = insp.count_dots(ASYNC_DEQUANT)
+    assert (d["fp8"], d["total"]) == (1, 1)
+    d = insp.count_dots(ASYNC_DEQUANT.replace("f8e4m3fn", "bf16"))  # the same graph without FP8
+    assert (d["fp8"], d["bf16"], d["total"]) == (0, 1, 1)
+
+
 def test_dequantized_fp8_operand_makes_an_fp8_dot():
     d = insp.count_dots(FP8_DEQUANT)
     assert (d["fp8"], d["total"]) == (1, 1)

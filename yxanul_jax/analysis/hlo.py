@@ -25,7 +25,8 @@ FP8_TYPES = ("f8e4m3fn", "f8e5m2", "f8e4m3fnuz", "f8e5m2fnuz", "f8e4m3", "f8e4m3
 # Ops a dequantized FP8 operand passes through on its way into a dot.
 PASS_THROUGH = {"convert", "multiply", "divide", "broadcast", "bitcast", "bitcast-convert", "copy", "reshape",
                 "transpose", "slice", "dynamic-slice", "get-tuple-element", "parameter", "fusion", "clamp",
-                "copy-start", "copy-done", "optimization-barrier", "all-gather", "collective-permute"}
+                "copy-start", "copy-done", "optimization-barrier", "all-gather", "collective-permute",
+                "fusion-start", "fusion-done"}  # an asynchronous fusion (XLA since jax 0.11): its start, then its value
 DOT_OPS = {"dot", "convolution"}
 CUBLAS_GEMMS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 TE_GEMMS = ("te_gemm_v2_ffi", "te_gemm_ffi")  # Transformer Engine's GEMM (operands: lhs, lhs scale, rhs, ...)
@@ -233,7 +234,7 @@ class HloGraph:
                     if key == "calls" and 0 <= idx < len(call.operands):
                         stack.append((call.computation, call.operands[idx], hops + 1))
                 continue
-            if ins.op == "fusion":  # into a fusion: its root
+            if ins.op in ("fusion", "fusion-start"):  # into a fusion: its root (`fusion-done` reaches its start)
                 for callee in _called(ins.attrs, "calls"):
                     root = self._root(callee)
                     if root is not None:
