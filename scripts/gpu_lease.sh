@@ -4,7 +4,7 @@
 # 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
 # (bash scripts/gpu_carry_kit.sh here first):
 #
-#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | calibrate | fp8 | wgrad;
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | short | calibrate | fp8 | wgrad;
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
@@ -22,8 +22,10 @@
 # stage 0 FP8 (short_attention) and with XLA's attention, stage 9 BF16 (remat auto, then full), stage 8
 # FP8 with the time left. Plan tiles: the fused head + loss kernels' tiles swept at stage 9's 131,072 tokens (one
 # kernel changed at a time, then each kernel's fastest together; every set checked against float32), then stage 9
-# FP8 with the default tiles and with the fastest set (train.fused_ce_tiles), and stage 0 likewise. A step that would not finish before the
-# deadline is skipped and says so.
+# FP8 with the default tiles and with the fastest set (train.fused_ce_tiles), and stage 0 likewise. Plan short (the sixth
+# session's changes): stages 0, 2 and 1 FP8 with `short_attention` as batched GEMMs (auto) and with XLA's attention,
+# stage 0 profiled (the new kernels' own calibration), then yxanul-270m stage 5 FP8 and BF16 in one micro-batch of 32
+# rows (the layout `plan --gpu h100` prints). A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
 set -uo pipefail
@@ -31,7 +33,7 @@ cd "$(dirname "$0")/.."
 DEADLINE=${1:-540}
 PLAN=${2:-bench}
 PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
-case "$PLAN" in bench | ab | tiles | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
+case "$PLAN" in bench | ab | tiles | short | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | short | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
 case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
 DEADLINE=$((10#$DEADLINE))  # "0540" is 540, not octal
 OUT=${OUT:-$PWD/lease}
@@ -123,6 +125,18 @@ case "$PLAN" in
       step s0_fp8_tiles 60 30 "${BENCH[@]}" "train.fused_ce_tiles=$BEST" --stages 0 --precisions fp8-xla --no-torch \
         --out "$RES/s0_fp8_tiles"
     fi
+    ;;
+  short)  # short_attention as batched GEMMs (auto, up to 32 tokens) against XLA's attention; 270m in one micro-batch
+    for stage in 0 2 1; do
+      step "s${stage}_fp8" 60 25 "${BENCH[@]}" --stages "$stage" --precisions fp8-xla --no-torch --out "$RES/s${stage}_fp8"
+      step "s${stage}_fp8_xla_attention" 60 25 "${BENCH[@]}" model.attention=xla --stages "$stage" --precisions fp8-xla \
+        --no-torch --out "$RES/s${stage}_fp8_xla_attention"
+    done
+    step s0_fp8_prof 80 40 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8p"
+    for p in fp8-xla bf16; do
+      step "r270_s5_$p" 70 35 "${BENCH[@]}" --config configs/yxanul_270m.yaml curriculum.5.batch_size=32 \
+        curriculum.5.grad_accum_steps=1 --stages 5 --precisions "$p" --no-torch --out "$RES/r270_s5_$p"
+    done
     ;;
   calibrate)  # profiles without command buffers, every kernel matched to the prediction
     step s9_fp8_prof 160 110 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8p"

@@ -198,7 +198,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     bad = subprocess.run(["bash", "scripts/gpu_lease.sh", "60", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | tiles | calibrate | fp8 | wgrad)"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | tiles | short | calibrate | fp8 | wgrad)"
     assert not (tmp_path / "lease.log").exists()  # refused before anything was written
     proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "calibrate"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -222,6 +222,12 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
                           capture_output=True, text=True, timeout=300)
     log = (tmp_path / "lease.log").read_text()
     assert proc.returncode == 0 and "== tiles_sweep: skipped" in log and "== fastest tiles: default" in log
+    proc = subprocess.run(["bash", "scripts/gpu_lease.sh", "12", "short"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    log = (tmp_path / "lease.log").read_text()
+    assert proc.returncode == 0 and all(f"== {step}: skipped" in log for step in
+                                        ("s0_fp8", "s0_fp8_xla_attention", "s2_fp8", "s1_fp8_xla_attention",
+                                         "s0_fp8_prof", "r270_s5_fp8-xla", "r270_s5_bf16"))
 
 
 def test_a_cell_past_its_time_limit_is_recorded_and_the_rest_written(tmp_path):
