@@ -287,3 +287,15 @@ def test_plan_counts_padded_vocabulary_rows_apart():
     assert p["params_allocated"] - p["params_total"] == (200_064 - 200_005) * 128  # padded rows: allocated only
     assert p["vocab"] == {"size": 200_005, "padded": 200_064}
     assert accounting.state_bytes(cfg)["weights"] == 4 * p["params_allocated"]
+
+
+def test_a_run_on_a_gpu_that_holds_larger_micro_batches_is_told_so_in_one_line():
+    # what `train` warns at its start on a GPU (training.loop.micro_batch_hint): the plan's finding in one line
+    from yxanul_jax.training.loop import micro_batch_hint
+
+    budget = memory.parse_gpu("h100").budget_bytes
+    hint = micro_batch_hint(load_config(str(REPO / "configs/yxanul_270m.yaml")), budget)
+    assert hint == ("this GPU holds larger micro-batches: stage 0: batch 8 x accum 32 -> 256 x 1 (same 32,768 tokens "
+                    "per step) (and 5 more); the same sums run faster in fewer, larger micro-batches: `python -m "
+                    "yxanul_jax.plan --config FILE --gpu GPU` prints that config")
+    assert micro_batch_hint(load_config(Y197), budget) is None  # one micro-batch a step already

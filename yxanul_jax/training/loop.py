@@ -290,6 +290,18 @@ def _by_stage(cfg: Config, choice) -> str:
     return changes[0][1] if len(changes) == 1 else ", ".join(f"{v} from seq {n}" for n, v in changes)
 
 
+def micro_batch_hint(cfg: Config, budget: int) -> str | None:
+    """One line where the planner finds that a device of `budget` bytes holds some stage's tokens per step in
+    fewer, larger micro-batches (`memory.largest_micro_batches`), else None. Small micro-batches are launch-bound:
+    yxanul-270m at one row of 2,048 tokens ran FP8 slower than BF16 on an H200 (docs/BENCHMARKS.md)."""
+    notes = memory.batch_notes(cfg, memory.largest_micro_batches(cfg, budget))
+    if not notes:
+        return None
+    more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
+    return (f"this GPU holds larger micro-batches: {notes[0]}{more}; the same sums run faster in fewer, larger "
+            "micro-batches: `python -m yxanul_jax.plan --config FILE --gpu GPU` prints that config")
+
+
 def _describe(ctx: RunContext, run_dir: str) -> str:
     cfg = ctx.cfg
     attention = _by_stage(cfg, lambda s: attention_implementation(cfg.model, seq_len=s.seq_len))
@@ -318,6 +330,9 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     if lead:
         prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ctx.ds.tokenizer_path, record=not finished)
         console.info(run_header(cfg, with_config=False, run_dir=run_dir))
+        budget, platform = memory.device_budget()
+        if platform == "gpu" and budget is not None and (hint := micro_batch_hint(cfg, budget)):
+            console.warn(hint)
     with Checkpointer(ckpt_dir, cfg.checkpoint) as ckpt:  # closed (its last save waited for) however this ends
         state, meta, restored = ctx.restore_or_init(ckpt, explicit)
         start = int(state.step)
