@@ -110,11 +110,17 @@ case "$PLAN" in
   tiles)  # the fused head + loss kernels' blocks, warps and stages: which run fastest on this GPU, and in the step
     SETS=(default)
     for k in fwd dx dw; do
-      SETS+=("$k=64x128" "$k=256x128" "$k=128x64" "$k=128x256" "$k=128x128w4" "$k=128x128s4")
+      # around each kernel's default (core/tiles.py: fwd 128x64, dx and dw 128x128): halve and double each block,
+      # then four warps and four stages
+      if [ "$k" = fwd ]; then bt=128 bv=64; else bt=128 bv=128; fi
+      SETS+=("$k=$((bt / 2))x$bv" "$k=$((bt * 2))x$bv" "$k=${bt}x$((bv / 2))" "$k=${bt}x$((bv * 2))"
+             "$k=${bt}x${bv}w4" "$k=${bt}x${bv}s4")
     done
     step tiles_sweep 240 90 "$PY" scripts/fused_ce_check.py --check-tokens 0 --time-tokens 131072 --iters 5 \
       --tiles "${SETS[@]}" --json-out "$RES/fused_ce_tiles.json"
-    BEST=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["fastest_tiles"]["131072"])' \
+    # the fastest set in the canonical form (`KernelTiles.spec`): `default` when it is today's default tiles
+    BEST=$("$PY" -c 'import json, sys; from yxanul_jax.core.tiles import parse_tiles
+print(parse_tiles(json.load(open(sys.argv[1]))["fastest_tiles"]["131072"]).spec())' \
       "$RES/fused_ce_tiles.json" 2>/dev/null || echo default)
     echo "== fastest tiles: $BEST"
     step s9_fp8 70 35 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"

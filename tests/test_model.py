@@ -222,17 +222,20 @@ def test_swiglu_gradient_equals_autodiff_of_its_forward(dtype, tol):
         assert np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
 
 
+@pytest.mark.parametrize("L, G", [(16, 2), (1, 1), (32, 6)])
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
-def test_short_attention_equals_jax_xla_attention_with_its_gradients(dtype, tol):
-    # transformer.short_attention (auto's choice on a GPU up to 16 tokens) against jax.nn.dot_product_attention's
-    # XLA implementation: causal, 6 query heads over 2 kv heads; bfloat16 rounds outputs and gradients
+def test_short_attention_equals_jax_xla_attention_with_its_gradients(dtype, tol, L, G):
+    # transformer.short_attention (auto's choice on a GPU up to 32 tokens) against jax.nn.dot_product_attention's
+    # XLA implementation: causal, 6 query heads over G kv heads (multi-query, grouped, multi-head), rows of 1 to
+    # 32 tokens; bfloat16 rounds outputs and gradients
     from yxanul_jax.model.transformer import short_attention
 
+    H = 6
     k = jax.random.split(jax.random.key(5), 4)
-    q = jax.random.normal(k[0], (3, 16, 6, 32)).astype(dtype)
-    kk = jax.random.normal(k[1], (3, 16, 2, 32)).astype(dtype)
-    v = jax.random.normal(k[2], (3, 16, 2, 32)).astype(dtype)
-    do = jax.random.normal(k[3], (3, 16, 6, 32)).astype(dtype)
+    q = jax.random.normal(k[0], (3, L, H, 32)).astype(dtype)
+    kk = jax.random.normal(k[1], (3, L, G, 32)).astype(dtype)
+    v = jax.random.normal(k[2], (3, L, G, 32)).astype(dtype)
+    do = jax.random.normal(k[3], (3, L, H, 32)).astype(dtype)
     ref = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")  # noqa: E731
     out, vjp = jax.vjp(short_attention, q, kk, v)
     out_r, vjp_r = jax.vjp(ref, q, kk, v)
@@ -241,7 +244,7 @@ def test_short_attention_equals_jax_xla_attention_with_its_gradients(dtype, tol)
         got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
         assert got.shape == want.shape and np.max(np.abs(got - want)) <= tol * np.max(np.abs(want))
     # causal: the first token attends to itself alone
-    np.testing.assert_allclose(np.asarray(out[:, 0, :3], np.float32), np.asarray(v[:, 0, :1].repeat(3, 1), np.float32),
+    np.testing.assert_allclose(np.asarray(out[:, 0], np.float32), np.asarray(v[:, 0].repeat(H // G, 1), np.float32),
                                rtol=tol, atol=tol)
 
 

@@ -291,7 +291,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
                                                                                     residual, a, flash, cal)
     scores = 0 if flash else cal.t_S * m.n_heads * stage.seq_len
     if attention_implementation(m, platform, stage.seq_len) == "short":
-        scores += SHORT_SCORE_BYTES * m.n_heads * stage.seq_len
+        scores += SHORT_SCORE_BYTES * m.n_heads * m.n_kv_heads * stage.seq_len
     w_layer = recompute + cal.t_D * m.d_model + (cal.t_F + 12 * cal.swiglu_f32) * m.ffn_dim + scores
     chunk = max(1, min(cfg.train.loss_chunk, N))
     k_l = cal.loss_single if chunk >= N else cal.loss_multi
@@ -321,9 +321,9 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
 
 # `transformer.short_attention` holds its float32 [L*H x L*G] scores per row of the batch (G times the L x H
 # a token needs: the other kv heads' pairs are masked) beyond what XLA's attention keeps: sm_90 compiles of
-# yxanul-197m stage 2 (seq 32), jax 0.10.2, 2026-11-26: 14.286 GB against XLA's attention 13.984, 6.0 bytes per
-# H x L score of a token. (Its first form, broadcast products, took 7.6-11.8.)
-SHORT_SCORE_BYTES = 6.0
+# yxanul-197m stage 2 (seq 32, G = 2), jax 0.10.2, 2026-11-26: 14.286 GB against XLA's attention 13.984, 3.0
+# bytes per H x L x G score of a token. (Its first form, broadcast products, took 7.6-11.8 per H x L score.)
+SHORT_SCORE_BYTES = 3.0
 
 # `model.remat: auto` takes the first of these whose planned peak fits, fastest first as the performance model
 # ranks them (`analyze --target h100`, yxanul-197m stage 9 FP8, jax 0.10.2, 2026-11-26: attention 651.4 ms, full
