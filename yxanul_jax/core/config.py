@@ -111,11 +111,15 @@ class ModelConfig:
     """Run the blocks with `nn.scan` (one compiled layer; much faster compiles for deep models)."""
     fuse_projections: bool = field(default=False, metadata=WEIGHTS)
     """q, k, v as one GEMM (their kernels side by side; the same parameters): under FP8 the normed input
-    is quantized once, not three times, and one state serves the three. Gate and up stay two GEMMs: fused,
+    is quantized once, not three times, and one state serves the three. Gate and up stay two FP8 GEMMs: fused,
     the sm_90 step was predicted slower (XLA re-reads their joint gradient for its amax; docs/BENCHMARKS.md;
     again 2026-11-26 with the dequant form and `swiglu`'s backward: 644.4 against 635.0 ms at 197m stage 9,
-    the [N, 2F] gradient's concatenation splitting the one SwiGLU-backward kernel into three).
-    Changes the FP8 state's layout: a run keeps the value it started with."""
+    the [N, 2F] gradient's concatenation splitting the one SwiGLU-backward kernel into three; in BF16 they
+    may fuse: `fuse_mlp`). Changes the FP8 state's layout: a run keeps the value it started with."""
+    fuse_mlp: bool = False
+    """gate and up as one GEMM where neither runs in FP8 (their kernels side by side; the same parameters
+    and FP8 state either way): one GEMM for their input gradient too. Under FP8 they stay two GEMMs
+    (`transformer.fuse_mlp` says why)."""
 
     @property
     def resolved_head_dim(self) -> int:

@@ -376,6 +376,15 @@ def _materialized_bwd(_, g):
 materialized_grad.defvjp(_materialized_fwd, _materialized_bwd)
 
 
+def fuse_mlp(cfg: ModelConfig, backend) -> bool:
+    """Whether gate and up run as one GEMM: `model.fuse_mlp` and neither is an FP8 GEMM. Under FP8 they stay
+    two: XLA then recomputes the down GEMM's input (remat) in a kernel of its own instead of inside the SwiGLU
+    backward's (analyze --target h100, yxanul-197m stage 9, jax 0.10.2, 2026-11-27: FP8 629.6 -> 637.8 ms
+    fused, even with a backward written as one element-wise kernel over a [N, 2, F] view; BF16 646.3 -> 631.8,
+    where XLA writes the two halves' gradients into the joint one from the SwiGLU backward's own kernel)."""
+    return cfg.fuse_mlp and not any(backend.for_target(t).is_fp8 for t in ("gate", "up"))
+
+
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x))."""
 
@@ -395,9 +404,16 @@ class SwiGLU(nn.Module):
             down_FxD = Kernel(F, D, ("mlp", "embed"), out_std, name="down")()
             return self.backend.norm_swiglu(c.norm_eps, name="fused")(x_BxLxD, norm_scale_D, gate_DxF, up_DxF,
                                                                       down_FxD)
-        gate_BxLxF = _dense(c, self.backend, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
-        up_BxLxF = _dense(c, self.backend, "up", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
-        h_BxLxF = swiglu(gate_BxLxF, up_BxLxF)
+        if fuse_mlp(c, self.backend):
+            D, F = x_BxLxD.shape[-1], c.ffn_dim
+            kernels = [Kernel(D, F, ("embed", "mlp"), c.init_std, name=t)() for t in ("gate", "up")]
+            gu_BxLx2F = Matmul(PLAIN, DTYPES[c.dtype], "gate_up", name="gate_up")(
+                x_BxLxD, jnp.concatenate(kernels, axis=1))
+            h_BxLxF = swiglu(gu_BxLx2F[..., :F], gu_BxLx2F[..., F:])  # its gradient: one [N, 2F] write
+        else:
+            gate_BxLxF = _dense(c, self.backend, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
+            up_BxLxF = _dense(c, self.backend, "up", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
+            h_BxLxF = swiglu(gate_BxLxF, up_BxLxF)
         return _dense(c, self.backend, "down", c.d_model, ("mlp", "embed"), out_std)(h_BxLxF)
 
 
