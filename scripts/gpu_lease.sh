@@ -4,7 +4,7 @@
 # 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
 # (bash scripts/gpu_carry_kit.sh here first):
 #
-#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | short | calibrate | fp8 | wgrad;
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | short | proj | calibrate | fp8 | wgrad;
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
@@ -25,7 +25,9 @@
 # FP8 with the default tiles and with the fastest set (train.fused_ce_tiles), and stage 0 likewise. Plan short (the sixth
 # session's changes): stages 0, 2 and 1 FP8 with `short_attention` as batched GEMMs (auto) and with XLA's attention,
 # stage 0 profiled (the new kernels' own calibration), then yxanul-270m stage 5 FP8 and BF16 in one micro-batch of 32
-# rows (the layout `plan --gpu h100` prints). A step that would not finish before the deadline is skipped and says so.
+# rows (the layout `plan --gpu h100` prints). Plan proj (the seventh session's projection changes, each against what it
+# replaced in the same call): stages 9 and 0 FP8 with o in BF16 (the config's fp8.targets) and in FP8, stage 9 BF16 with
+# gate and up fused (model.fuse_mlp) and not, stage 0 BF16. A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
 set -uo pipefail
@@ -33,7 +35,7 @@ cd "$(dirname "$0")/.."
 DEADLINE=${1:-540}
 PLAN=${2:-bench}
 PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
-case "$PLAN" in bench | ab | tiles | short | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | short | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
+case "$PLAN" in bench | ab | tiles | short | proj | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | short | proj | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
 case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
 DEADLINE=$((10#$DEADLINE))  # "0540" is 540, not octal
 OUT=${OUT:-$PWD/lease}
@@ -131,6 +133,18 @@ print(parse_tiles(json.load(open(sys.argv[1]))["fastest_tiles"]["131072"]).spec(
       step s0_fp8_tiles 60 30 "${BENCH[@]}" "train.fused_ce_tiles=$BEST" --stages 0 --precisions fp8-xla --no-torch \
         --out "$RES/s0_fp8_tiles"
     fi
+    ;;
+  proj)  # o in BF16 against FP8; gate and up in one BF16 GEMM against two
+    O_FP8="fp8.targets=[q,k,v,o,gate,up,down]"
+    for stage in 9 0; do
+      step "s${stage}_fp8" 70 30 "${BENCH[@]}" --stages "$stage" --precisions fp8-xla --no-torch --out "$RES/s${stage}_fp8"
+      step "s${stage}_fp8_o_fp8" 70 30 "${BENCH[@]}" "$O_FP8" --stages "$stage" --precisions fp8-xla --no-torch \
+        --out "$RES/s${stage}_fp8_o_fp8"
+    done
+    step s9_bf16 70 30 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
+    step s9_bf16_unfused 70 30 "${BENCH[@]}" model.fuse_mlp=false --stages 9 --precisions bf16 --no-torch \
+      --out "$RES/s9_bf16_unfused"
+    step s0_bf16 60 25 "${BENCH[@]}" --stages 0 --precisions bf16 --no-torch --out "$RES/s0_bf16"
     ;;
   short)  # short_attention as batched GEMMs (auto, up to 32 tokens) against XLA's attention; 270m in one micro-batch
     for stage in 0 2 1; do
