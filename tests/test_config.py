@@ -79,6 +79,12 @@ def test_te_fused_layers_need_every_fused_projection_in_fp8():
         load_config(None, ["fp8.backend=te", "fp8.te_layers=true", "fp8.targets=[q,v,o,gate,down]"])
 
 
+def test_scan_unroll_is_at_least_one_layer():
+    assert not load_config(None, ["model.scan_layers=true", "model.scan_unroll=4"]).model.layer_loop  # 4 layers
+    with pytest.raises(UserError, match=r"'model.scan_unroll' must be >= 1 \(1: a loop over the layers, n_layers: no"):
+        load_config(None, ["model.scan_unroll=0"])
+
+
 def test_unknown_yaml_key_and_bad_files(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  n_layer: 3\n")

@@ -15,7 +15,7 @@ from yxanul_jax import analyze as insp
 from yxanul_jax.analysis import gpu_target, perf
 from yxanul_jax.core.errors import UserError
 
-from conftest import REPO, gpu_env, gpu_python, inspect_h100
+from conftest import LAYER_LOOP, REPO, gpu_env, gpu_python, inspect_h100
 
 
 pytestmark = pytest.mark.slow  # compiles for sm_90 / runs scripts or subprocesses: `pytest -m "not slow"` skips it
@@ -165,7 +165,7 @@ def test_yxanul_197m_stages_compile_to_fp8_for_h100(config, stage, tmp_path):
     # Stage 0 (seq 8) runs `short_attention`, stage 9 (seq 2048) cuDNN's (`transformer.SHORT_ATTENTION_MAX_SEQ`)
     cudnn = ("--require", "cudnn-attention") if stage == "9" else ()
     r = inspect_h100("--config", config, "--stage", stage, "--require", "fp8-expected", *cudnn,
-                     "--hlo-out", str(hlo_path))
+                     "--hlo-out", str(hlo_path), LAYER_LOOP)
     assert r["attention"] == ("cudnn" if stage == "9" else "short")
     # `remat: auto` on an H100: cuDNN's output saved at stage 9, so its forward runs once per layer, not twice
     assert r["remat"] == ("attention" if stage == "9" else "full")
@@ -229,16 +229,33 @@ def test_attention_remat_keeps_cudnns_output_and_statistics_as_the_planner_count
     assert out["attention"][0] - out["full"][0] == out["extra"]
 
 
+@pytest.mark.parametrize("fp8", [True, False])
+def test_unrolled_layers_compile_without_a_loop_and_save_everything_on_an_h100(fp8, tmp_path):
+    # The 197m config's layers without a loop (model.scan_unroll = n_layers), cut to 8 layers for CI's time:
+    # `remat: auto` picks `none` at stage 0 on an H100 (memory.AUTO_REMAT_UNROLLED), no layer runs again, and
+    # the planner is within 10 % of XLA's peak (the full 28 layers, 2026-11-27: FP8 41.2 GB planned, 40.8 XLA's;
+    # BF16 46.9 and 46.1)
+    hlo_path = tmp_path / "step.hlo"
+    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "0", "model.n_layers=8", "model.scan_unroll=8",
+                     *(("--require", "fp8-expected") if fp8 else ("--disable-fp8",)), "--hlo-out", str(hlo_path))
+    assert r["remat"] == "none" and " while(" not in hlo_path.read_text()
+    g = r["gpu"]
+    # 8 layers x (4 forward + 4 input gradients): nothing recomputed
+    assert g["fp8_found"] == g["fp8_expected"]["total"] == (8 * 8 if fp8 else 0) and g["fp8_expected"]["recompute"] == 0
+    assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10, (r["planner_bytes"], r["memory"])
+
+
 @pytest.mark.parametrize("remat", ["none", "dots"])
 def test_planner_within_10_percent_of_sm90_for_every_remat_policy(remat):
     # `full` is checked above at stage 0 and `attention` (what `auto` picks on an H100) at stage 9; the policies
     # plan offers beside them, at the largest stage (a scanned layer without remat stacks every residual: 159 GB
     # of XLA's peak, issue 25)
-    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "9", f"model.remat={remat}")
+    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "9", f"model.remat={remat}", LAYER_LOOP)
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10, (r["planner_bytes"], r["memory"])
 
 
 def test_yxanul_197m_compiles_with_muon_for_h100():
     # issue 26: Muon's Newton-Schulz GEMMs are in the step (the performance model charges them to the optimizer)
-    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "0", "optim.name=muon", "--require", "fp8-expected")
+    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "0", "optim.name=muon", "--require", "fp8-expected",
+                     LAYER_LOOP)
     assert r["categories"]["optimizer"]["flops"] > 1e12 and r["predicted_step_ms"] > 0

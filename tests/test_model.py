@@ -154,6 +154,28 @@ def test_scan_and_remat_match_the_unrolled_model():
                                np.asarray(g_loop["layer_1"]["mlp"]["up"]["kernel"]), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_an_unrolled_scan_is_the_same_model_with_the_same_gradients(remat):
+    # model.scan_unroll = n_layers: the same stacked parameters, no loop in the compiled step (and a
+    # rematerialized layer is still recomputed: remat's CSE barrier is on without a loop)
+    m = micro_model(scan_layers=True, remat=remat, n_layers=3)
+    unrolled = dataclasses.replace(m, scan_unroll=3)
+    assert m.layer_loop and not unrolled.layer_loop
+    v = init_variables(m, no_fp8(), jax.random.key(0))
+    v_un = init_variables(unrolled, no_fp8(), jax.random.key(0))
+    for a, b in zip(jax.tree_util.tree_leaves(v), jax.tree_util.tree_leaves(v_un)):
+        np.testing.assert_array_equal(a, b)
+    tokens = jax.random.randint(jax.random.key(7), (2, 12), 0, m.vocab_size)
+    g = [jax.jit(jax.value_and_grad(_loss, argnums=1), static_argnums=0)(Yxanul(c, no_fp8()), v["params"], {}, tokens)
+         for c in (m, unrolled)]
+    np.testing.assert_allclose(g[1][0], g[0][0], rtol=1e-6)  # float32: the same sums, maybe in another order
+    for a, b in zip(jax.tree_util.tree_leaves(g[0][1]), jax.tree_util.tree_leaves(g[1][1])):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(a))))
+    hlo = jax.jit(jax.grad(_loss, argnums=1), static_argnums=0).lower(Yxanul(unrolled, no_fp8()), v["params"], {},
+                                                                       tokens).as_text()
+    assert "while" not in hlo  # no loop over the layers
+
+
 def test_hidden_then_logits_equals_call_and_dtypes():
     m = micro_model(dtype="bfloat16")
     model = Yxanul(m, FP8Config(amax_history_len=4))

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, gpu_env, gpu_python, inspect_h100
+from conftest import LAYER_LOOP, REPO, gpu_env, gpu_python, inspect_h100
 
 
 pytestmark = pytest.mark.slow  # compiles for sm_90 / runs scripts or subprocesses: `pytest -m "not slow"` skips it
@@ -76,7 +76,7 @@ def test_te_head_state_with_accumulation_and_loss_chunks():
 @pytest.mark.parametrize("stage, fused", [("0", False), ("9", True)])
 def test_yxanul_197m_te_stages_compile_for_h100(stage, fused):
     # stage 0 (seq 8) runs `short_attention` (`transformer.SHORT_ATTENTION_MAX_SEQ`), stage 9 cuDNN's
-    r = _inspect_te("--config", "configs/yxanul_197m.yaml", "--stage", stage, f"fp8.te_layers={str(fused).lower()}",
+    r = _inspect_te("--config", "configs/yxanul_197m.yaml", "--stage", stage, f"fp8.te_layers={str(fused).lower()}", LAYER_LOOP,
                     cudnn=stage == "9")
     assert r["attention"] == ("cudnn" if stage == "9" else "short")
     g = r["gpu"]

@@ -87,7 +87,8 @@ def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True)
         "platform": "gpu",
         "gpu": {"name": gpu.name, "total_bytes": gpu.total_bytes, "mem_fraction": gpu.mem_fraction,
                 "headroom": gpu.headroom, "budget_bytes": gpu.budget_bytes},
-        "remat": cfg.model.remat, "scan_layers": cfg.model.scan_layers, "loss_chunk": cfg.train.loss_chunk,
+        "remat": cfg.model.remat, "scan_layers": cfg.model.scan_layers,
+        "layer_loop": cfg.model.layer_loop, "loss_chunk": cfg.train.loss_chunk,
         "state_bytes": {"weights": state["weights"], "gradients": state["weights"], "optimizer": state["optimizer"],
                         "fp8_state": state["fp8_state"]},
         "stages": stages,
@@ -132,7 +133,8 @@ def format_plan(plan: dict) -> str:
     g = plan["gpu"]
     lines.append(f"GPU {g['name']}: {g['total_bytes'] / 2**30:.1f} GiB x JAX pool {g['mem_fraction']:.2f} "
                  f"(XLA_PYTHON_CLIENT_MEM_FRACTION) x (1 - headroom {g['headroom']:.2f}) = budget "
-                 f"{g['budget_bytes'] / GB:.2f} GB; remat {plan['remat']}, scan_layers {plan['scan_layers']}, "
+                 f"{g['budget_bytes'] / GB:.2f} GB; remat {plan['remat']}, scan_layers {plan['scan_layers']}"
+                 f"{'' if plan['layer_loop'] or not plan['scan_layers'] else ' (unrolled: no loop)'}, "
                  f"loss chunk {plan['loss_chunk']:,} tokens")
     lines += ["", f"{'stage':<6}{'seq':>6}{'batch':>7}{'accum':>6}{'tokens/step':>12}{'remat':>10}"
                   f"{'act none':>10}{'act':>8}{'logits':>8}{'layer bwd':>10}{'total GB':>10}"

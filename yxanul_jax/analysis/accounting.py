@@ -189,7 +189,7 @@ def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
     head = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk) if any(
         t == "head" for t, _, _ in gemm_list) else 0
     L = cfg.model.n_layers
-    recomputes = cfg.model.remat in ("full", "attention", "auto")  # auto is one of these two (memory.AUTO_REMAT)
+    recomputes = cfg.model.remat in ("full", "attention", "auto")  # auto: resolved per stage first (analyze)
     recompute_layer = len([t for t in layer if t != "down"]) if recomputes else 0
     bf16_wgrad = cfg.fp8.native and cfg.fp8.wgrad == "bf16"  # our weight gradients in BF16: none in FP8
     out = {"forward": a * (L * len(layer) + head), "recompute": a * (L * recompute_layer + head),

@@ -245,6 +245,11 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
     s += F if "down" in fp8_in else a * F
     s += a * (H * K + 2 * G * K) + (4 * H if flash else H * L * (9 + a) + 8 * H)
     s += mlp_keep * 2 * a * F
+    if platform == "gpu" and not fp8 and not m.layer_loop:
+        # Fitted, not derived: without FP8 GEMMs and without a loop over the layers XLA keeps 2 a D bytes more per
+        # token and layer (sm_90 compiles of yxanul-197m stage 0, remat none, jax 0.10.2, 2026-11-27: BF16 against
+        # FP8, 5.32 GB more at 28 layers, 1.19 at 8: 3.1 KB per token and layer)
+        s += 2 * a * D
     return s
 
 
@@ -276,16 +281,16 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     residual = a
     if platform == "cpu":
         a, residual = 2, 4  # XLA CPU: the same bytes for bfloat16 and float32 models, a float32 residual stream
-        if not m.scan_layers:
+        if not m.layer_loop:
             effective = "none"  # XLA CPU hoists the recomputation of unrolled layers: no saving
     flash = platform == "gpu" and attention_implementation(m, "gpu", stage.seq_len) == "cudnn"
     keep = cal
-    if platform == "gpu" and m.scan_layers and effective == "none":
+    if platform == "gpu" and m.layer_loop and effective == "none":
         # A scanned layer without remat hands every residual out of the loop body as a stacked buffer: XLA
         # cannot fuse the norms or the SwiGLU away there (sm_90: float32 [N, D] and several [N, F] stacks).
         keep = dataclasses.replace(cal, norm_keep=1.0, mlp_keep=1.0)
     saved = m.n_layers * N * saved_bytes_per_token(cfg, stage.seq_len, effective, residual, a, flash, keep, platform)
-    if platform == "cpu" and m.scan_layers and effective == "none":
+    if platform == "cpu" and m.layer_loop and effective == "none":
         saved *= cal.cpu_scan_none  # XLA CPU keeps extra copies of an unrematerialized scanned layer
     recompute = 0 if effective == "none" else cal.recompute * saved_bytes_per_token(cfg, stage.seq_len, "none",
                                                                                     residual, a, flash, cal)
@@ -330,22 +335,28 @@ SHORT_SCORE_BYTES = 3.0
 # 665.9; `none` 1172 and `dots` 706 are slower even where they fit: XLA stacks every residual of a scanned layer,
 # 224 against 183 ms at batch 16). The last one is taken when none fits.
 AUTO_REMAT = ("attention", "full")
+# Without a loop over the layers (`model.scan_unroll` = n_layers) nothing is stacked, and `none` comes first where
+# it fits: analyze --target h100, yxanul-197m FP8, jax 0.10.2, 2026-11-27: stage 0 `none` 224.5 ms (XLA's peak
+# 40.8 GB, planned 41.2) against `full` 265.6 in the loop; stage 9 `attention` 597.6 (19.1 GB) against 619.3.
+AUTO_REMAT_UNROLLED = ("none", "attention", "full")
 
 
 def stage_remat(cfg: Config, stage: StageConfig, budget: int | None, platform: Platform = "gpu",
                 state: dict | None = None) -> str:
     """The remat policy `stage`'s train step runs with: model.remat, or for `auto` the first of `AUTO_REMAT`
-    whose planned peak fits `budget` bytes (without a budget, the last: the one that saves the most memory).
+    (`AUTO_REMAT_UNROLLED` without a loop over the layers) whose planned peak fits `budget` bytes (without a
+    budget, the last: the one that saves the most memory).
     `attention` is `full` where the stage's attention is not cuDNN's, and is then named so."""
     if cfg.model.remat != "auto":
         return cfg.model.remat
     cudnn = platform == "gpu" and attention_implementation(cfg.model, "gpu", stage.seq_len) == "cudnn"
-    for policy in AUTO_REMAT[:-1]:
+    order = AUTO_REMAT if cfg.model.layer_loop else AUTO_REMAT_UNROLLED
+    for policy in order[:-1]:
         if policy == "attention" and not cudnn:
             continue
         if budget is not None and estimate_stage(cfg, stage, platform, policy, state)["bytes_total"] <= budget:
             return policy
-    return AUTO_REMAT[-1]
+    return order[-1]
 
 
 def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int | None, Platform]:

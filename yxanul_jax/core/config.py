@@ -106,9 +106,16 @@ class ModelConfig:
     """Rematerialization of each block: none, full (save only block inputs), attention (block inputs and
     cuDNN attention's output and softmax statistics: its forward does not run again; as full where the
     attention is XLA's), dots (save matmul outputs without batch dims), auto (per stage, the fastest of
-    `memory.AUTO_REMAT` whose planned peak fits the device's memory: `memory.stage_remat`)."""
+    `memory.AUTO_REMAT` (or, without a loop over the layers, `memory.AUTO_REMAT_UNROLLED`: `none` first) whose
+    planned peak fits the device's memory: `memory.stage_remat`)."""
     scan_layers: bool = field(default=False, metadata=WEIGHTS)
     """Run the blocks with `nn.scan` (one compiled layer; much faster compiles for deep models)."""
+    scan_unroll: int = 1
+    """Layers per iteration of the scanned layers' loop (`scan_layers`; the parameters stay stacked either way):
+    1 compiles one layer and loops over them; n_layers compiles every layer, without a loop: XLA then writes
+    what the backward pass keeps without stacking copies, schedules across layers, and `remat: auto` may save
+    everything (`memory.AUTO_REMAT_UNROLLED`). A slower compile: about a minute a stage for yxanul-197m on 2 CPU
+    cores (docs/BENCHMARKS.md, seventh session, gives the step times)."""
     fuse_projections: bool = field(default=False, metadata=WEIGHTS)
     """q, k, v as one GEMM (their kernels side by side; the same parameters): under FP8 the normed input
     is quantized once, not three times, and one state serves the three. Gate and up stay two FP8 GEMMs: fused,
@@ -120,6 +127,11 @@ class ModelConfig:
     """gate and up as one GEMM where neither runs in FP8 (their kernels side by side; the same parameters
     and FP8 state either way): one GEMM for their input gradient too. Under FP8 they stay two GEMMs
     (`transformer.fuse_mlp` says why)."""
+
+    @property
+    def layer_loop(self) -> bool:
+        """Whether the compiled step loops over the layers (scanned and not fully unrolled: `scan_unroll`)."""
+        return self.scan_layers and self.scan_unroll < self.n_layers
 
     @property
     def resolved_head_dim(self) -> int:
@@ -160,6 +172,9 @@ class ModelConfig:
                             "(model.head_dim / model.n_heads)")
         if self.head == "factorized" and not self.embed_rank:
             raise UserError("config key 'model.head' is 'factorized' but model.embed_rank is 0; set embed_rank > 0")
+        if self.scan_unroll < 1:
+            raise UserError(f"config key 'model.scan_unroll' must be >= 1 (1: a loop over the layers, n_layers: "
+                            f"no loop), got {self.scan_unroll}")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise UserError("config keys 'model.norm_eps', 'model.init_std', 'model.rope_theta' must be positive")
         safe_name("config key 'model.name'", self.name)  # runs/<model.name>: a name, never a path

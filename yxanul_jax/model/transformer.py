@@ -501,10 +501,11 @@ class Yxanul(nn.Module):
         block = Block
         if c.remat != "none":  # `auto` is resolved per stage for training; without gradients any policy is moot
             policy = REMAT_POLICIES["full" if c.remat == "auto" else c.remat]
-            block = nn.remat(Block, policy=policy, prevent_cse=not c.scan_layers)
+            block = nn.remat(Block, policy=policy, prevent_cse=not c.layer_loop)  # CSE would undo it unrolled
         if c.scan_layers:
             self.layers = nn.scan(block, variable_axes={True: 0}, split_rngs={"params": True},
                                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=c.n_layers,
+                                  unroll=c.scan_unroll,
                                   metadata_params={nn.PARTITION_NAME: "layers"})(c, backend, name="layers")
         else:
             self.layers = [block(c, backend, name=f"layer_{i}") for i in range(c.n_layers)]
