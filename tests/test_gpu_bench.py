@@ -209,7 +209,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
              "tiles": ("tiles_sweep",),
              "short": ("s0_fp8", "s0_fp8_xla_attention", "s2_fp8", "s1_fp8_xla_attention", "s0_fp8_prof",
                        "r270_s5_fp8-xla", "r270_s5_bf16"),
-             "proj": ("s9_fp8", "s9_fp8_o_fp8", "s0_fp8_o_fp8", "s9_bf16_unfused", "s0_bf16")}
+             "proj": ("s0_fp8", "s0_fp8_loop", "s9_fp8", "s9_fp8_loop_o_fp8", "s9_bf16_loop_unfused")}
     procs = {plan: subprocess.Popen(["bash", "scripts/gpu_lease.sh", "12", plan], cwd=REPO,
                                     env={**env, "OUT": str(tmp_path / plan)}, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True) for plan in steps}
