@@ -81,7 +81,7 @@ def gpu_env() -> dict:
 
 # configs/yxanul_197m.yaml compiles its 28 layers without a loop (model.scan_unroll: 28), about a minute per sm_90
 # compile on CI's 2 cores; the sm_90 tests about other things compile it with its loop over the layers, and
-# test_gpu_target checks the unrolled step on a 4-layer cut of it.
+# test_gpu_target checks the unrolled step on an 8-layer cut of it.
 LAYER_LOOP = "model.scan_unroll=1"
 
 

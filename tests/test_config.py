@@ -83,6 +83,10 @@ def test_scan_unroll_is_at_least_one_layer():
     assert not load_config(None, ["model.scan_layers=true", "model.scan_unroll=4"]).model.layer_loop  # 4 layers
     with pytest.raises(UserError, match=r"'model.scan_unroll' must be >= 1 \(1: a loop over the layers, n_layers: no"):
         load_config(None, ["model.scan_unroll=0"])
+    # a loop with leftover layers (4 of 6) would run them outside it, without remat's CSE barrier
+    with pytest.raises(UserError, match=r"'model.scan_unroll' \(4\) must divide model.n_layers \(6\) or be at least"):
+        load_config(None, ["model.scan_layers=true", "model.n_layers=6", "model.scan_unroll=4"])
+    assert load_config(None, ["model.scan_layers=true", "model.n_layers=6", "model.scan_unroll=3"]).model.layer_loop
 
 
 def test_unknown_yaml_key_and_bad_files(tmp_path):

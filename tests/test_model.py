@@ -177,9 +177,10 @@ def test_an_unrolled_scan_is_the_same_model_with_the_same_gradients(remat):
     assert " while(" not in hlo  # no loop over the layers
     # a rematerialized layer still runs its forward GEMMs again (XLA's CSE would merge them without remat's
     # barrier): 3 layers x (q, k, v, o, gate, up and attention's two; down's output is not needed again: 8)
-    plain = dataclasses.replace(unrolled, remat="none")
-    n_none = count_dots(grad.lower(Yxanul(plain, no_fp8()), v["params"], {}, tokens).compile().as_text())["total"]
-    assert count_dots(hlo)["total"] - n_none == (3 * 8 if remat == "full" else 0)
+    if remat == "full":
+        plain = dataclasses.replace(unrolled, remat="none")
+        n_none = count_dots(grad.lower(Yxanul(plain, no_fp8()), v["params"], {}, tokens).compile().as_text())["total"]
+        assert count_dots(hlo)["total"] - n_none == 3 * 8
 
 
 def test_hidden_then_logits_equals_call_and_dtypes():

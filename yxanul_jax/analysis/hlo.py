@@ -142,7 +142,7 @@ def _gemm_target(attrs: str) -> str | None:
     return m.group(1) if m and m.group(1) in GEMM_TARGETS else None
 
 
-TARGET_RE = re.compile(r"/(q|k|v|o|gate|up|down)/gemm/|/attn/(qkv)/|/(mlp)/fused/|/(head)_gemm/|Yxanul\.logits/(head)_gemm")
+TARGET_RE = re.compile(r"/(q|k|v|o|gate|up|down)/gemm/|/attn/(qkv)/|/mlp/(gate_up)/|/(mlp)/fused/|/(head)_gemm/|Yxanul\.logits/(head)_gemm")
 FUSION_KIND_RE = re.compile(r'"fusion_backend_config":\{"kind":"([^"]+)"')
 
 

@@ -60,8 +60,9 @@ largest error 9.5 % over 10 curriculum stages, 5 of them not in the fit). Two pl
 * `cpu` reproduces what XLA's CPU backend does: it keeps the residual stream (block inputs) in
   float32 whatever model.dtype is; bfloat16 and float32 models take the same memory (measured within
   3 %), so the formula runs with a = 2 for both; a scanned layer without remat keeps cpu_scan_none
-  times its residuals; and remat saves nothing for unrolled layers (`scan_layers: false`): XLA CPU
-  schedules the recomputation early, so remat there costs what none costs (measured).
+  times its residuals; and remat saves nothing for unrolled layers (`scan_layers: false`, or
+  `scan_unroll` = n_layers): XLA CPU schedules the recomputation early, so remat there costs what none
+  costs (measured).
 * `gpu` (the default for planning) uses model.dtype for a and the residual stream and honors remat
   for unrolled layers; every fitted coefficient is the CPU one. It has not been checked against a
   GPU compile: scripts/check_plan.py on a GPU machine compares it with XLA's GPU memory analysis.

@@ -109,7 +109,8 @@ class ModelConfig:
     `memory.AUTO_REMAT` (or, without a loop over the layers, `memory.AUTO_REMAT_UNROLLED`: `none` first) whose
     planned peak fits the device's memory: `memory.stage_remat`)."""
     scan_layers: bool = field(default=False, metadata=WEIGHTS)
-    """Run the blocks with `nn.scan` (one compiled layer; much faster compiles for deep models)."""
+    """Run the blocks with `nn.scan`: their parameters stacked [n_layers, ...]; with `scan_unroll: 1`, one
+    compiled layer in a loop (much faster compiles for deep models)."""
     scan_unroll: int = 1
     """Layers per iteration of the scanned layers' loop (`scan_layers`; the parameters stay stacked either way):
     1 compiles one layer and loops over them; n_layers compiles every layer, without a loop: XLA then writes
@@ -175,6 +176,10 @@ class ModelConfig:
         if self.scan_unroll < 1:
             raise UserError(f"config key 'model.scan_unroll' must be >= 1 (1: a loop over the layers, n_layers: "
                             f"no loop), got {self.scan_unroll}")
+        if self.scan_layers and self.scan_unroll < self.n_layers and self.n_layers % self.scan_unroll:
+            # jax would run the leftover layers outside the loop, where remat's CSE barrier is off (`layer_loop`)
+            raise UserError(f"config key 'model.scan_unroll' ({self.scan_unroll}) must divide model.n_layers "
+                            f"({self.n_layers}) or be at least it; set model.scan_unroll={self.n_layers} for no loop")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise UserError("config keys 'model.norm_eps', 'model.init_std', 'model.rope_theta' must be positive")
         safe_name("config key 'model.name'", self.name)  # runs/<model.name>: a name, never a path
