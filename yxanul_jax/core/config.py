@@ -101,7 +101,8 @@ class ModelConfig:
     """Attention implementation. auto, on a GPU: `short` (`transformer.short_attention`: batched GEMMs in the
     tokens' layout, without XLA's transposes) up to 32 tokens (`transformer.SHORT_ATTENTION_MAX_SEQ`), cuDNN
     flash attention beyond for BF16 with head_dim <= 128 (else XLA's); XLA's (`jax.nn.dot_product_attention`)
-    everywhere else. cudnn / xla / short force one (`short` keeps [L·H x L·G] float32 scores per row of the batch: short rows only)."""
+    everywhere else. cudnn / xla / short force one (`short` keeps [L·H x L·G] float32 scores per row of the
+    batch: short rows only)."""
     remat: Literal["none", "full", "attention", "dots", "auto"] = "none"
     """Rematerialization of each block: none, full (save only block inputs), attention (block inputs and
     cuDNN attention's output and softmax statistics: its forward does not run again; as full where the
@@ -176,7 +177,7 @@ class ModelConfig:
         if self.scan_unroll < 1:
             raise UserError(f"config key 'model.scan_unroll' must be >= 1 (1: a loop over the layers, n_layers: "
                             f"no loop), got {self.scan_unroll}")
-        if self.scan_layers and self.scan_unroll < self.n_layers and self.n_layers % self.scan_unroll:
+        if self.layer_loop and self.n_layers % self.scan_unroll:
             # jax would run the leftover layers outside the loop, where remat's CSE barrier is off (`layer_loop`)
             raise UserError(f"config key 'model.scan_unroll' ({self.scan_unroll}) must divide model.n_layers "
                             f"({self.n_layers}) or be at least it; set model.scan_unroll={self.n_layers} for no loop")
@@ -608,8 +609,9 @@ class TrainConfig:
     chunked (on several devices XLA would gather the kernels' inputs onto each)."""
     fused_ce_tiles: str = field(default="default", metadata=RESUME)
     """Block sizes and launch of the fused head + loss kernels: `default` (`core.tiles.DEFAULT_TILES`: the
-    forward 128 x 64, the two gradients 128 x 128, 8 warps and 3 stages each), or comma-separated changes, e.g. `fwd=256x64,dx=64x128w4s3` (KERNEL=BTxBV[wWARPS][sSTAGES],
-    KERNEL fwd, dx or dw; powers of 2 of at least 16). `scripts/fused_ce_check.py --tiles` times them on a
+    forward 128 x 64, the two gradients 128 x 128, 8 warps and 3 stages each), or comma-separated changes,
+    e.g. `fwd=256x64,dx=64x128w4s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or dw; powers of 2 of at
+    least 16). `scripts/fused_ce_check.py --tiles` times them on a
     GPU. Speed only: the loss is the same sum in another order."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""

@@ -30,10 +30,9 @@ them), and dw adds a per-program -inf column bias.
 The backward recomputes the logits (levanter's design) instead of storing them: 5 x 2 T K V FLOPs in all,
 no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x have zero gradient
 weight; zero rows of w sit beyond v_real), so the kernels need no masked loads. Tiles (`Tiles`, one per
-kernel in `core.tiles.KernelTiles`): BT = 128 and BV = 64 (forward) or 128 (gradients), 8 warps and 3 pipeline
-stages by default, which with K <= 256
-keeps x and w tiles in shared memory on sm_90 (~128 KB at K = 128); `supported(K)` says when the fused
-path applies. `scripts/fused_ce_check.py --tiles` times other tiles on a GPU.
+kernel in `core.tiles.KernelTiles`): BT = 128 and BV = 64 (forward) or 128 (gradients), 8 warps and 3
+pipeline stages by default, which with K <= 256 keeps x and w tiles in shared memory on sm_90 (~128 KB at
+K = 128); `supported(K)` says when the fused path applies. `scripts/fused_ce_check.py --tiles` times other tiles on a GPU.
 
 Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
 their inputs onto every device, so `loss.loss_kernel`'s `auto` keeps the chunked loss there (a

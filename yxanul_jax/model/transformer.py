@@ -182,8 +182,8 @@ def _dense(cfg: ModelConfig, backend, target: str, features: int, axes, std: flo
 
 
 def _fused_matmul(cfg: ModelConfig, backend, name: str, parts: tuple[str, ...]) -> Matmul:
-    """The GEMM of projections fused side by side (`model.fuse_projections`): FP8 when every part is an FP8
-    target (one state, one quantized input), else plain."""
+    """The GEMM of projections fused side by side (`model.fuse_projections`, `fuse_mlp`): FP8 when every part is
+    an FP8 target (one state, one quantized input), else plain."""
     fp8 = all(backend.for_target(t) is backend for t in parts) and backend.is_fp8
     return Matmul(backend if fp8 else backend.for_target("none"), DTYPES[cfg.dtype], name, name=name)
 
@@ -407,8 +407,8 @@ class SwiGLU(nn.Module):
         if fuse_mlp(c, self.backend):
             D, F = x_BxLxD.shape[-1], c.ffn_dim
             kernels = [Kernel(D, F, ("embed", "mlp"), c.init_std, name=t)() for t in ("gate", "up")]
-            gu_BxLx2F = Matmul(PLAIN, DTYPES[c.dtype], "gate_up", name="gate_up")(
-                x_BxLxD, jnp.concatenate(kernels, axis=1))
+            gu_BxLx2F = _fused_matmul(c, self.backend, "gate_up", ("gate", "up"))(x_BxLxD,
+                                                                                   jnp.concatenate(kernels, axis=1))
             h_BxLxF = swiglu(gu_BxLx2F[..., :F], gu_BxLx2F[..., F:])  # its gradient: one [N, 2F] write
         else:
             gate_BxLxF = _dense(c, self.backend, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
