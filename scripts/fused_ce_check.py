@@ -17,8 +17,9 @@ each gradient GEMM). A NaN fails.
 Timing (`--time-tokens`, each a separate shape): the median of `--iters` calls after 2 warm-ups of the
 forward alone and of forward + backward (value and both gradients), fused and chunked (the train step's
 `train.loss_kernel=chunked`: scan over `train.loss_chunk`-token chunks, float32 logits, remat). TFLOP/s
-counts 2 T K V per GEMM: 1 forward, 5 forward + backward (the fused backward recomputes the logits; the
-chunked one recomputes them under remat too). `efficiency` is fused forward + backward TFLOP/s over the
+counts 2 T K V per GEMM (`flop_multiple`): 1 forward, 4 forward + backward (the fused training forward's
+logits and softmax @ w, then dw's recomputed logits and gradient GEMM; the chunked loss recomputes its logits
+under remat: 4 as well). `efficiency` is fused forward + backward TFLOP/s over the
 device's dense BF16 peak (analysis/gpus.py): the number `analysis.perf.FUSED_CE_EFFICIENCY` assumes.
 
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
@@ -47,7 +48,13 @@ if str(ROOT) not in sys.path:
 
 VALUE_RTOL = 1e-5
 GRAD_RTOL = 2e-2
-FLOP_MULTIPLE = {"fwd": 1, "fwd+bwd": 5}
+
+
+def flop_multiple(mode: str) -> int:
+    """Multiples of 2 T K V a mode runs (`fused_ce.KERNELS`): the forward alone, or training's forward and dw."""
+    from yxanul_jax.model.fused_ce import KERNELS
+
+    return KERNELS["fused_ce_fwd"] if mode == "fwd" else KERNELS["fused_ce_fwd_dx"] + KERNELS["fused_ce_dw"]
 
 
 def _inputs(key, T: int, V: int, K: int, v_real: int):
@@ -195,7 +202,7 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
             except Exception as e:  # a set of tiles the GPU cannot run (shared memory): recorded, the sweep goes on
                 rows.append({**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]})
                 continue
-            tflops = FLOP_MULTIPLE[mode] * 2 * T * K * V / s / 1e12
+            tflops = flop_multiple(mode) * 2 * T * K * V / s / 1e12
             of_peak = None if peak is None else tflops * 1e12 / peak
             rows.append({**row, "ms": 1e3 * s, "tflops": tflops, "of_peak": of_peak})
     return rows

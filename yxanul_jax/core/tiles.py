@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 
-KERNELS = ("fwd", "dx", "dw")  # forward, input gradient, table gradient: the fields of `KernelTiles`
+KERNELS = ("fwd", "dx", "dw")  # forward, training forward (lse and the input gradient), table gradient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +32,14 @@ class Tiles:
 
 @dataclasses.dataclass(frozen=True)
 class KernelTiles:
-    """The tiles of the three kernels (module docstring): forward, input gradient, table gradient."""
+    """The tiles of the three kernels (`model.fused_ce`): the forward (evaluation), the training forward that also
+    forms the input gradient (`dx`), the table gradient."""
 
     # The forward in 64-row vocabulary blocks: 21.30 against 23.44 ms at 131,072 tokens (K 128), the fastest of
     # 19 sets, each checked against float32 (scripts/fused_ce_check.py --tiles; H200, jax 0.11.2, 2026-11-26,
-    # docs/bench/h200_2026-11-26_night/tiles). The backward kernels' defaults were the fastest of theirs.
+    # docs/bench/h200_2026-11-26_night/tiles). The backward kernels' defaults were the fastest of theirs; `dx`
+    # now drives the training forward (`fused_ce_fwd_dx`, the former input-gradient kernel's loop with an online
+    # max), whose tiles no GPU has swept yet.
     fwd: Tiles = Tiles(bv=64)
     dx: Tiles = Tiles()
     dw: Tiles = Tiles()
