@@ -102,7 +102,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
         return {**row, "skipped": str(e)}
     device = jax.devices()[0]
     cfg = with_stage_remat(cfg, stage, device)  # `remat: auto` as the step compiles it, for the planner's figure too
-    row["remat"] = cfg.model.remat
+    row["remat"], row["micro_split"] = cfg.model.remat, cfg.train.micro_split
     t0 = time.perf_counter()
     step = compile_stage(cfg, stage)
     row["compile_s"] = round(time.perf_counter() - t0, 2)

@@ -4,7 +4,7 @@
 # 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
 # (bash scripts/gpu_carry_kit.sh here first):
 #
-#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | short | proj | calibrate | fp8 | wgrad;
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad;
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
@@ -29,6 +29,10 @@
 # Plan proj (the seventh session's changes, each against what it replaced in the same call): stages 0 and 9 FP8 as
 # configured (no loop over the layers; remat auto then saves everything at stage 0) and with the loop, then, with
 # the loop, stage 9 BF16 with gate and up fused (model.fuse_mlp) and in two GEMMs, stage 9 FP8 with o in FP8.
+# Plan split (the eighth session's changes): the fused head + loss kernels (one forward walk of the logits forms lse and
+# the input gradient together) checked and timed, then stage 9 FP8 as configured (remat auto: `none` with each
+# micro-batch in 2 on an H100, train.micro_split) against the whole micro-batch with `attention` (the seventh
+# session's choice), then stage 1 likewise against `full`.
 # A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
@@ -37,7 +41,7 @@ cd "$(dirname "$0")/.."
 DEADLINE=${1:-540}
 PLAN=${2:-bench}
 PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
-case "$PLAN" in bench | ab | tiles | short | proj | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | short | proj | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
+case "$PLAN" in bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
 case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
 DEADLINE=$((10#$DEADLINE))  # "0540" is 540, not octal
 OUT=${OUT:-$PWD/lease}
@@ -150,6 +154,16 @@ print(parse_tiles(json.load(open(sys.argv[1]))["fastest_tiles"]["131072"]).spec(
       --out "$RES/s9_bf16_loop_unfused"
     step s9_fp8_loop_o_fp8 70 30 "${BENCH[@]}" "$LOOP" "$O_FP8" --stages 9 --precisions fp8-xla --no-torch \
       --out "$RES/s9_fp8_loop_o_fp8"
+    ;;
+  split)  # remat auto's split micro-batches against the whole ones with the policy it took before
+    step fused_ce 80 40 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
+      --json-out "$RES/fused_ce.json"
+    step s9_fp8 140 60 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
+    step s9_fp8_attention 140 60 "${BENCH[@]}" model.remat=attention --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_attention"
+    step s1_fp8 120 60 "${BENCH[@]}" --stages 1 --precisions fp8-xla --no-torch --out "$RES/s1_fp8"
+    step s1_fp8_full 120 60 "${BENCH[@]}" model.remat=full --stages 1 --precisions fp8-xla --no-torch \
+      --out "$RES/s1_fp8_full"
     ;;
   short)  # short_attention as batched GEMMs (auto, up to 32 tokens) against XLA's attention; 270m in one micro-batch
     for stage in 0 2 1; do

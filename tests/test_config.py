@@ -109,6 +109,7 @@ def test_unknown_yaml_key_and_bad_files(tmp_path):
 RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sample_tokens", "train.xla_options",
              "train.loss_kernel",  # the same sums by another kernel (tests/test_fused_ce.py)
              "train.fused_ce_tiles",  # the same sums in other blocks (tests/test_fused_ce.py, MIXED_TILES)
+             "train.micro_split",  # the same sums in smaller micro-batches (tests/test_steps.py)
              "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
              "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch", "monitor.",
              "train.extend", "optim.continue_",  # how a changed train.steps goes on (tests/test_schedule_extend.py)

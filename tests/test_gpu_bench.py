@@ -198,7 +198,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     bad = subprocess.run(["bash", "scripts/gpu_lease.sh", "60", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | tiles | short | proj | calibrate | fp8 | wgrad)"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad)"
     assert not (tmp_path / "lease.log").exists()  # refused before anything was written
     # every plan under a deadline too short for any step: each says so and still packs its results (the plans
     # run side by side, each with its own OUT)
@@ -209,7 +209,8 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
              "tiles": ("tiles_sweep",),
              "short": ("s0_fp8", "s0_fp8_xla_attention", "s2_fp8", "s1_fp8_xla_attention", "s0_fp8_prof",
                        "r270_s5_fp8-xla", "r270_s5_bf16"),
-             "proj": ("s0_fp8", "s0_fp8_loop", "s9_fp8", "s9_fp8_loop_o_fp8", "s9_bf16_loop_unfused")}
+             "proj": ("s0_fp8", "s0_fp8_loop", "s9_fp8", "s9_fp8_loop_o_fp8", "s9_bf16_loop_unfused"),
+             "split": ("fused_ce", "s9_fp8", "s9_fp8_attention", "s1_fp8", "s1_fp8_full")}
     procs = {plan: subprocess.Popen(["bash", "scripts/gpu_lease.sh", "12", plan], cwd=REPO,
                                     env={**env, "OUT": str(tmp_path / plan)}, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True) for plan in steps}

@@ -139,8 +139,12 @@ def test_auto_remat_saves_cudnn_attention_where_it_fits_and_only_block_inputs_el
     assert memory.estimate_stage(cfg, s9)["bytes_total"] == plans["full"]
     h100 = plan.build_plan(cfg, memory.parse_gpu("h100"), suggest=False)["stages"]
     rtx = plan.build_plan(cfg, memory.parse_gpu("rtx4090"), suggest=False)["stages"]
-    assert [s["remat"] for s in h100] == ["none"] + ["full"] * 2 + ["attention"] * 7
-    assert [s["remat"] for s in rtx] == ["full"] * 10  # 18.4 GB with attention > the 4090's 15.5 GB budget
+    # Without a loop `none` comes first, each micro-batch split in 2 or 4 where whole it does not fit
+    # (memory.AUTO_SPLITS): on an H100 every stage runs without recomputation
+    label = lambda stages: [memory.remat_label(s["remat"], s["micro_split"]) for s in stages]  # noqa: E731
+    assert label(h100) == ["none"] + ["none/2"] * 6 + ["none/4"] * 2 + ["none/2"]
+    assert label(rtx) == ["none/4"] + ["full"] * 9  # 22.1 GB for none/4 at stage 9 > the 4090's 15.5 GB budget
+    assert all(s["bytes_total"] <= memory.parse_gpu("h100").budget_bytes for s in h100)
     assert all(s["bytes_total_by_remat"]["attention"] >= s["bytes_total_by_remat"]["full"] for s in h100)
     # a train step resolves auto for the device it compiles for (here a CPU: XLA's attention; with the loop over
     # the layers, so that `none` is not a candidate whatever the host's memory)
@@ -148,6 +152,39 @@ def test_auto_remat_saves_cudnn_attention_where_it_fits_and_only_block_inputs_el
     assert memory.with_stage_remat(load_config(Y197, ["model.remat=dots"]), s9).model.remat == "dots"
     budget, platform = memory.device_budget()
     assert platform == "cpu" and budget > 0
+
+
+def test_auto_splits_the_micro_batch_where_that_lets_none_fit():
+    cfg = load_config(Y197)
+    s9 = cfg.curriculum[9]
+    none = {k: memory.estimate_stage(cfg, s9, remat="none", split=k)["bytes_total"] for k in memory.AUTO_SPLITS}
+    # the activations are the micro-batch's: half of them in 2 pieces, a quarter in 4
+    acts = {k: memory.estimate_stage(cfg, s9, remat="none", split=k)["activations"] for k in memory.AUTO_SPLITS}
+    assert acts[2] == acts[1] // 2 and acts[4] == acts[1] // 4
+    assert memory.stage_choice(cfg, s9, none[1]) == ("none", 1)
+    assert memory.stage_choice(cfg, s9, none[1] - 1) == ("none", 2)
+    assert memory.stage_choice(cfg, s9, none[2] - 1) == ("none", 4)
+    assert memory.stage_choice(cfg, s9, none[4] - 1) == ("attention", 1)  # only `none` is split
+    est = memory.estimate_stage(cfg, s9, budget=none[1] - 1)  # the planner plans what auto picks
+    assert (est["remat"], est["micro_split"], est["bytes_total"]) == ("none", 2, none[2])
+    # a split divides the micro-batch; one set by hand is the only one auto tries; with a loop over the layers
+    # `none` is not a candidate, so nothing is split
+    assert memory.stage_choice(cfg, dataclasses.replace(s9, batch_size=63), 10 ** 15) == ("none", 1)
+    assert memory.stage_choice(cfg, dataclasses.replace(s9, batch_size=63), none[2] - 1)[0] == "attention"
+    assert memory.stage_choice(load_config(Y197, ["train.micro_split=4"]), s9, none[1]) == ("none", 4)
+    assert memory.stage_choice(load_config(Y197, [LAYER_LOOP]), s9, none[4]) == ("attention", 1)
+    # layouts (plan's max batch, `largest_micro_batches`) are micro-batches a step runs whole: the largest is the
+    # one that fits with `full`, not 4 x what fits with none/4
+    budget = none[1] - 1
+    full = load_config(Y197, ["model.remat=full"])
+    assert memory.max_batch_size(cfg, s9, budget) == memory.max_batch_size(full, s9, budget) > s9.batch_size
+    with pytest.raises(UserError, match=r"train.micro_split' \(3\) must divide every stage's batch_size"):
+        load_config(Y197, ["train.micro_split=3"])
+    # what a step's FP8 GEMMs should be counts its pieces, and needs `auto` resolved first
+    resolved = load_config(Y197, ["model.remat=none", "train.micro_split=2"])
+    assert accounting.expected_fp8_gemms(resolved, 9)["total"] == 2 * 28 * 8
+    with pytest.raises(ValueError, match="model.remat resolved"):
+        accounting.expected_fp8_gemms(cfg, 9)
 
 
 def test_chunked_loss_is_what_lets_the_seeds_batch_fit_a_24gb_card():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from yxanul_jax.core.config import Config, FP8Config, StageConfig, TrainConfig
+from yxanul_jax.training.batch import split_micro_batches
 from yxanul_jax.training.steps import fp8_bootstrap_config, init_train_state, make_accumulate, make_eval_step, make_train_step
 
 from conftest import micro_model
@@ -44,6 +45,30 @@ def test_grad_accumulation_4x2_equals_batch_8():
     _, m4 = jax.jit(make_train_step(cfg, four))(state, small)
     np.testing.assert_allclose(float(m1["loss"]), float(m4["loss"]), rtol=1e-5)
     np.testing.assert_allclose(float(m1["grad_norm"]), float(m4["grad_norm"]), rtol=1e-5)
+
+
+def test_micro_split_runs_the_same_step_in_smaller_micro_batches():
+    # train.micro_split (set by remat: auto where it lets `none` fit): the loader's batch is unchanged, the step
+    # cuts each micro-batch in k (every k-th row), the sums are the same up to float rounding (float32, rtol 1e-5);
+    # the FP8 state is max-merged over the pieces, as over any micro-batches.
+    cfg = _cfg(FP8Config(amax_history_len=4))
+    state = init_train_state(cfg, jax.random.key(0))
+    batch = _batch(2, 4, 16, cfg.model.vocab_size)
+    stage = StageConfig(seq_len=16, batch_size=4, grad_accum_steps=2)
+    split = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_split=2))
+    s1, m1 = jax.jit(make_train_step(cfg, stage))(state, batch)
+    s2, m2 = jax.jit(make_train_step(split, stage))(state, batch)
+    for key in ("loss", "z_loss", "grad_norm", "step_tokens"):
+        np.testing.assert_allclose(float(m1[key]), float(m2[key]), rtol=1e-5, err_msg=key)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(s1.params), jax.tree_util.tree_leaves(s2.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(s1.fp8), jax.tree_util.tree_leaves(s2.fp8)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, err_msg=jax.tree_util.keystr(path))
+    # the pieces are every k-th row of each micro-batch, the rows of micro-batch a before those of a + 1
+    rows = jnp.arange(8 * 3).reshape(2, 4, 3)
+    cut = split_micro_batches({"inputs": rows}, 2)["inputs"]
+    assert cut.shape == (4, 2, 3) and cut[:, :, 0].tolist() == [[0, 6], [3, 9], [12, 18], [15, 21]]
+    assert split_micro_batches({"inputs": rows}, 1)["inputs"] is rows
 
 
 def test_fp8_state_is_max_merged_across_micro_batches():

@@ -141,7 +141,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
               "batch_size": stage.batch_size, "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": tokens,
               "platform": platform, "target": target, "device_kind": getattr(device, "device_kind", None),
               "attention": attention_implementation(cfg.model, platform, stage.seq_len), "remat": cfg.model.remat,
-              "xla_options": step_xla_options(cfg),
+              "micro_split": cfg.train.micro_split, "xla_options": step_xla_options(cfg),
               "fp8": {"enabled": cfg.fp8.active, "backend": cfg.fp8.backend, "targets": list(cfg.fp8.targets),
                       "te_layers": cfg.fp8.fused,
                       "scaling": cfg.fp8.scaling, **(fp8_summary(cfg) or {"gemm_form": None, "wgrad": None})},
@@ -187,9 +187,12 @@ def format_report(r: dict) -> str:
     if d["fp8_custom_calls"]:
         lines.append(f"(of the FP8 dots, {d['fp8_custom_calls']} are cuBLASLt FP8 GEMM custom calls)")
     if "gpu" in r:
+        from yxanul_jax.analysis.memory import remat_label
+
         g = r["gpu"]
         lines += ["", f"compiled for {r['device_kind']} (--target {r['target']}, deviceless; XLA options "
-                      f"{r['xla_options'] or 'default'}; attention {r['attention']}; remat {r['remat']}"
+                      f"{r['xla_options'] or 'default'}; attention {r['attention']}; remat "
+                      f"{remat_label(r['remat'], r['micro_split'])}"
                       + (f"; FP8 GEMM form {r['fp8']['gemm_form']})" if r["fp8"]["gemm_form"] else ")"),
                   f"{'GEMMs by kind':<20}{'in HLO':>10}{'executed':>10}"]
         for kind, row in g["gemm_kinds"].items():

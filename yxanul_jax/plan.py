@@ -59,8 +59,8 @@ def _stage_report(cfg: Config, i: int, stage: StageConfig, gpu: memory.Gpu, stat
     by_remat = {r: memory.estimate_stage(cfg, stage, remat=r, state=state) for r in REMAT_COLUMNS}
     return {"stage": i, "start_step": stage.start_step, "seq_len": stage.seq_len, "batch_size": stage.batch_size,
             "grad_accum_steps": stage.grad_accum_steps, "tokens_per_step": stage.tokens_per_step,
-            "remat": est["remat"],
-            "bytes": {k: v for k, v in est.items() if k not in ("bytes_total", "phase", "remat")},
+            "remat": est["remat"], "micro_split": est["micro_split"],
+            "bytes": {k: v for k, v in est.items() if k not in ("bytes_total", "phase", "remat", "micro_split")},
             "peak_phase": est["phase"], "bytes_total": est["bytes_total"],
             "activations_by_remat": {r: e["activations"] for r, e in by_remat.items()},
             "bytes_total_by_remat": {r: e["bytes_total"] for r, e in by_remat.items()},
@@ -141,11 +141,13 @@ def format_plan(plan: dict) -> str:
                   f"{'max batch':>10}{'fits':>6}"]
     for s in plan["stages"]:
         b = s["bytes"]
+        remat = memory.remat_label(s["remat"], s["micro_split"])
         lines.append(f"{s['stage']:<6}{s['seq_len']:>6}{s['batch_size']:>7}{s['grad_accum_steps']:>6}"
-                     f"{s['tokens_per_step']:>12,}{s['remat']:>10}{s['activations_by_remat']['none'] / GB:>10.2f}"
+                     f"{s['tokens_per_step']:>12,}{remat:>10}{s['activations_by_remat']['none'] / GB:>10.2f}"
                      f"{b['activations'] / GB:>8.2f}{b['logits'] / GB:>8.2f}{b['working'] / GB:>10.2f}"
                      f"{s['bytes_total'] / GB:>10.2f}{s['max_batch_size']:>10,}{'yes' if s['fits'] else 'NO':>6}")
-    lines.append("(GB = 1e9 bytes; remat = the stage's policy (model.remat, `auto` chosen for this GPU); act = "
+    lines.append("(GB = 1e9 bytes; remat = the stage's policy (model.remat, `auto` chosen for this GPU; `/k`: each "
+                 "micro-batch run as k smaller ones, train.micro_split); act = "
                  "activations saved for the backward pass; the peak adds the larger of 'logits' and 'layer bwd' to "
                  "the state, batch and activations)")
     faster = plan.get("faster")

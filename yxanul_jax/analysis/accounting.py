@@ -182,14 +182,16 @@ def expected_fp8_gemms(cfg: Config, stage_index: int) -> dict[str, int]:
     only feeds the block's output (nothing of the block's backward needs it, so XLA drops it). The
     head runs once per loss chunk, and its chunk is rematerialized (forward again in the backward).
     """
-    stage = cfg.curriculum[stage_index]
+    if cfg.model.remat == "auto":  # what it recomputes depends on the device: `memory.with_stage_remat` first
+        raise ValueError("expected_fp8_gemms needs model.remat resolved for the stage (memory.with_stage_remat)")
+    stage = cfg.curriculum[stage_index].split(cfg.train.micro_split)  # the micro-batches the step runs
     a = stage.grad_accum_steps
     gemm_list = fp8_gemms(cfg.model, cfg.fp8)
     layer = [t for t, _, _ in gemm_list if t != "head"]
     head = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk) if any(
         t == "head" for t, _, _ in gemm_list) else 0
     L = cfg.model.n_layers
-    recomputes = cfg.model.remat in ("full", "attention", "auto")  # auto: resolved per stage first (analyze)
+    recomputes = cfg.model.remat in ("full", "attention")
     recompute_layer = len([t for t in layer if t != "down"]) if recomputes else 0
     bf16_wgrad = cfg.fp8.native and cfg.fp8.wgrad == "bf16"  # our weight gradients in BF16: none in FP8
     out = {"forward": a * (L * len(layer) + head), "recompute": a * (L * recompute_layer + head),

@@ -259,7 +259,8 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
 
 
 def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", remat: str | None = None,
-                   state: dict | None = None, cal: Calibration | None = None, budget: int | None = None) -> dict:
+                   state: dict | None = None, cal: Calibration | None = None, budget: int | None = None,
+                   split: int | None = None) -> dict:
     """Bytes of one stage's compiled train step, by component (all ints, JSON-ready).
 
     Keys: weights, gradients (float32 copies alive at the peak), optimizer, fp8_state, batch,
@@ -267,14 +268,18 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     (the chunked loss's logits and their gradient), other (embedding-gradient copies, hidden-state
     buffers, the step counter), temp, bytes_total (the peak), phase ('loss' or 'layer': the part of the
     backward pass that sets the peak; only that phase's `logits` or `working` counts in the total), remat (the
-    policy planned: `auto` resolved).
+    policy planned: `auto` resolved), micro_split (the micro-batch's split: `train.micro_split`, or `auto`'s).
     `remat` overrides model.remat; `state` reuses `state_bytes(cfg)` across calls; `budget` (bytes) is what
-    `remat: auto` chooses for (`stage_remat`).
+    `remat: auto` chooses for (`stage_choice`); `split` overrides train.micro_split (with `auto`: the only split
+    it may choose).
     """
     m = cfg.model
     cal = cal or (GPU_CALIBRATION if platform == "gpu" else CALIBRATION)
     st = state if state is not None else state_bytes(cfg)
-    remat = remat or stage_remat(cfg, stage, budget, platform, st)
+    if remat is None:
+        remat, split = stage_choice(cfg, stage, budget, platform, st, split)
+    split = cfg.train.micro_split if split is None else split
+    stage = stage.split(split)
     P = st["weights"] // 4
     a = _dtype_bytes(m.dtype)
     N = stage.batch_size * stage.seq_len
@@ -322,7 +327,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
         "weights": st["weights"], "gradients": g_live * grads, "optimizer": st["optimizer"],
         "fp8_state": st["fp8_state"], "batch": batch, "activations": saved, "working": N * w_layer,
         "logits": logits, "other": other + st["misc_state"], "temp": temp, "bytes_total": total}.items()} | {
-        "phase": phase, "remat": remat}
+        "phase": phase, "remat": remat, "micro_split": split}
 
 
 # `transformer.short_attention` holds its float32 [L*H x L*G] scores per row of the batch (G times the L x H
@@ -340,24 +345,45 @@ AUTO_REMAT = ("attention", "full")
 # it fits: analyze --target h100, yxanul-197m FP8, jax 0.10.2, 2026-11-27: stage 0 `none` 224.5 ms (XLA's peak
 # 40.8 GB, planned 41.2) against `full` 265.6 in the loop; stage 9 `attention` 597.6 (19.1 GB) against 619.3.
 AUTO_REMAT_UNROLLED = ("none", "attention", "full")
+# ... and `none` may run each micro-batch in 2 or 4 (`train.micro_split`) where whole it does not fit: a step without
+# recomputation in smaller micro-batches beats one that recomputes. analyze --target h100, yxanul-197m stage 9
+# (64 rows of 2,048), jax 0.10.2, 2026-11-27, after the fused CE's single forward: FP8 `none` in 2 micro-batches
+# 530.7 ms (XLA's peak 39.7 GB, planned 40.3), in 4: 549.2 (21.5 GB, planned 22.1), against `attention` whole
+# 577.3 (in 2: 595.8: a split costs ~18 ms there, so the other policies are not split); BF16 `none` in 2: 534.6.
+AUTO_SPLITS = (1, 2, 4)
 
 
-def stage_remat(cfg: Config, stage: StageConfig, budget: int | None, platform: Platform = "gpu",
-                state: dict | None = None) -> str:
-    """The remat policy `stage`'s train step runs with: model.remat, or for `auto` the first of `AUTO_REMAT`
-    (`AUTO_REMAT_UNROLLED` without a loop over the layers) whose planned peak fits `budget` bytes (without a
-    budget, the last: the one that saves the most memory).
-    `attention` is `full` where the stage's attention is not cuDNN's, and is then named so."""
+def stage_choice(cfg: Config, stage: StageConfig, budget: int | None, platform: Platform = "gpu",
+                 state: dict | None = None, split: int | None = None) -> tuple[str, int]:
+    """(remat policy, micro-batch split) `stage`'s train step runs with: model.remat and train.micro_split, or for
+    `auto` the first of `AUTO_REMAT` (`AUTO_REMAT_UNROLLED` without a loop over the layers, `none` split by each of
+    `AUTO_SPLITS` in turn that divides the stage's batch_size) whose planned peak fits `budget` bytes (without a
+    budget, the last policy: the one that saves the most memory). `split` given, or train.micro_split set (not 1):
+    that split only. `attention` is `full` where the stage's attention is not cuDNN's, and is then named so."""
     if cfg.model.remat != "auto":
-        return cfg.model.remat
+        return cfg.model.remat, cfg.train.micro_split if split is None else split
+    fixed = split if split is not None else (cfg.train.micro_split if cfg.train.micro_split != 1 else None)
     cudnn = platform == "gpu" and attention_implementation(cfg.model, "gpu", stage.seq_len) == "cudnn"
     order = AUTO_REMAT if cfg.model.layer_loop else AUTO_REMAT_UNROLLED
     for policy in order[:-1]:
         if policy == "attention" and not cudnn:
             continue
-        if budget is not None and estimate_stage(cfg, stage, platform, policy, state)["bytes_total"] <= budget:
-            return policy
-    return order[-1]
+        for k in (fixed,) if fixed is not None else AUTO_SPLITS if policy == "none" else (1,):
+            if budget is not None and stage.batch_size % k == 0 and \
+                    estimate_stage(cfg, stage, platform, policy, state, split=k)["bytes_total"] <= budget:
+                return policy, k
+    return order[-1], fixed or 1
+
+
+def remat_label(remat: str, split: int) -> str:
+    """A stage's policy and split in words for tables and logs: `none`, or `none/2` (each micro-batch run in 2)."""
+    return remat if split == 1 else f"{remat}/{split}"
+
+
+def stage_remat(cfg: Config, stage: StageConfig, budget: int | None, platform: Platform = "gpu",
+                state: dict | None = None) -> str:
+    """The remat policy of `stage_choice`."""
+    return stage_choice(cfg, stage, budget, platform, state)[0]
 
 
 def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int | None, Platform]:
@@ -388,33 +414,38 @@ def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int 
 
 
 def with_stage_remat(cfg: Config, stage: StageConfig, device=None) -> Config:
-    """`cfg` with model.remat as `stage` runs it on `device` (`stage_remat` within `device_budget`)."""
+    """`cfg` with model.remat and train.micro_split as `stage` runs them on `device` (`stage_choice` within
+    `device_budget`)."""
     if cfg.model.remat != "auto":
         return cfg
     budget, platform = device_budget(device)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model,
-                                                              remat=stage_remat(cfg, stage, budget, platform)))
+    remat, split = stage_choice(cfg, stage, budget, platform)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat),
+                               train=dataclasses.replace(cfg.train, micro_split=split))
 
 
 def max_batch_size(cfg: Config, stage: StageConfig, budget: int, platform: Platform = "gpu",
                    state: dict | None = None, limit: int = 1 << 20) -> int:
-    """Largest micro-batch (rows) of `stage` whose estimate fits `budget` bytes; 0 if not even 1 row."""
+    """Largest micro-batch (rows, a multiple of train.micro_split) of `stage` whose estimate fits `budget` bytes,
+    split as train.micro_split says (never more: `auto`'s own splits are a step's way to run a layout, not a
+    layout); 0 if not even the smallest does."""
     st = state if state is not None else state_bytes(cfg)
+    k = cfg.train.micro_split
 
-    def fits(b: int) -> bool:
-        rows = dataclasses.replace(stage, batch_size=b)
-        return estimate_stage(cfg, rows, platform, state=st, budget=budget)["bytes_total"] <= budget
+    def fits(units: int) -> bool:
+        rows = dataclasses.replace(stage, batch_size=units * k)
+        return estimate_stage(cfg, rows, platform, state=st, budget=budget, split=k)["bytes_total"] <= budget
 
     if not fits(1):
         return 0
     lo, hi = 1, 2
-    while hi <= limit and fits(hi):
+    while hi * k <= limit and fits(hi):
         lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
+    hi = min(hi, limit // k + 1)
     while hi - lo > 1:  # fits(lo), not fits(hi)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return lo * k
 
 
 # --------------------------------------------------------------------------------------------
@@ -431,12 +462,12 @@ def _largest_fitting(cfg: Config, s: StageConfig, budget: int, platform: Platfor
                      above: int = 0) -> StageConfig | None:
     """`s` with the largest micro-batch above `above` rows that fits `budget`, among the divisors of its rows per
     step (grad_accum_steps set so tokens per step stay the same); None when none does."""
-    rows = s.batch_size * s.grad_accum_steps
+    rows, k = s.batch_size * s.grad_accum_steps, cfg.train.micro_split
     cap = max(1, max_batch_size(cfg, s, budget, platform, state=st))  # prunes the divisor scan
     for b in _divisors(rows):  # largest first
-        if above < b <= cap:
+        if above < b <= cap and b % k == 0:
             new = dataclasses.replace(s, batch_size=b, grad_accum_steps=rows // b)
-            if estimate_stage(cfg, new, platform, state=st, budget=budget)["bytes_total"] <= budget:
+            if estimate_stage(cfg, new, platform, state=st, budget=budget, split=k)["bytes_total"] <= budget:
                 return new
     return None
 
@@ -448,12 +479,13 @@ def _fit_batches(cfg: Config, budget: int, platform: Platform) -> tuple[Config, 
     st = state_bytes(cfg)
     stages, ok = [], True
     for s in cfg.curriculum:
-        if estimate_stage(cfg, s, platform, state=st, budget=budget)["bytes_total"] <= budget:
+        k = cfg.train.micro_split
+        if estimate_stage(cfg, s, platform, state=st, budget=budget, split=k)["bytes_total"] <= budget:
             stages.append(s)
             continue
         new = _largest_fitting(cfg, s, budget, platform, st)
         ok &= new is not None
-        stages.append(new or dataclasses.replace(s, batch_size=1, grad_accum_steps=s.batch_size * s.grad_accum_steps))
+        stages.append(new or dataclasses.replace(s, batch_size=k, grad_accum_steps=s.batch_size * s.grad_accum_steps // k))
     return dataclasses.replace(cfg, curriculum=tuple(stages)), ok
 
 

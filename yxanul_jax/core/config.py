@@ -107,8 +107,9 @@ class ModelConfig:
     """Rematerialization of each block: none, full (save only block inputs), attention (block inputs and
     cuDNN attention's output and softmax statistics: its forward does not run again; as full where the
     attention is XLA's), dots (save matmul outputs without batch dims), auto (per stage, the fastest of
-    `memory.AUTO_REMAT` (or, without a loop over the layers, `memory.AUTO_REMAT_UNROLLED`: `none` first) whose
-    planned peak fits the device's memory: `memory.stage_remat`)."""
+    `memory.AUTO_REMAT` (or, without a loop over the layers, `memory.AUTO_REMAT_UNROLLED`: `none` first, with each
+    micro-batch run in 2 or 4 where whole it does not fit: `train.micro_split`) whose planned peak fits the device's
+    memory: `memory.stage_choice`)."""
     scan_layers: bool = field(default=False, metadata=WEIGHTS)
     """Run the blocks with `nn.scan`: their parameters stacked [n_layers, ...]; with `scan_unroll: 1`, one
     compiled layer in a loop (much faster compiles for deep models)."""
@@ -279,6 +280,12 @@ class StageConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.batch_size * self.grad_accum_steps
+
+    def split(self, k: int) -> "StageConfig":
+        """The stage as a train step runs it with each micro-batch cut into k (`train.micro_split`): k times the
+        micro-batches of 1/k the rows, the same rows per step (`training.batch.split_micro_batches`)."""
+        return self if k == 1 else dataclasses.replace(self, batch_size=self.batch_size // k,
+                                                       grad_accum_steps=self.grad_accum_steps * k)
 
     def check(self, i: int, max_position: int) -> None:
         """The rules of stage `i` on its own (their order is `check_curriculum`'s)."""
@@ -615,6 +622,11 @@ class TrainConfig:
     GPU. Speed only: the loss is the same sum in another order."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
+    micro_split: int = field(default=1, metadata=RESUME)
+    """Each micro-batch run as this many smaller ones inside the step (every k-th row of it: the loader, the data
+    and the sums are unchanged, the float rounding is not): must divide every stage's batch_size. `model.remat:
+    auto` sets it per stage, from 1, to 2 or 4 where that lets `none` fit the device (memory.AUTO_SPLITS): a step
+    without recomputation in more, smaller micro-batches is predicted faster than one that recomputes."""
     sample_prompt: str = field(default="def ", metadata=RESUME)
     """Prompt of the short sample printed when a run finishes (the demo corpus is Python source)."""
     sample_tokens: int = field(default=48, metadata=RESUME)
@@ -633,6 +645,8 @@ class TrainConfig:
             raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
         if self.seed < 0 or self.z_loss < 0:
             raise UserError(f"config keys 'train.seed' ({self.seed}) and 'train.z_loss' ({self.z_loss}) must be >= 0")
+        if self.micro_split < 1:
+            raise UserError(f"config key 'train.micro_split' must be >= 1, got {self.micro_split}")
         try:
             parse_tiles(self.fused_ce_tiles)
         except ValueError as e:
@@ -698,6 +712,11 @@ def validate(cfg: Config) -> Config:
     cfg.eval.check(cfg.model.max_position)
     for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint, cfg.profile):
         section.check()
+    k = cfg.train.micro_split
+    if (bad := next((i for i, s in enumerate(cfg.curriculum) if s.batch_size % k), None)) is not None:
+        raise UserError(f"config key 'train.micro_split' ({k}) must divide every stage's batch_size, but "
+                        f"curriculum.{bad}.batch_size is {cfg.curriculum[bad].batch_size}; set train.micro_split=1 "
+                        "(or leave it to model.remat=auto)")
     if cfg.fp8.native and cfg.fp8.gemm_form == "dequant" and triton_gemm_asked(cfg.train.xla_options):
         raise UserError(f"fp8.gemm_form=dequant needs Triton GEMMs off, but train.xla_options.{TRITON_GEMM_OPTION} is "
                         f"{cfg.train.xla_options[TRITON_GEMM_OPTION]}: its FP8 GEMMs would run in BF16; drop that option "

@@ -54,3 +54,17 @@ class BatchSpec:
         depend on the text)."""
         tokens = jax.random.randint(jax.random.key(seed), (*self.shape[:-1], self.seq_len + 1), 0, vocab_size)
         return {"inputs": tokens[..., :-1], "targets": tokens[..., 1:], "mask": jnp.ones(self.shape, jnp.float32)}
+
+
+def split_micro_batches(batch: dict, k: int) -> dict:
+    """A step's [A, B, L] batch as [A * k, B / k, L] (`train.micro_split`): micro-batch a * k + j holds rows j, j + k,
+    j + 2k, ... of micro-batch a, so that rows sharded over devices in contiguous blocks stay on their device
+    (each block of B / devices rows splits in k where k divides it)."""
+    if k == 1:
+        return batch
+
+    def split(x):
+        A, B = x.shape[:2]
+        return x.reshape(A, B // k, k, *x.shape[2:]).swapaxes(1, 2).reshape(A * k, B // k, *x.shape[2:])
+
+    return {name: split(x) for name, x in batch.items()}

@@ -306,7 +306,8 @@ def _describe(ctx: RunContext, run_dir: str) -> str:
     cfg = ctx.cfg
     attention = _by_stage(cfg, lambda s: attention_implementation(cfg.model, seq_len=s.seq_len))
     attention += " (auto)" if cfg.model.attention == "auto" else ""
-    remat = _by_stage(cfg, lambda s: memory.with_stage_remat(cfg, s).model.remat)
+    remat = _by_stage(cfg, lambda s: memory.remat_label((r := memory.with_stage_remat(cfg, s)).model.remat,
+                                                        r.train.micro_split))
     remat += " (auto)" if cfg.model.remat == "auto" else ""
     fp8 = f"{cfg.fp8.backend} ({cfg.fp8.scaling})" if cfg.fp8.active else "off"
     return (f"model {cfg.model.name}: {accounting.param_count(cfg):,} parameters, attention {attention}, remat "

@@ -3,9 +3,9 @@
 The train state is `TrainState`, defined here once (a pytree; what Orbax saves, what the mesh
 shards, what every step takes and returns).
 
-A batch is `batch.BatchSpec`'s dict of [A, B, L] arrays (A micro-batches accumulated by `lax.scan`).
-Losses and gradients are sums over tokens until the very end, so 4 x 2 accumulation equals one
-batch of 8 up to float rounding.
+A batch is `batch.BatchSpec`'s dict of [A, B, L] arrays (A micro-batches accumulated by `lax.scan`; each cut
+in train.micro_split inside the step). Losses and gradients are sums over tokens until the very end, so 4 x 2
+accumulation equals one batch of 8 up to float rounding.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import dense_backend
 from yxanul_jax.model.loss import chunked_cross_entropy, loss_kernel, masked_sums, n_chunks
 from yxanul_jax.model.transformer import Yxanul, init_variables, join_head_state, split_head_state
+from yxanul_jax.training.batch import split_micro_batches
 from yxanul_jax.training.optim import clip_by_global_norm, lr_schedule, make_optimizer
 
 
@@ -155,16 +156,17 @@ def make_train_step(cfg: Config, stage: StageConfig, device=None):
     jit once per stage. `batch` is `BatchSpec.of(stage)`'s dict (`training/batch.py`). `stage` gives the
     shapes and the clip; the learning rate is `cfg`'s schedule at `state.step`, whose per-stage `lr_scale`
     and warmup come from `cfg.curriculum` by step number, so a stage that is not in `cfg.curriculum`
-    changes no lr. `model.remat: auto` is chosen for this stage within `device`'s memory
-    (`memory.with_stage_remat`; default: this process's first device)."""
+    changes no lr. `model.remat: auto` (and with it train.micro_split) is chosen for this stage within `device`'s
+    memory (`memory.with_stage_remat`; default: this process's first device)."""
     cfg = memory.with_stage_remat(cfg, stage, device)
     optimizer = make_optimizer(cfg)
     schedule = lr_schedule(cfg)
-    accumulate = make_accumulate(cfg, stage)
+    split = cfg.train.micro_split
+    accumulate = make_accumulate(cfg, stage.split(split))
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         params = state.params
-        grads, new_fp8, nll, z = accumulate(params, state.fp8, batch)
+        grads, new_fp8, nll, z = accumulate(params, state.fp8, split_micro_batches(batch, split))
         n_tokens = jnp.maximum(jnp.sum(batch["mask"]), 1.0)
         with jax.named_scope(scopes.OPTIMIZER):
             grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
