@@ -64,6 +64,10 @@ def test_micro_split_runs_the_same_step_in_smaller_micro_batches():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(s1.fp8), jax.tree_util.tree_leaves(s2.fp8)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, err_msg=jax.tree_util.keystr(path))
+    # ... and the step does run 4 pieces: its scan over micro-batches is 4 long, not 2
+    scans = lambda c: [e.params["length"] for e in jax.make_jaxpr(make_train_step(c, stage))(state, batch).eqns  # noqa: E731
+                       if e.primitive.name == "scan"]
+    assert scans(cfg) == [2] and scans(split) == [4]
     # the pieces are every k-th row of each micro-batch, the rows of micro-batch a before those of a + 1
     rows = jnp.arange(8 * 3).reshape(2, 4, 3)
     cut = split_micro_batches({"inputs": rows}, 2)["inputs"]

@@ -229,6 +229,28 @@ def test_train_as_a_library_call_has_a_pulse(fast_run):
     assert [r["step"] for r in rows(run, "val/mean/loss")] == [6, 12]
 
 
+def test_a_run_with_split_micro_batches_trains_the_same_losses(tmp_path):
+    # train.micro_split (what remat: auto sets where it lets `none` fit): the same rows per step, each micro-batch cut
+    # in 2 inside the step; float32 without FP8, so the losses agree to float rounding (rtol 1e-5)
+    import contextlib
+    import io
+
+    from yxanul_jax.training.loop import fit as train_fn
+
+    base = FAST + ["train.steps=8", "eval.interval=0", "checkpoint.interval=0", "model.dtype=float32",
+                   "fp8.enabled=false"]
+    losses, logs = {}, {}
+    for k in (1, 2):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            train_fn(load_config(None, base + [f"train.micro_split={k}"]), str(tmp_path / f"split{k}"))
+        losses[k], logs[k] = [r["loss"] for r in rows(str(tmp_path / f"split{k}"))], out.getvalue()
+    assert len(losses[1]) == 8 and losses[1][-1] < losses[1][0]
+    np.testing.assert_allclose(losses[2], losses[1], rtol=1e-5)
+    assert "each micro-batch run as 2 of 4 rows (train.micro_split)" in logs[2] and "run as" not in logs[1]
+    assert "stage 1 from step 6: seq_len 64 x batch 4 x accum 1, each micro-batch run as 2 of 2 rows" in logs[2]
+
+
 def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(tmp_path):
     from yxanul_jax.training.loop import Loop
     from yxanul_jax.training.session import RunContext

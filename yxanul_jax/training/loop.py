@@ -177,8 +177,10 @@ class Loop:
 
     def _enter_stage(self, si: int, step: int) -> None:
         cfg, stage = self.cfg, self.cfg.curriculum[si]
+        k = memory.with_stage_remat(cfg, stage).train.micro_split
+        pieces = f", each micro-batch run as {k} of {stage.batch_size // k} rows (train.micro_split)" if k > 1 else ""
         console.info(f"stage {si} from step {step}: seq_len {stage.seq_len} x batch {stage.batch_size} "
-                     f"x accum {stage.grad_accum_steps}" + (f" ({stage.description})" if stage.description else ""))
+                     f"x accum {stage.grad_accum_steps}{pieces}" + (f" ({stage.description})" if stage.description else ""))
         if si + 1 < len(cfg.curriculum) and cfg.curriculum[si + 1].start_step < cfg.train.steps:
             self.compiler.prefetch(si + 1)  # compile the next stage while this one trains
 
