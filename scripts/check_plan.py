@@ -22,7 +22,7 @@ import time
 import jax
 
 from yxanul_jax.analysis.gpu_target import gpu_config
-from yxanul_jax.analysis.memory import estimate_stage, with_stage_remat
+from yxanul_jax.analysis.memory import estimate_stage, remat_label, with_stage_remat
 from yxanul_jax.core.config import load_config
 from yxanul_jax.training.stages import compile_stage, compiled_memory
 
@@ -66,6 +66,7 @@ def main() -> None:
             err = (est["bytes_total"] - xla["peak_bytes"]) / xla["peak_bytes"]
             row = {"config": path, "stage": i, "seq_len": stage.seq_len, "batch_size": stage.batch_size,
                    "grad_accum_steps": stage.grad_accum_steps, "remat": here.model.remat,
+                   "micro_split": here.train.micro_split,
                    "scan_layers": cfg.model.scan_layers, "fp8": cfg.fp8.active, **xla,
                    "plan_bytes": est["bytes_total"], "plan_phase": est["phase"], "error": round(err, 4)}
             gpu_cols = ""
@@ -73,13 +74,13 @@ def main() -> None:
                 on_gpu = with_stage_remat(gpu_config(cfg, stage.seq_len), stage, device)
                 g = compiled_peak(on_gpu, stage, device)
                 g_est = estimate_stage(on_gpu, stage, platform="gpu")["bytes_total"]
-                row["gpu_remat"] = on_gpu.model.remat
+                row["gpu_remat"], row["gpu_micro_split"] = on_gpu.model.remat, on_gpu.train.micro_split
                 g_err = (g_est - g["peak_bytes"]) / g["peak_bytes"]
                 row["gpu"] = {**g, "target": args.target, "plan_bytes": g_est, "error": round(g_err, 4)}
                 gpu_cols = f"{g['peak_bytes'] / GB:>11.3f}{g_est / GB:>9.3f}{100 * g_err:>+7.1f}%"
             rows.append(row)
             print(f"{path.split('/')[-1]:<24}{i:>6}{stage.seq_len:>6}{stage.batch_size:>7}{stage.grad_accum_steps:>6}"
-                  f"{here.model.remat:>10}{xla['peak_bytes'] / GB:>11.3f}{est['bytes_total'] / GB:>9.3f}"
+                  f"{remat_label(here.model.remat, here.train.micro_split):>10}{xla['peak_bytes'] / GB:>11.3f}{est['bytes_total'] / GB:>9.3f}"
                   f"{100 * err:>+7.1f}%{gpu_cols}{xla['compile_seconds']:>10}", flush=True)
     worst = max(abs(r["error"]) for r in rows)
     worst_gpu = max((abs(r["gpu"]["error"]) for r in rows if "gpu" in r), default=None)

@@ -11,8 +11,8 @@ GPU the kernels compile through Triton; on a CPU they run in Pallas interpret mo
 Check (a small ragged case, then `--check-tokens` at the config's shape; fresh random inputs, a ragged last block, 20 % of tokens masked, z-loss 1e-4):
 lse and target logit, the loss, and both gradients against `fused_ce.reference` in float32, as
 |a - b| / |b| over the whole array (norms). Bounds: lse/target/loss 1e-5 (float32 accumulation of BF16
-products, the same products in another order), gradients 2e-2 (the kernels round dlogits to BF16 before
-each gradient GEMM). A NaN fails.
+products, the same products in another order), gradients 2e-2 (the kernels round the softmax (input gradient)
+or dlogits (table gradient) to BF16 before the GEMM that uses it). A NaN fails.
 
 Timing (`--time-tokens`, each a separate shape): the median of `--iters` calls after 2 warm-ups of the
 forward alone and of forward + backward (value and both gradients), fused and chunked (the train step's

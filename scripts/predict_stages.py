@@ -41,6 +41,7 @@ def predict_cell(config: str, stage: int, precision: str, target: str, overrides
             "tokens_per_s": p["predicted_tokens_per_s"], "mfu": p["predicted_mfu"], "hlo_flops": p["hlo_flops"],
             "model_flops": p["model_flops"], "categories": {k: v["ms"] for k, v in p["categories"].items()},
             "xla_peak_bytes": r["memory"]["peak_bytes"], "attention": r["attention"], "remat": r["remat"],
+            "micro_split": r["micro_split"],
             "calibration": p["calibration"]}
 
 

@@ -51,7 +51,8 @@ def test_micro_split_runs_the_same_step_in_smaller_micro_batches():
     # train.micro_split (set by remat: auto where it lets `none` fit): the loader's batch is unchanged, the step
     # cuts each micro-batch in k (every k-th row), the sums are the same up to float rounding (float32, rtol 1e-5);
     # the FP8 state is max-merged over the pieces, as over any micro-batches.
-    cfg = _cfg(FP8Config(amax_history_len=4))
+    # The FP8 head runs in loss chunks of 40 tokens: 2 per micro-batch of 64 tokens, 1 per piece of 32.
+    cfg = _cfg(FP8Config(amax_history_len=4, targets=("q", "k", "v", "o", "gate", "up", "down", "head")))
     state = init_train_state(cfg, jax.random.key(0))
     batch = _batch(2, 4, 16, cfg.model.vocab_size)
     stage = StageConfig(seq_len=16, batch_size=4, grad_accum_steps=2)

@@ -309,9 +309,10 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     logits = k_l * chunk * m.padded_vocab
     if loss_kernel(cfg.train.loss_kernel, m, cfg.fp8, platform) == "fused":
         # The fused kernels keep no logits: float32 lse, target logit and their gradients per token, the
-        # head input x and its gradient (a N K each), the table's compute-dtype copy and its float32 gradient.
+        # head input x and its gradient (a N K each), the training forward's float32 a = softmax @ w (4 N K), the
+        # table's compute-dtype copy and its float32 gradient.
         K = m.head_width
-        logits = 4 * 4 * N + 2 * a * N * K + (a + 4) * m.padded_vocab * K
+        logits = 4 * 4 * N + (2 * a + 4) * N * K + (a + 4) * m.padded_vocab * K
     grads = 4 * P
     if stage.grad_accum_steps > 1:  # the accumulator and this micro-batch's gradient are both alive
         grads += cal.g_accum * 4 * P
@@ -355,15 +356,18 @@ AUTO_SPLITS = (1, 2, 4)
 
 
 def stage_choice(cfg: Config, stage: StageConfig, budget: int | None, platform: Platform = "gpu",
-                 state: dict | None = None, split: int | None = None) -> tuple[str, int]:
+                 state: dict | None = None, split: int | None = None, devices: int = 1) -> tuple[str, int]:
     """(remat policy, micro-batch split) `stage`'s train step runs with: model.remat and train.micro_split, or for
     `auto` the first of `AUTO_REMAT` (`AUTO_REMAT_UNROLLED` without a loop over the layers, `none` split by each of
     `AUTO_SPLITS` in turn that divides the stage's batch_size) whose planned peak fits `budget` bytes (without a
     budget, the last policy: the one that saves the most memory). `split` given, or train.micro_split set (not 1):
-    that split only. `attention` is `full` where the stage's attention is not cuDNN's, and is then named so."""
+    that split only. On several `devices` `auto` does not split (the budget is planned as if one device held the
+    whole micro-batch, so a split there is rarely needed, and each piece would gather FSDP's weights again).
+    `attention` is `full` where the stage's attention is not cuDNN's, and is then named so."""
     if cfg.model.remat != "auto":
         return cfg.model.remat, cfg.train.micro_split if split is None else split
-    fixed = split if split is not None else (cfg.train.micro_split if cfg.train.micro_split != 1 else None)
+    fixed = split if split is not None else (cfg.train.micro_split if cfg.train.micro_split != 1 or devices > 1
+                                             else None)
     cudnn = platform == "gpu" and attention_implementation(cfg.model, "gpu", stage.seq_len) == "cudnn"
     order = AUTO_REMAT if cfg.model.layer_loop else AUTO_REMAT_UNROLLED
     for policy in order[:-1]:
@@ -379,12 +383,6 @@ def stage_choice(cfg: Config, stage: StageConfig, budget: int | None, platform: 
 def remat_label(remat: str, split: int) -> str:
     """A stage's policy and split in words for tables and logs: `none`, or `none/2` (each micro-batch run in 2)."""
     return remat if split == 1 else f"{remat}/{split}"
-
-
-def stage_remat(cfg: Config, stage: StageConfig, budget: int | None, platform: Platform = "gpu",
-                state: dict | None = None) -> str:
-    """The remat policy of `stage_choice`."""
-    return stage_choice(cfg, stage, budget, platform, state)[0]
 
 
 def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int | None, Platform]:
@@ -419,8 +417,10 @@ def with_stage_remat(cfg: Config, stage: StageConfig, device=None) -> Config:
     `device_budget`)."""
     if cfg.model.remat != "auto":
         return cfg
+    import jax
+
     budget, platform = device_budget(device)
-    remat, split = stage_choice(cfg, stage, budget, platform)
+    remat, split = stage_choice(cfg, stage, budget, platform, devices=1 if device is not None else jax.device_count())
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat),
                                train=dataclasses.replace(cfg.train, micro_split=split))
 
@@ -493,11 +493,18 @@ def _fit_batches(cfg: Config, budget: int, platform: Platform) -> tuple[Config, 
 def largest_micro_batches(cfg: Config, budget: int, platform: Platform = "gpu") -> Config:
     """`cfg` with each stage's largest micro-batch that fits `budget` bytes, among the divisors of its rows per
     step (grad_accum_steps lowered to match: tokens per step unchanged, the same sums): fewer, larger GEMMs and
-    one FP8 cast of each weight per micro-batch fewer. A stage that cannot grow keeps its layout. Under
-    `remat: auto` a grown micro-batch may run a policy that saves less (`stage_remat`)."""
+    one FP8 cast of each weight per micro-batch fewer. A stage that cannot grow keeps its layout, and so does one
+    whose grown micro-batch `remat: auto` would run in pieces no larger than before (`stage_choice`'s split)."""
     st = state_bytes(cfg)
-    return dataclasses.replace(cfg, curriculum=tuple(_largest_fitting(cfg, s, budget, platform, st, s.batch_size) or s
-                                                     for s in cfg.curriculum))
+
+    def piece(s: StageConfig) -> int:  # the rows a step runs at once, `auto`'s split applied
+        return s.batch_size // stage_choice(cfg, s, budget, platform, st)[1]
+
+    def grown(s: StageConfig) -> StageConfig:
+        new = _largest_fitting(cfg, s, budget, platform, st, s.batch_size)
+        return new if new is not None and piece(new) > piece(s) else s
+
+    return dataclasses.replace(cfg, curriculum=tuple(grown(s) for s in cfg.curriculum))
 
 
 def _round_to(x: float, q: int) -> int:

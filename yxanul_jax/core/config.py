@@ -28,12 +28,16 @@ from yxanul_jax.core.tiles import parse_tiles
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
 FUSED_TARGETS = ("q", "k", "v", "gate", "up", "down")  # what `fp8.te_layers` runs inside TE's fused layers
-FUSED_CE_MAX_K = 256  # the fused head + loss kernels' widest head input (model/fused_ce.py: shared-memory tiles)
+FUSED_CE_MAX_K = 128
+"""The fused head + loss kernels' widest head input (model/fused_ce.py): at 256 their default tiles would need
+262-299 KB of shared memory on sm_90, over its 227 KB."""
+FUSED_CE_WIDTHS = f"a power of 2 from 16 to {FUSED_CE_MAX_K}"
+"""`fused_ce_takes` in words, for error messages: Triton's blocks are powers of 2."""
 
 
 def fused_ce_takes(k: int) -> bool:
-    """Whether the fused head + loss kernels take a head input of width k (16..FUSED_CE_MAX_K, multiples of 16)."""
-    return 16 <= k <= FUSED_CE_MAX_K and k % 16 == 0
+    """Whether the fused head + loss kernels take a head input of width k (`FUSED_CE_WIDTHS`)."""
+    return 16 <= k <= FUSED_CE_MAX_K and k & (k - 1) == 0
 
 
 MIXTURE_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -284,6 +288,8 @@ class StageConfig:
     def split(self, k: int) -> "StageConfig":
         """The stage as a train step runs it with each micro-batch cut into k (`train.micro_split`): k times the
         micro-batches of 1/k the rows, the same rows per step (`training.batch.split_micro_batches`)."""
+        if self.batch_size % k:
+            raise ValueError(f"a micro-batch of {self.batch_size} rows does not split in {k}")
         return self if k == 1 else dataclasses.replace(self, batch_size=self.batch_size // k,
                                                        grad_accum_steps=self.grad_accum_steps * k)
 
@@ -612,14 +618,14 @@ class TrainConfig:
     loss_kernel: Literal["auto", "chunked", "fused"] = field(default="auto", metadata=RESUME)
     """The output head + cross-entropy: `chunked` (XLA, logits chunk by chunk), `fused` (Pallas kernels
     that never write logits: model/fused_ce.py; on a CPU they run in Pallas interpret mode, slowly), or
-    `auto`: fused on a single GPU for a BF16 model whose head is not FP8 and is at most 256 wide, else
+    `auto`: fused on a single GPU for a BF16 model whose head is not FP8 and is 16, 32, 64 or 128 wide, else
     chunked (on several devices XLA would gather the kernels' inputs onto each)."""
     fused_ce_tiles: str = field(default="default", metadata=RESUME)
     """Block sizes and launch of the fused head + loss kernels: `default` (`core.tiles.DEFAULT_TILES`: the
-    forward 128 x 64, the two gradients 128 x 128, 8 warps and 3 stages each), or comma-separated changes,
-    e.g. `fwd=256x64,dx=64x128w4s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or dw; powers of 2 of at
-    least 16). `scripts/fused_ce_check.py --tiles` times them on a
-    GPU. Speed only: the loss is the same sum in another order."""
+    forward 128 x 64, the training forward (`dx`) and the table gradient 128 x 128, 8 warps and 3 stages each), or
+    comma-separated changes, e.g. `fwd=256x64,dx=64x128w4s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or
+    dw; powers of 2 of at least 16). `scripts/fused_ce_check.py --tiles` times them on a GPU. Speed only: the
+    loss is the same sum in another order."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
     micro_split: int = field(default=1, metadata=RESUME)
@@ -727,8 +733,8 @@ def validate(cfg: Config) -> Config:
             raise UserError("train.loss_kernel=fused runs the head in BF16, but fp8.targets has 'head'; remove "
                             "'head' from fp8.targets or set train.loss_kernel=chunked")
         if not fused_ce_takes(head_k):
-            raise UserError(f"train.loss_kernel=fused takes a head width of 16..{FUSED_CE_MAX_K} in multiples of 16 "
-                            f"(this head is {head_k} wide); set train.loss_kernel=chunked or auto")
+            raise UserError(f"train.loss_kernel=fused takes a head width that is {FUSED_CE_WIDTHS} (this head is "
+                            f"{head_k} wide); set train.loss_kernel=chunked or auto")
     return cfg
 
 

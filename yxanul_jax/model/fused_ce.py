@@ -38,8 +38,9 @@ The backward recomputes the logits (levanter's design) instead of storing them: 
 training step (`KERNELS`), no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x
 have zero gradient weight; zero rows of w sit beyond v_real), so the kernels need no masked loads. Tiles
 (`Tiles`, one per kernel in `core.tiles.KernelTiles`: fwd, dx for the training forward, dw): BT = 128 and
-BV = 64 (forward) or 128 (the others), 8 warps and 3 pipeline stages by default, which with K <= 256 keeps x
-and w tiles in shared memory on sm_90 (~160 KB at K = 128); `supported(K)` says when the fused path applies.
+BV = 64 (forward) or 128 (the others), 8 warps and 3 pipeline stages by default, which at K <= 128 keeps x
+and w tiles in shared memory on sm_90 (~128 KB for the forwards, ~146 KB for dw at K = 128; at 256 they would
+need 262-299 KB of its 227); `supported(K)` says when the fused path applies (`core.config.FUSED_CE_WIDTHS`).
 `scripts/fused_ce_check.py --tiles` times other tiles on a GPU.
 
 Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
@@ -59,7 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from yxanul_jax.core.config import FUSED_CE_MAX_K, fused_ce_takes
+from yxanul_jax.core.config import FUSED_CE_WIDTHS, fused_ce_takes
 from yxanul_jax.core.tiles import DEFAULT_TILES, KernelTiles, Tiles
 
 # kernel name -> multiple of 2 T K V (T, K from operand 0, V from operand 1) it executes: read by
@@ -69,7 +70,8 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2}
 
 
 def supported(k: int) -> bool:
-    """Whether the fused kernels take a head input of width k (shared-memory tiles; multiples of 16)."""
+    """Whether the fused kernels take a head input of width k (`core.config.FUSED_CE_WIDTHS`: shared-memory tiles,
+    Triton's power-of-2 blocks)."""
     return fused_ce_takes(k)
 
 
@@ -97,7 +99,7 @@ def _masked(logits, cols, v_real):
 
 def _vocab_blocks(V: int, v_real: int, BV: int) -> tuple[int, bool]:
     """(vocabulary blocks wholly below v_real, whether one more straddles it). The blocks after those hold
-    only padded rows: their logits are -inf, so the forward and the input gradient skip them."""
+    only padded rows: their logits are -inf, so the forwards skip them."""
     full = min(v_real, V) // BV
     return full, full < V // BV and min(v_real, V) % BV != 0
 
@@ -110,36 +112,11 @@ def _walk_vocab(body, init, V: int, v_real: int, BV: int):
     return body(full * BV, carry, True) if partial else carry
 
 
-def _fwd_kernel(x_ref, w_ref, lse_ref, *, V, v_real, BV):
-    from jax.experimental import pallas as pl
-
-    x = x_ref[...]
-    BT = x.shape[0]
-
-    def body(v0, carry, masked):
-        m, s = carry
-        logits = _logits(x, w_ref[pl.ds(v0, BV), :])
-        if masked:
-            logits = _masked(logits, _columns(v0, logits.shape), v_real)
-        m_new = jnp.maximum(m, jnp.max(logits, axis=1))
-        s = s * jnp.exp(m - m_new) + jnp.sum(jnp.exp(logits - m_new[:, None]), axis=1)
-        return m_new, s
-
-    m, s = _walk_vocab(body, (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32)), V, v_real, BV)
-    lse_ref[...] = m + jnp.log(s)
-
-
-def _dlogits(logits, cols, lse, g_lse, tgt, g_tl):
-    """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the gradient GEMM:
-    softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two nearly
-    cancel: rounding each to BF16 first left 11-15 % errors in the gradients there."""
-    return jnp.exp(logits - lse[:, None]) * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
-
-
-def _fwd_dx_kernel(x_ref, w_ref, lse_ref, a_ref, *, V, v_real, BV):
-    """The training forward: lse and a = sum_v softmax[t, v] w[v] (float32 [BT, K]) in one walk of the vocabulary,
-    flash attention's online softmax with x as the queries and w as both keys and values. The input gradient is
-    then g_lse * a + g_target * w[target] (`_fused_bwd`): no second walk for it."""
+def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV):
+    """lse of a block of rows in one walk of the vocabulary (online max and sum of exps); with `a_ref` (the training
+    forward) also a = softmax @ w (float32 [BT, K]): flash attention's online softmax with x as the queries and w as
+    both keys and values, the accumulator rescaled when the max grows. The input gradient is then
+    g_lse * a + g_target * w[target] (`_fused_bwd`): no second walk for it."""
     from jax.experimental import pallas as pl
 
     x = x_ref[...]
@@ -154,14 +131,24 @@ def _fwd_dx_kernel(x_ref, w_ref, lse_ref, a_ref, *, V, v_real, BV):
         m_new = jnp.maximum(m, jnp.max(logits, axis=1))
         alpha = jnp.exp(m - m_new)
         p = jnp.exp(logits - m_new[:, None])
-        acc = acc * alpha[:, None] + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())),
-                                                          preferred_element_type=jnp.float32)
+        if a_ref:
+            acc = acc * alpha[:, None] + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())),
+                                                              preferred_element_type=jnp.float32)
         return m_new, s * alpha + jnp.sum(p, axis=1), acc
 
-    init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32), jnp.zeros(x.shape, jnp.float32))
+    init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32),
+            jnp.zeros(x.shape, jnp.float32) if a_ref else None)
     m, s, acc = _walk_vocab(body, init, V, v_real, BV)
     lse_ref[...] = m + jnp.log(s)
-    a_ref[...] = acc / s[:, None]
+    if a_ref:
+        a_ref[0][...] = acc / s[:, None]
+
+
+def _dlogits(logits, cols, lse, g_lse, tgt, g_tl):
+    """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the gradient GEMM:
+    softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two nearly
+    cancel: rounding each to BF16 first left 11-15 % errors in the gradients there."""
+    return jnp.exp(logits - lse[:, None]) * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
 
 
 def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV):
@@ -202,13 +189,13 @@ def _forward(x, w, *, v_real, tiles, interpret, with_a: bool = False):
     V = w.shape[0]
     t = tiles.dx if with_a else tiles.fwd
     rows = pl.BlockSpec((t.bt,), lambda i: (i,))
-    kernel, name = (_fwd_dx_kernel, "fused_ce_fwd_dx") if with_a else (_fwd_kernel, "fused_ce_fwd")
+    name = "fused_ce_fwd_dx" if with_a else "fused_ce_fwd"
     out_shape, out_specs = jax.ShapeDtypeStruct((T,), jnp.float32), rows
     if with_a:
         out_shape = (out_shape, jax.ShapeDtypeStruct((T, K), jnp.float32))
         out_specs = (rows, pl.BlockSpec((t.bt, K), lambda i: (i, 0)))
     return pl.pallas_call(
-        functools.partial(kernel, V=V, v_real=v_real, BV=t.bv), out_shape=out_shape, grid=(T // t.bt,),
+        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv), out_shape=out_shape, grid=(T // t.bt,),
         in_specs=[pl.BlockSpec((t.bt, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0))],
         out_specs=out_specs, compiler_params=_compiler_params(t), interpret=interpret, name=name,
     )(x, w)
@@ -291,12 +278,12 @@ def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool =
                          tiles: KernelTiles = DEFAULT_TILES):
     """(lse[T], target logit[T]) in float32 of the logits x @ w^T over the first v_real columns: the lse by the
     fused kernels (module docstring), the target logit by `target_logits`; differentiable in x and w (one
-    custom gradient for both: the backward kernels). Targets outside [0, v_real) give a target logit of 0 (mask those
+    custom gradient for both: the training forward's a = softmax @ w and the dw kernel). Targets outside [0, v_real) give a target logit of 0 (mask those
     tokens out). The kernels compile with Triton when lowered for a GPU and run in Pallas interpret mode when
     lowered for a CPU (`interpret=True` forces that). `tiles`: each kernel's blocks and launch (`KernelTiles`)."""
     T, K = x_TxK.shape
     if not supported(K):
-        raise ValueError(f"fused cross-entropy takes a head input width of 16..{FUSED_CE_MAX_K} in multiples of 16, got {K}")
+        raise ValueError(f"fused cross-entropy takes a head input width that is {FUSED_CE_WIDTHS}, got {K}")
     if not 0 < v_real <= w_VxK.shape[0]:
         raise ValueError(f"v_real {v_real} must be in 1..{w_VxK.shape[0]} (the table's rows)")
     x = _pad(x_TxK, tiles.t_multiple)

@@ -215,12 +215,17 @@ def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
 
 
 def check_divisible(cfg: Config, mesh: Mesh) -> None:
-    """Every stage's batch must split evenly over the mesh (and over processes)."""
-    n = mesh.devices.size
+    """Every stage's batch must split evenly over the mesh (and over processes), and each device's rows in the
+    pieces of train.micro_split."""
+    n, k = mesh.devices.size, cfg.train.micro_split
     for i, s in enumerate(cfg.curriculum):
         if s.batch_size % n:
             raise UserError(f"config key 'curriculum.{i}.batch_size' ({s.batch_size}) must be a multiple of the "
                             f"{n} devices of the mesh")
+        if s.batch_size % (n * k):
+            raise UserError(f"config key 'train.micro_split' ({k}) must divide each device's rows, but curriculum.{i} "
+                            f"gives {s.batch_size // n} to each of {n} devices; set train.micro_split=1 (on a mesh "
+                            "remat: auto does not split)")
 
 
 def param_shardings(cfg: Config, mesh: Mesh):
