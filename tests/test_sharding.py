@@ -47,6 +47,20 @@ def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, caps
         assert abs(x - y) <= 1e-5 * abs(x), (a, b)
 
 
+def test_a_hand_set_split_must_divide_each_devices_rows(cache, tmp_path):
+    # 8 rows on 8 devices: 1 row each, which train.micro_split=2 cannot halve. One line naming the fix, exit 2,
+    # nothing written (on a mesh remat: auto never splits, so only a hand-set split meets this)
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", "--run-dir", str(run), *RUN, "mesh.data=8",
+                           "train.micro_split=2"], env=_env(cache, 8), cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: config key 'train.micro_split' (2) must divide each device's rows, but curriculum.0 gives 1 to each of "
+        "8 devices; set train.micro_split=1 (on a mesh remat: auto does not split)")
+    assert not run.exists()
+
+
 def test_parameters_are_sharded_over_fsdp(cache):
     code = """
 import jax
