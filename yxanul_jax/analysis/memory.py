@@ -366,18 +366,20 @@ def stage_choice(cfg: Config, stage: StageConfig, budget: int | None, platform: 
     `attention` is `full` where the stage's attention is not cuDNN's, and is then named so."""
     if cfg.model.remat != "auto":
         return cfg.model.remat, cfg.train.micro_split if split is None else split
-    fixed = split if split is not None else (cfg.train.micro_split if cfg.train.micro_split != 1 or devices > 1
-                                             else None)
-    cudnn = platform == "gpu" and attention_implementation(cfg.model, "gpu", stage.seq_len) == "cudnn"
+    if split is None and (cfg.train.micro_split != 1 or devices > 1):
+        split = cfg.train.micro_split  # set by hand, or on a mesh: that split only
     order = AUTO_REMAT if cfg.model.layer_loop else AUTO_REMAT_UNROLLED
+    if budget is None:
+        return order[-1], split or 1
+    cudnn = platform == "gpu" and attention_implementation(cfg.model, "gpu", stage.seq_len) == "cudnn"
     for policy in order[:-1]:
         if policy == "attention" and not cudnn:
             continue
-        for k in (fixed,) if fixed is not None else AUTO_SPLITS if policy == "none" else (1,):
-            if budget is not None and stage.batch_size % k == 0 and \
-                    estimate_stage(cfg, stage, platform, policy, state, split=k)["bytes_total"] <= budget:
+        splits = (split,) if split is not None else AUTO_SPLITS if policy == "none" else (1,)
+        for k in (k for k in splits if stage.batch_size % k == 0):
+            if estimate_stage(cfg, stage, platform, policy, state, split=k)["bytes_total"] <= budget:
                 return policy, k
-    return order[-1], fixed or 1
+    return order[-1], split or 1
 
 
 def remat_label(remat: str, split: int) -> str:
