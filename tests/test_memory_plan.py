@@ -194,7 +194,7 @@ def test_auto_splits_the_micro_batch_where_that_lets_none_fit(monkeypatch):
         load_config(Y197, ["train.micro_split=3"])
     # what a step's FP8 GEMMs should be counts its pieces, and needs `auto` resolved first
     resolved = load_config(Y197, ["model.remat=none", "train.micro_split=2"])
-    assert accounting.expected_fp8_gemms(resolved, 9)["total"] == 2 * 28 * 8
+    assert accounting.expected_fp8_gemms(resolved, 9)["total"] == 2 * 28 * 12  # 4 forward, 4 dgrad, 4 wgrad
     with pytest.raises(ValueError, match="model.remat resolved"):
         accounting.expected_fp8_gemms(cfg, 9)
 

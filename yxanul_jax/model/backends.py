@@ -41,6 +41,7 @@ class Plain:
     is_fp8 = False
     needs_bootstrap = False
     reports_saturation = False
+    shares_inputs = False  # `dots`: GEMMs of one input cast to FP8 once (gate and up)
 
     def for_target(self, target: str) -> "Plain":
         return PLAIN
@@ -77,13 +78,24 @@ class XlaFp8(_Fp8):
     def reports_saturation(self) -> bool:
         return self.fp8.scaling == "delayed"
 
-    def dot(self, module, x, w_IxO, dtype, target: str):
+    shares_inputs = True
+
+    def metas(self, module) -> tuple:
+        """One GEMM's FP8 state (input, kernel, grad), declared in `module`'s scope."""
+        return tuple(module.variable(fp8_lib.FP8_COLLECTION, op, fp8_lib.init_meta, self.fp8.amax_history_len).value
+                     for op in fp8_lib.OPERANDS)
+
+    def _spec(self, dtype, target: str) -> fp8_lib.Fp8Spec:
         f = self.fp8
-        metas = [module.variable(fp8_lib.FP8_COLLECTION, op, fp8_lib.init_meta, f.amax_history_len).value
-                 for op in fp8_lib.OPERANDS]
-        spec = fp8_lib.Fp8Spec(dtype, f.margin, f.amax_compute_algo, f.scaling, underflow_stats=f.underflow_stats,
-                              gemm_form=fp8_lib.gemm_form(f), wgrad=f.wgrad)
-        return fp8_lib.fp8_dot(x, w_IxO, *metas, spec)
+        return fp8_lib.Fp8Spec(dtype, f.margin, f.amax_compute_algo, f.scaling, underflow_stats=f.underflow_stats,
+                               gemm_form=fp8_lib.gemm_form(f), wgrad=f.wgrad, input_barrier=target != "down")
+
+    def dot(self, module, x, w_IxO, dtype, target: str):
+        return fp8_lib.fp8_dot(x, w_IxO, *self.metas(module), self._spec(dtype, target))
+
+    def dots(self, x, ws, metas, dtype, target: str) -> tuple:
+        """GEMMs of one input (`fp8.fp8_dots`: one cast of x); `metas`: each GEMM's `metas`."""
+        return fp8_lib.fp8_dots(x, ws, metas, self._spec(dtype, target))
 
 
 @dataclasses.dataclass(frozen=True)

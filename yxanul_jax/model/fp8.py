@@ -75,6 +75,7 @@ class Fp8Spec(NamedTuple):
     underflow_stats: bool = False
     gemm_form: str = "f32"
     wgrad: str = "fp8"
+    input_barrier: bool = True  # `_for_wgrad` on the FP8 input kept for the weight gradient (see there)
 
 
 def fp8_max(dtype) -> float:
@@ -225,29 +226,47 @@ def fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
 
     The *_meta arguments are the layer's FP8 state; their "gradients" are the updated state.
     """
-    return _fp8_dot(x, w, x_meta, w_meta, g_meta,
-                    spec._replace(kernel_dtype=jnp.dtype(w.dtype), input_dtype=jnp.dtype(x.dtype)))
+    return fp8_dots(x, (w,), ((x_meta, w_meta, g_meta),), spec)[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
-    return _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec)[0]
+def fp8_dots(x, ws, metas, spec: Fp8Spec):
+    """(x @ w for w in ws): GEMMs of one input, cast to FP8 once, at the first GEMM's input scale. `metas`: each
+    GEMM's (input, kernel, grad) state; their "gradients" are the updated states.
+
+    Every input state is updated with the same amax, so GEMMs that read the same tensor from the first step on
+    keep equal histories and scales, and the first one's scale is each one's own (gate and up: `SwiGLU`). One cast
+    and one transposed copy for the weight gradients instead of one per GEMM; dx sums the GEMMs' input gradients.
+    """
+    dt = {jnp.dtype(w.dtype) for w in ws}
+    assert len(dt) == 1, f"fp8_dots: kernels of one dtype, got {dt}"
+    return _fp8_dots(x, tuple(ws), tuple(tuple(m) for m in metas),
+                     spec._replace(kernel_dtype=dt.pop(), input_dtype=jnp.dtype(x.dtype)))
 
 
-def _fp8_fwd(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fp8_dots(x, ws, metas, spec: Fp8Spec):
+    return _fp8_fwd(x, ws, metas, spec)[0]
+
+
+def _fp8_fwd(x, ws, metas, spec: Fp8Spec):
     with jax.named_scope(scopes.FP8_SCALING):
-        x_amax, w_amax = _amax(x), _amax(w)
-        x_scale = step_scale(x_meta, x_amax, E4M3, spec)
-        w_scale = step_scale(w_meta, w_amax, E4M3, spec)
+        x_amax = _amax(x)
+        x_scale = step_scale(metas[0][0], x_amax, E4M3, spec)
         x_q = quantize(x, E4M3, x_scale)
-        w_q = quantize(w, E4M3, w_scale)
-    y = scaled_dot(x_q, x_scale, w_q, w_scale, (((x.ndim - 1,), (0,)), ((), ())), spec.compute_dtype, spec.gemm_form)
+        w_amaxes = [_amax(w) for w in ws]
+        w_scales = [step_scale(m[1], a, E4M3, spec) for m, a in zip(metas, w_amaxes)]
+        w_qs = [quantize(w, E4M3, s) for w, s in zip(ws, w_scales)]
+    ys = tuple(scaled_dot(x_q, x_scale, w_q, w_scale, (((x.ndim - 1,), (0,)), ((), ())), spec.compute_dtype,
+                          spec.gemm_form) for w_q, w_scale in zip(w_qs, w_scales))
     with jax.named_scope(scopes.FP8_SCALING):
-        new_x = update_meta(x_meta, x_amax, E4M3, spec, underflow_share(x, x_q, spec))
-        new_w = update_meta(w_meta, w_amax, E4M3, spec, underflow_share(w, w_q, spec))
+        x_underflow = underflow_share(x, x_q, spec)
+        new_xs = [update_meta(m[0], x_amax, E4M3, spec, x_underflow) for m in metas]
+        new_ws = [update_meta(m[1], a, E4M3, spec, underflow_share(w, w_q, spec))
+                  for m, a, w, w_q in zip(metas, w_amaxes, ws, w_qs)]
     # Residuals are the FP8 tensors themselves (half the bytes of saving BF16 activations), or x itself when
     # the weight gradient runs in BF16. The FP8 residual passes a barrier: see `_for_wgrad`.
-    return y, (x if spec.wgrad == "bf16" else _for_wgrad(x_q), x_scale, w_q, w_scale, new_x, new_w, g_meta)
+    x_res = x if spec.wgrad == "bf16" else _for_wgrad(x_q) if spec.input_barrier else x_q
+    return ys, (x_res, x_scale, w_qs, w_scales, new_xs, new_ws, [m[2] for m in metas])
 
 
 def _for_wgrad(a_q: jax.Array) -> jax.Array:
@@ -256,33 +275,43 @@ def _for_wgrad(a_q: jax.Array) -> jax.Array:
     writes the transposed copy from the kernel that casts the tensor, and a transposing kernel cannot also hold
     the amax reduction: XLA then reads the BF16 tensor again for its amax (and writes it once more for the SwiGLU
     backward). Behind the barrier the cast keeps its amax, and the transpose is a copy of the FP8 bytes
-    (analyze --target h100, yxanul-197m stage 9, fp8.wgrad=fp8: 566.1 -> 514.3 ms, 2026-11-27)."""
+    (analyze --target h100, yxanul-197m stage 9, fp8.wgrad=fp8: 566.1 -> 514.3 ms, 2026-11-27).
+
+    Not for the down projection's input (`Fp8Spec.input_barrier`, `backends.XlaFp8`): XLA computes the amax of the
+    SwiGLU's product in the SwiGLU backward's kernel, which reads gate and up anyway, so the forward cast holds no
+    reduction and may write the transposed copy itself (507.0 -> ~504 ms)."""
     return jax.lax.optimization_barrier(a_q)
 
 
-def _fp8_bwd(spec: Fp8Spec, res, g):
-    x_res, x_scale, w_q, w_scale, new_x, new_w, g_meta = res
-    with jax.named_scope(scopes.FP8_SCALING):
-        g_amax = _amax(g)
-        g_scale = step_scale(g_meta, g_amax, E5M2, spec)
-        g_q = quantize(g, E5M2, g_scale)
-    # dx[..., I] = g[..., O] @ w[I, O]^T: E5M2 x E4M3
-    dx = scaled_dot(g_q, g_scale, w_q, w_scale, (((g.ndim - 1,), (1,)), ((), ())), spec.input_dtype, spec.gemm_form)
-    # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2, or BF16 x BF16 (`wgrad`)
-    if spec.wgrad == "bf16":
-        x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), g.reshape(-1, g.shape[-1])
-        with jax.named_scope(scopes.BF16_WGRAD):
-            dw = jax.lax.dot_general(x_NxI.astype(jnp.bfloat16), g_NxO.astype(jnp.bfloat16), (((0,), (0,)), ((), ())),
-                                     preferred_element_type=jnp.float32).astype(spec.kernel_dtype)
-    else:
-        x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), _for_wgrad(g_q).reshape(-1, g_q.shape[-1])
-        dw = scaled_dot(x_NxI, x_scale, g_NxO, g_scale, (((0,), (0,)), ((), ())), spec.kernel_dtype, spec.gemm_form)
-    with jax.named_scope(scopes.FP8_SCALING):
-        new_g = update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec))
-    return dx, dw, new_x, new_w, new_g
+def _fp8_bwd(spec: Fp8Spec, res, gs):
+    x_res, x_scale, w_qs, w_scales, new_xs, new_ws, g_metas = res
+    dx, dws, new_gs = None, [], []
+    for g, w_q, w_scale, g_meta in zip(gs, w_qs, w_scales, g_metas):
+        with jax.named_scope(scopes.FP8_SCALING):
+            g_amax = _amax(g)
+            g_scale = step_scale(g_meta, g_amax, E5M2, spec)
+            g_q = quantize(g, E5M2, g_scale)
+        # dx[..., I] = g[..., O] @ w[I, O]^T: E5M2 x E4M3, summed over the GEMMs of this input
+        dx_i = scaled_dot(g_q, g_scale, w_q, w_scale, (((g.ndim - 1,), (1,)), ((), ())), spec.input_dtype,
+                          spec.gemm_form)
+        dx = dx_i if dx is None else dx + dx_i
+        # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2, or BF16 x BF16 (`wgrad`)
+        if spec.wgrad == "bf16":
+            x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), g.reshape(-1, g.shape[-1])
+            with jax.named_scope(scopes.BF16_WGRAD):
+                dws.append(jax.lax.dot_general(x_NxI.astype(jnp.bfloat16), g_NxO.astype(jnp.bfloat16),
+                                               (((0,), (0,)), ((), ())),
+                                               preferred_element_type=jnp.float32).astype(spec.kernel_dtype))
+        else:
+            x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), _for_wgrad(g_q).reshape(-1, g_q.shape[-1])
+            dws.append(scaled_dot(x_NxI, x_scale, g_NxO, g_scale, (((0,), (0,)), ((), ())), spec.kernel_dtype,
+                                  spec.gemm_form))
+        with jax.named_scope(scopes.FP8_SCALING):
+            new_gs.append(update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec)))
+    return dx, tuple(dws), tuple(zip(new_xs, new_ws, new_gs))
 
 
-_fp8_dot.defvjp(_fp8_fwd, _fp8_bwd)
+_fp8_dots.defvjp(_fp8_fwd, _fp8_bwd)
 
 
 # ------------------------------------------------------------------------------------------
