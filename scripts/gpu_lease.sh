@@ -8,8 +8,8 @@
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
-# loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 (the config's: BF16 weight gradients) profiled
-# against the prediction, stage 9 BF16, stage 9 FP8 with FP8 weight gradients (fp8.wgrad=fp8), stage 0 FP8
+# loss (scripts/fused_ce_check.py); yxanul-197m stage 9 FP8 (the config's: FP8 weight gradients) profiled
+# against the prediction, stage 9 BF16, stage 9 FP8 with BF16 weight gradients (fp8.wgrad=bf16), stage 0 FP8
 # profiled, then stage 9 BF16 beside PyTorch with the time left (scripts/gpu_bench.py). Plan calibrate (a second call): profiles without command buffers,
 # so that every kernel is matched to its prediction: stage 9 FP8 (its compiled HLO and the predicted kernels
 # the trace never showed kept), stage 0 FP8, stage 9 BF16, then stage 2 FP8 (XLA's attention: its own data for
@@ -31,8 +31,9 @@
 # the loop, stage 9 BF16 with gate and up fused (model.fuse_mlp) and in two GEMMs, stage 9 FP8 with o in FP8.
 # Plan split (the eighth session's changes): the fused head + loss kernels (one forward walk of the logits forms lse and
 # the input gradient together) checked and timed, then stage 9 FP8 as configured (remat auto: `none` with each
-# micro-batch in 2 on an H100, train.micro_split) against the whole micro-batch with `attention` (the seventh
-# session's choice), then stage 1 likewise against `full`.
+# micro-batch in 2 on an H100, train.micro_split; since the ninth session FP8 weight gradients and one FP8 cast for
+# gate and up) against BF16 weight gradients (fp8.wgrad=bf16, the eighth session's config) and against the whole
+# micro-batch with `attention` (the seventh session's choice), then stage 1 likewise against `full`.
 # A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
@@ -96,8 +97,8 @@ case "$PLAN" in
       --json-out "$RES/fused_ce.json"
     step s9_fp8 170 80 "${BENCH[@]}" --stages 9 --precisions fp8-xla --profile --no-torch --out "$RES/s9_fp8"
     step s9_bf16 130 60 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
-    step s9_fp8_wgrad_fp8 130 60 "${BENCH[@]}" fp8.wgrad=fp8 --stages 9 --precisions fp8-xla --no-torch \
-      --out "$RES/s9_fp8_wgrad_fp8"
+    step s9_fp8_wgrad_bf16 130 60 "${BENCH[@]}" fp8.wgrad=bf16 --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_wgrad_bf16"
     step s0_fp8 130 60 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
     XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 90 "${BENCH[@]}" --cell-timeout 220 --stages 9 \
       --precisions bf16 --torch --out "$RES/s9_bf16_torch"
@@ -159,6 +160,8 @@ print(parse_tiles(json.load(open(sys.argv[1]))["fastest_tiles"]["131072"]).spec(
     step fused_ce 80 40 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
       --json-out "$RES/fused_ce.json"
     step s9_fp8 140 60 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
+    step s9_fp8_wgrad_bf16 140 60 "${BENCH[@]}" fp8.wgrad=bf16 --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_wgrad_bf16"
     step s9_fp8_attention 140 60 "${BENCH[@]}" model.remat=attention --stages 9 --precisions fp8-xla --no-torch \
       --out "$RES/s9_fp8_attention"
     step s1_fp8 120 60 "${BENCH[@]}" --stages 1 --precisions fp8-xla --no-torch --out "$RES/s1_fp8"

@@ -394,3 +394,49 @@ def test_the_train_step_resolves_its_fp8_form_and_compile_options():
     assert step_xla_options(load_config(None, ["fp8.gemm_form=dequant", "fp8.backend=none"])) == {}
     header = run_header(deq, with_config=False)
     assert "'xla_gpu_enable_triton_gemm': False" in header and "FP8 GEMM form dequant, weight gradients fp8" in header
+
+
+@pytest.mark.parametrize("wgrad", ["fp8", "bf16"])
+def test_gemms_of_one_input_share_its_cast_and_equal_separate_fp8_dots(wgrad):
+    # fp8_dots (gate and up): one FP8 cast of x at the first GEMM's input scale. With equal input states (what
+    # gate and up keep: they read the same tensor every step) it is exactly two fp8_dots: the same outputs, dx the
+    # sum of their input gradients, each GEMM's dw, and every state updated as before (float32 sums: 1e-6).
+    x, w1, g1, metas1 = _layer(3)
+    _, w2, g2, metas2 = _layer(4)
+    metas2 = (metas1[0], *metas2[1:])  # the same input state, as gate's and up's are
+    spec = SPEC._replace(wgrad=wgrad)
+    ys, vjp = jax.vjp(lambda x, w1, w2, m1, m2: F.fp8_dots(x, (w1, w2), (m1, m2), spec), x, w1, w2,
+                      tuple(metas1), tuple(metas2))
+    dx, dw1, dw2, new1, new2 = vjp((g1.astype(jnp.bfloat16), g2.astype(jnp.bfloat16)))
+    refs = []
+    for w, g, m in ((w1, g1, metas1), (w2, g2, metas2)):
+        y, vjp_1 = jax.vjp(lambda x, w, *m: F.fp8_dot(x, w, *m, spec), x, w, *m)
+        refs.append((y, *vjp_1(g.astype(jnp.bfloat16))))
+    for y, ref in zip(ys, refs):
+        np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref[0], np.float32))
+    np.testing.assert_allclose(dx, refs[0][1] + refs[1][1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(dw1, refs[0][2])
+    np.testing.assert_array_equal(dw2, refs[1][2])
+    for new, ref in ((new1, refs[0][3:]), (new2, refs[1][3:])):
+        jax.tree_util.tree_map(np.testing.assert_array_equal, tuple(new), tuple(ref))
+    # both input states took the same amax: the histories stay equal
+    np.testing.assert_array_equal(new1[0]["amax_history"], new2[0]["amax_history"])
+
+
+def test_gate_and_up_share_one_cast_with_the_state_paths_of_two_denses():
+    # transformer.SwiGLU runs gate and up through fp8_dots under the xla backend (shares_fp8_input) on the same
+    # parameter and FP8-state paths as two Dense layers: a checkpoint cannot tell them apart
+    from yxanul_jax.model.backends import dense_backend
+    from yxanul_jax.model.transformer import shares_fp8_input
+
+    cfg = micro_model()
+    fp8 = FP8Config(enabled=True, backend="xla")
+    assert shares_fp8_input(cfg, dense_backend(fp8), cfg.d_model)
+    assert not shares_fp8_input(cfg, dense_backend(FP8Config(enabled=True, backend="xla", targets=("gate", "down"))),
+                                cfg.d_model)
+    assert not shares_fp8_input(cfg, dense_backend(FP8Config(enabled=False)), cfg.d_model)
+    v = init_variables(cfg, fp8, jax.random.key(0))  # micro_model: two unscanned layers
+    assert set(v["params"]["layer_0"]["mlp"]) == {"gate", "up", "down"}
+    assert set(v["params"]["layer_0"]["mlp"]["gate"]) == set(v["params"]["layer_0"]["mlp"]["up"]) == {"kernel"}
+    mlp = v[F.FP8_COLLECTION]["layer_0"]["mlp"]
+    assert set(mlp["gate"]["gemm"]) == set(mlp["up"]["gemm"]) == set(mlp["down"]["gemm"]) == set(F.OPERANDS)

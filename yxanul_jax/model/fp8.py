@@ -256,8 +256,9 @@ def _fp8_fwd(x, ws, metas, spec: Fp8Spec):
         w_amaxes = [_amax(w) for w in ws]
         w_scales = [step_scale(m[1], a, E4M3, spec) for m, a in zip(metas, w_amaxes)]
         w_qs = [quantize(w, E4M3, s) for w, s in zip(ws, w_scales)]
-    ys = tuple(scaled_dot(x_q, x_scale, w_q, w_scale, (((x.ndim - 1,), (0,)), ((), ())), spec.compute_dtype,
-                          spec.gemm_form) for w_q, w_scale in zip(w_qs, w_scales))
+    x_scales = _apart(x_scale, len(ws))
+    ys = tuple(scaled_dot(x_q, s, w_q, w_scale, (((x.ndim - 1,), (0,)), ((), ())), spec.compute_dtype,
+                          spec.gemm_form) for s, w_q, w_scale in zip(x_scales, w_qs, w_scales))
     with jax.named_scope(scopes.FP8_SCALING):
         x_underflow = underflow_share(x, x_q, spec)
         new_xs = [update_meta(m[0], x_amax, E4M3, spec, x_underflow) for m in metas]
@@ -266,7 +267,16 @@ def _fp8_fwd(x, ws, metas, spec: Fp8Spec):
     # Residuals are the FP8 tensors themselves (half the bytes of saving BF16 activations), or x itself when
     # the weight gradient runs in BF16. The FP8 residual passes a barrier: see `_for_wgrad`.
     x_res = x if spec.wgrad == "bf16" else _for_wgrad(x_q) if spec.input_barrier else x_q
-    return ys, (x_res, x_scale, w_qs, w_scales, new_xs, new_ws, [m[2] for m in metas])
+    return ys, (x_res, x_scales, w_qs, w_scales, new_xs, new_ws, [m[2] for m in metas])
+
+
+def _apart(scale: jax.Array, n: int) -> tuple:
+    """`n` handles of one scale that XLA cannot merge (one barrier, n outputs). GEMMs sharing an operand are merged
+    by XLA's DotMerger when small (dot(a, concat(b, c))), and the merged GEMM of dequantized FP8 operands is no longer
+    one XLA's FP8 rewriter recognizes: it ran in BF16 (configs/tiny.yaml, sm_90: gate and up, forward and weight
+    gradient). Each GEMM dequantizes the shared FP8 input with its own handle of the scale, so no two share an
+    operand, and the FP8 bytes are still read, and transposed, once."""
+    return (scale,) if n == 1 else tuple(jax.lax.optimization_barrier(tuple(scale for _ in range(n))))
 
 
 def _for_wgrad(a_q: jax.Array) -> jax.Array:
@@ -284,9 +294,9 @@ def _for_wgrad(a_q: jax.Array) -> jax.Array:
 
 
 def _fp8_bwd(spec: Fp8Spec, res, gs):
-    x_res, x_scale, w_qs, w_scales, new_xs, new_ws, g_metas = res
+    x_res, x_scales, w_qs, w_scales, new_xs, new_ws, g_metas = res
     dx, dws, new_gs = None, [], []
-    for g, w_q, w_scale, g_meta in zip(gs, w_qs, w_scales, g_metas):
+    for g, x_scale, w_q, w_scale, g_meta in zip(gs, x_scales, w_qs, w_scales, g_metas):
         with jax.named_scope(scopes.FP8_SCALING):
             g_amax = _amax(g)
             g_scale = step_scale(g_meta, g_amax, E5M2, spec)
