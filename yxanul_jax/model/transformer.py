@@ -417,7 +417,7 @@ def fuse_mlp(cfg: ModelConfig, backend) -> bool:
 def shares_fp8_input(cfg: ModelConfig, backend, d_model: int) -> bool:
     """Whether gate and up run as two FP8 GEMMs of one FP8 cast of their input (`backend.dots`): both FP8 targets
     of a backend that shares inputs, with FP8-aligned shapes. One cast and one transposed copy for the weight
-    gradients instead of two (analyze --target h100, yxanul-197m stage 9, 2026-11-27: 502.7 -> ~498 ms)."""
+    gradients instead of two (analyze --target h100, yxanul-197m stage 9, 2026-11-27: 502.7 -> 497.8 ms)."""
     return (backend.shares_inputs and all(backend.for_target(t) is backend for t in ("gate", "up"))
             and fp8_lib.gemm_aligned(d_model, cfg.ffn_dim))
 
