@@ -396,15 +396,16 @@ def test_the_train_step_resolves_its_fp8_form_and_compile_options():
     assert "'xla_gpu_enable_triton_gemm': False" in header and "FP8 GEMM form dequant, weight gradients fp8" in header
 
 
-@pytest.mark.parametrize("wgrad", ["fp8", "bf16"])
-def test_gemms_of_one_input_share_its_cast_and_equal_separate_fp8_dots(wgrad):
-    # fp8_dots (gate and up): one FP8 cast of x at the first GEMM's input scale. With equal input states (what
-    # gate and up keep: they read the same tensor every step) it is exactly two fp8_dots: the same outputs, dx the
-    # sum of their input gradients, each GEMM's dw, and every state updated as before (float32 sums: 1e-6).
+@pytest.mark.parametrize("spec", [SPEC, SPEC._replace(wgrad="bf16"), SPEC._replace(scaling="current"),
+                                  SPEC._replace(underflow_stats=True), SPEC._replace(gemm_form="dequant")],
+                         ids=["fp8-wgrad", "bf16-wgrad", "current", "underflow", "dequant"])
+def test_gemms_of_one_input_share_its_cast_and_equal_separate_fp8_dots(spec):
+    # fp8_dots (gate and up): one FP8 cast of x at the largest of the GEMMs' input scales. With equal input states
+    # (what gate and up keep: they read the same tensor every step) it is exactly two fp8_dots: the same outputs,
+    # dx the sum of their input gradients, each GEMM's dw, and every state updated as before (float32 sums: 1e-6).
     x, w1, g1, metas1 = _layer(3)
     _, w2, g2, metas2 = _layer(4)
     metas2 = (metas1[0], *metas2[1:])  # the same input state, as gate's and up's are
-    spec = SPEC._replace(wgrad=wgrad)
     ys, vjp = jax.vjp(lambda x, w1, w2, m1, m2: F.fp8_dots(x, (w1, w2), (m1, m2), spec), x, w1, w2,
                       tuple(metas1), tuple(metas2))
     dx, dw1, dw2, new1, new2 = vjp((g1.astype(jnp.bfloat16), g2.astype(jnp.bfloat16)))
@@ -421,6 +422,17 @@ def test_gemms_of_one_input_share_its_cast_and_equal_separate_fp8_dots(wgrad):
         jax.tree_util.tree_map(np.testing.assert_array_equal, tuple(new), tuple(ref))
     # both input states took the same amax: the histories stay equal
     np.testing.assert_array_equal(new1[0]["amax_history"], new2[0]["amax_history"])
+
+
+def test_gemms_of_one_input_cast_at_the_larger_scale_where_their_states_differ():
+    # never the case for gate and up, but the safe side if it were: the larger input scale (the larger amax its
+    # history saw) casts x, so neither GEMM's input clips where its own scale would not have
+    x, w1, _, metas1 = _layer(5)
+    _, w2, _, metas2 = _layer(6)
+    big = dict(metas1[0], scale=4.0 * metas1[0]["scale"])
+    y1, _ = F.fp8_dots(x, (w1, w2), ((metas1[0], *metas1[1:]), (big, *metas2[1:])), SPEC)
+    y1_big = F.fp8_dot(x, w1, big, *metas1[1:], SPEC)
+    np.testing.assert_array_equal(np.asarray(y1, np.float32), np.asarray(y1_big, np.float32))
 
 
 def test_gate_and_up_share_one_cast_with_the_state_paths_of_two_denses():
@@ -440,3 +452,10 @@ def test_gate_and_up_share_one_cast_with_the_state_paths_of_two_denses():
     assert set(v["params"]["layer_0"]["mlp"]["gate"]) == set(v["params"]["layer_0"]["mlp"]["up"]) == {"kernel"}
     mlp = v[F.FP8_COLLECTION]["layer_0"]["mlp"]
     assert set(mlp["gate"]["gemm"]) == set(mlp["up"]["gemm"]) == set(mlp["down"]["gemm"]) == set(F.OPERANDS)
+    # scanned layers: the same stacked trees as with gate and up as two Dense layers (here: not FP8 targets)
+    scanned = dataclasses.replace(cfg, scan_layers=True)
+    shared = jax.eval_shape(lambda: init_variables(scanned, fp8, jax.random.key(0)))
+    two_dense = jax.eval_shape(lambda: init_variables(
+        scanned, FP8Config(enabled=True, backend="xla", targets=("q", "k", "v", "o", "down")), jax.random.key(0)))
+    assert jax.tree_util.tree_structure(shared["params"]) == jax.tree_util.tree_structure(two_dense["params"])
+    assert set(shared[F.FP8_COLLECTION]["layers"]["mlp"]["gate"]["gemm"]) == set(F.OPERANDS)

@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -116,12 +117,20 @@ print(json.dumps(out))
     assert got["dequant"]["writes"] == ["bf16", "bf16", "f32"] and got["dequant"]["casts"] == [], got
 
 
-def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
-    on = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention")
+def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100(tmp_path):
+    hlo_path = tmp_path / "step.hlo"
+    on = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention",
+                      "--hlo-out", str(hlo_path))
     g = on["gpu"]
     assert on["device_kind"] == "NVIDIA H100 80GB HBM3" and on["attention"] == "cudnn"
-    # 4 layers x 7 projections x (forward, input gradient, weight gradient), all FP8, none lost
+    # 4 layers x 7 projections x (forward, input gradient, weight gradient), all FP8, none lost: gate and up share
+    # one FP8 cast (fp8.fp8_dots), and XLA's DotMerger, which merged their small GEMMs into a BF16 one, is kept
+    # off them; every FP8 GEMM is read as its projection's (gate's and up's run in their `NAME/gemm` scopes)
     assert g["fp8_expected"]["total"] == g["fp8_found"] == 84 and g["fp8_lost"] == []
+    from yxanul_jax.analysis import hlo
+
+    targets = Counter(x.target for x in hlo.gemms(hlo_path.read_text()) if x.precision == "fp8")
+    assert targets == {t: 12 for t in ("q", "k", "v", "o", "gate", "up", "down")}, targets
     assert g["cudnn_attention"] == {"forward": 4, "backward": 4}
     assert g["fp8_values_in_hlo"] and on["memory"]["peak_bytes"] > 0
     # fp8.gemm_form: auto is `dequant` for a GPU: cuBLASLt FP8 GEMMs, compiled with Triton GEMMs off
@@ -133,6 +142,9 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100():
     cublas = inspect_h100("--config", "configs/tiny.yaml", "--xla-option", "xla_gpu_enable_triton_gemm=false")
     assert cublas["gpu"]["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
     assert cublas["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
+    # the form whose scales multiply after the GEMM keeps the GEMMs apart too (their FP8 input, not the scale)
+    direct = inspect_h100("--config", "configs/tiny.yaml", "fp8.gemm_form=direct", "--require", "fp8-expected")
+    assert direct["gpu"]["fp8_found"] == 84
 
 
 def test_tiny_stage_prediction_for_h100_and_a_comparison():

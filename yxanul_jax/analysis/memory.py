@@ -21,7 +21,9 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
     Per token and layer (a = bytes of model.dtype, K head dim, H/G query/kv heads, F ffn width):
       none  s = 2 (8 D + 8)                      RMSNorm: float32 input and normalized copy, 2 stats
               + GEMM inputs                      a D per norm output feeding BF16 GEMMs, 1 byte per
-                                                 FP8 GEMM input (q, k, v, gate, up: D; o: H K; down: F),
+                                                 FP8 GEMM input (q, k, v, gate, up: D; o: H K; down: F;
+                                                 one D for a fused q/k/v and, `xla` backend, for gate
+                                                 and up: `fp8.fp8_dots`),
                                                  a H K (o) and a F (down) when those are BF16; with
                                                  fp8.wgrad=bf16 every GEMM keeps its BF16 input;
                                                  unrolled on a GPU: fp8_norm_keep a D per norm read

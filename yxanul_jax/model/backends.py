@@ -1,7 +1,7 @@
 """The dense-layer backends (plain BF16, our XLA FP8, Transformer Engine), each one object chosen once.
 
 `dense_backend(fp8_config)` is the only place that reads `fp8.backend`; the model receives the object
-it returns and never tests a backend's name. A backend answers four questions:
+it returns and never tests a backend's name. A backend answers these questions:
 
 * `dot(module, x, w, dtype, target)`: the GEMM x[..., I] @ w[I, O] of one projection, its FP8 state
   (if any) owned by `module` (a `transformer.Matmul`);
@@ -9,7 +9,9 @@ it returns and never tests a backend's name. A backend answers four questions:
 * `fuses_norms(model)` with `norm_dense` / `norm_swiglu`: whether the blocks hand each RMSNorm to the
   layer after it (Transformer Engine's fused layers, `fp8.te_layers`), and those layers;
 * `needs_bootstrap`, `reports_saturation`: what the train step does around the GEMMs (a fresh run's
-  first step with current scaling; the delayed-scaling saturation metric).
+  first step with current scaling; the delayed-scaling saturation metric);
+* `shares_inputs` with `metas` / `dots`: whether GEMMs of one input (gate and up) may run from one FP8 cast of
+  it (`fp8.fp8_dots`), the state declared where two `Matmul`s would keep it.
 
 A new FP8 backend is a subclass here and one line in `dense_backend`.
 """
@@ -93,9 +95,10 @@ class XlaFp8(_Fp8):
     def dot(self, module, x, w_IxO, dtype, target: str):
         return fp8_lib.fp8_dot(x, w_IxO, *self.metas(module), self._spec(dtype, target))
 
-    def dots(self, x, ws, metas, dtype, target: str) -> tuple:
-        """GEMMs of one input (`fp8.fp8_dots`: one cast of x); `metas`: each GEMM's `metas`."""
-        return fp8_lib.fp8_dots(x, ws, metas, self._spec(dtype, target))
+    def dots(self, x, ws, metas, dtype, targets: tuple[str, ...]) -> tuple:
+        """GEMMs of one input (`fp8.fp8_dots`: one cast of x), each in its projection's `NAME/gemm` scope; `metas`:
+        each GEMM's `metas`."""
+        return fp8_lib.fp8_dots(x, ws, metas, self._spec(dtype, targets[0])._replace(names=tuple(targets)))
 
 
 @dataclasses.dataclass(frozen=True)

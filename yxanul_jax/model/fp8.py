@@ -45,6 +45,7 @@ larger-amax side is the smaller value, and it is min-merged.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Any, NamedTuple
@@ -76,6 +77,8 @@ class Fp8Spec(NamedTuple):
     gemm_form: str = "f32"
     wgrad: str = "fp8"
     input_barrier: bool = True  # `_for_wgrad` on the FP8 input kept for the weight gradient (see there)
+    names: tuple = ()  # `fp8_dots`: each GEMM's projection, whose `NAME/gemm` scope its GEMMs run in (the analysis
+    # reads the target from it); () for one GEMM in its own module's scope
 
 
 def fp8_max(dtype) -> float:
@@ -230,12 +233,14 @@ def fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
 
 
 def fp8_dots(x, ws, metas, spec: Fp8Spec):
-    """(x @ w for w in ws): GEMMs of one input, cast to FP8 once, at the first GEMM's input scale. `metas`: each
-    GEMM's (input, kernel, grad) state; their "gradients" are the updated states.
+    """(x @ w for w in ws): GEMMs of one input, cast to FP8 once. `metas`: each GEMM's (input, kernel, grad) state;
+    their "gradients" are the updated states.
 
     Every input state is updated with the same amax, so GEMMs that read the same tensor from the first step on
-    keep equal histories and scales, and the first one's scale is each one's own (gate and up: `SwiGLU`). One cast
-    and one transposed copy for the weight gradients instead of one per GEMM; dx sums the GEMMs' input gradients.
+    keep equal histories and scales (gate and up: `SwiGLU`), and the cast takes the largest of their step scales
+    (each one's own while they are equal; the safe side, no clipping, if they ever differed). One cast and one
+    transposed copy for the weight gradients instead of one per GEMM; dx sums the GEMMs' input gradients.
+    `spec.names`: the projections, whose `NAME/gemm` scopes their GEMMs run in.
     """
     dt = {jnp.dtype(w.dtype) for w in ws}
     assert len(dt) == 1, f"fp8_dots: kernels of one dtype, got {dt}"
@@ -248,17 +253,35 @@ def _fp8_dots(x, ws, metas, spec: Fp8Spec):
     return _fp8_fwd(x, ws, metas, spec)[0]
 
 
+def _gemm_scope(spec: Fp8Spec, i: int):
+    """The scope GEMM `i` of `fp8_dots` runs in: `NAME/gemm`, as a `Matmul` of that name would (none for one)."""
+    if not spec.names:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.named_scope(spec.names[i]))
+    stack.enter_context(jax.named_scope("gemm"))
+    return stack
+
+
 def _fp8_fwd(x, ws, metas, spec: Fp8Spec):
+    n = len(ws)
     with jax.named_scope(scopes.FP8_SCALING):
         x_amax = _amax(x)
-        x_scale = step_scale(metas[0][0], x_amax, E4M3, spec)
+        x_scale = functools.reduce(jnp.maximum, [step_scale(m[0], x_amax, E4M3, spec) for m in metas])
         x_q = quantize(x, E4M3, x_scale)
         w_amaxes = [_amax(w) for w in ws]
         w_scales = [step_scale(m[1], a, E4M3, spec) for m, a in zip(metas, w_amaxes)]
         w_qs = [quantize(w, E4M3, s) for w, s in zip(ws, w_scales)]
-    x_scales = _apart(x_scale, len(ws))
-    ys = tuple(scaled_dot(x_q, s, w_q, w_scale, (((x.ndim - 1,), (0,)), ((), ())), spec.compute_dtype,
-                          spec.gemm_form) for s, w_q, w_scale in zip(x_scales, w_qs, w_scales))
+    # Each GEMM its own handle of what the GEMMs share (`_apart`): the scale where it dequantizes the operand, else
+    # the FP8 input itself
+    dequant = spec.gemm_form == "dequant"
+    x_scales = _apart(x_scale, n) if dequant else (x_scale,) * n
+    x_qs = (x_q,) * n if dequant else _apart(x_q, n)
+    ys = []
+    for i, (xq, xs, w_q, w_scale) in enumerate(zip(x_qs, x_scales, w_qs, w_scales)):
+        with _gemm_scope(spec, i):
+            ys.append(scaled_dot(xq, xs, w_q, w_scale, (((x.ndim - 1,), (0,)), ((), ())), spec.compute_dtype,
+                                 spec.gemm_form))
     with jax.named_scope(scopes.FP8_SCALING):
         x_underflow = underflow_share(x, x_q, spec)
         new_xs = [update_meta(m[0], x_amax, E4M3, spec, x_underflow) for m in metas]
@@ -266,17 +289,24 @@ def _fp8_fwd(x, ws, metas, spec: Fp8Spec):
                   for m, a, w, w_q in zip(metas, w_amaxes, ws, w_qs)]
     # Residuals are the FP8 tensors themselves (half the bytes of saving BF16 activations), or x itself when
     # the weight gradient runs in BF16. The FP8 residual passes a barrier: see `_for_wgrad`.
-    x_res = x if spec.wgrad == "bf16" else _for_wgrad(x_q) if spec.input_barrier else x_q
-    return ys, (x_res, x_scales, w_qs, w_scales, new_xs, new_ws, [m[2] for m in metas])
+    if spec.wgrad == "bf16":
+        x_res = (x,) * n
+    elif dequant:
+        x_res = (_for_wgrad(x_q) if spec.input_barrier else x_q,) * n
+    else:
+        x_res = tuple(_for_wgrad(xq) if spec.input_barrier else xq for xq in x_qs)
+    return tuple(ys), (x_res, x_scales, w_qs, w_scales, new_xs, new_ws, [m[2] for m in metas])
 
 
-def _apart(scale: jax.Array, n: int) -> tuple:
-    """`n` handles of one scale that XLA cannot merge (one barrier, n outputs). GEMMs sharing an operand are merged
+def _apart(a: jax.Array, n: int) -> tuple:
+    """`n` handles of one array that XLA cannot merge (one barrier, n outputs). GEMMs sharing an operand are merged
     by XLA's DotMerger when small (dot(a, concat(b, c))), and the merged GEMM of dequantized FP8 operands is no longer
     one XLA's FP8 rewriter recognizes: it ran in BF16 (configs/tiny.yaml, sm_90: gate and up, forward and weight
-    gradient). Each GEMM dequantizes the shared FP8 input with its own handle of the scale, so no two share an
-    operand, and the FP8 bytes are still read, and transposed, once."""
-    return (scale,) if n == 1 else tuple(jax.lax.optimization_barrier(tuple(scale for _ in range(n))))
+    gradient). In the `dequant` form each GEMM dequantizes the shared FP8 input with its own handle of the scale, so
+    no two share an operand, and the FP8 bytes are still read, and transposed, once; in the other forms (the scale
+    multiplies after the GEMM) each takes its own handle of the FP8 input (merged, they stayed FP8 but were one
+    GEMM fewer than the projections)."""
+    return (a,) if n == 1 else tuple(jax.lax.optimization_barrier(tuple(a for _ in range(n))))
 
 
 def _for_wgrad(a_q: jax.Array) -> jax.Array:
@@ -296,28 +326,29 @@ def _for_wgrad(a_q: jax.Array) -> jax.Array:
 def _fp8_bwd(spec: Fp8Spec, res, gs):
     x_res, x_scales, w_qs, w_scales, new_xs, new_ws, g_metas = res
     dx, dws, new_gs = None, [], []
-    for g, x_scale, w_q, w_scale, g_meta in zip(gs, x_scales, w_qs, w_scales, g_metas):
-        with jax.named_scope(scopes.FP8_SCALING):
-            g_amax = _amax(g)
-            g_scale = step_scale(g_meta, g_amax, E5M2, spec)
-            g_q = quantize(g, E5M2, g_scale)
-        # dx[..., I] = g[..., O] @ w[I, O]^T: E5M2 x E4M3, summed over the GEMMs of this input
-        dx_i = scaled_dot(g_q, g_scale, w_q, w_scale, (((g.ndim - 1,), (1,)), ((), ())), spec.input_dtype,
-                          spec.gemm_form)
-        dx = dx_i if dx is None else dx + dx_i
-        # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2, or BF16 x BF16 (`wgrad`)
-        if spec.wgrad == "bf16":
-            x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), g.reshape(-1, g.shape[-1])
-            with jax.named_scope(scopes.BF16_WGRAD):
-                dws.append(jax.lax.dot_general(x_NxI.astype(jnp.bfloat16), g_NxO.astype(jnp.bfloat16),
-                                               (((0,), (0,)), ((), ())),
-                                               preferred_element_type=jnp.float32).astype(spec.kernel_dtype))
-        else:
-            x_NxI, g_NxO = x_res.reshape(-1, x_res.shape[-1]), _for_wgrad(g_q).reshape(-1, g_q.shape[-1])
-            dws.append(scaled_dot(x_NxI, x_scale, g_NxO, g_scale, (((0,), (0,)), ((), ())), spec.kernel_dtype,
-                                  spec.gemm_form))
-        with jax.named_scope(scopes.FP8_SCALING):
-            new_gs.append(update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec)))
+    for i, (g, xr, x_scale, w_q, w_scale, g_meta) in enumerate(zip(gs, x_res, x_scales, w_qs, w_scales, g_metas)):
+        with _gemm_scope(spec, i):
+            with jax.named_scope(scopes.FP8_SCALING):
+                g_amax = _amax(g)
+                g_scale = step_scale(g_meta, g_amax, E5M2, spec)
+                g_q = quantize(g, E5M2, g_scale)
+            # dx[..., I] = g[..., O] @ w[I, O]^T: E5M2 x E4M3, summed over the GEMMs of this input
+            dx_i = scaled_dot(g_q, g_scale, w_q, w_scale, (((g.ndim - 1,), (1,)), ((), ())), spec.input_dtype,
+                              spec.gemm_form)
+            dx = dx_i if dx is None else dx + dx_i
+            # dw[I, O] = x[N, I]^T @ g[N, O] over all leading dims folded into N: E4M3 x E5M2, or BF16 (`wgrad`)
+            if spec.wgrad == "bf16":
+                x_NxI, g_NxO = xr.reshape(-1, xr.shape[-1]), g.reshape(-1, g.shape[-1])
+                with jax.named_scope(scopes.BF16_WGRAD):
+                    dws.append(jax.lax.dot_general(x_NxI.astype(jnp.bfloat16), g_NxO.astype(jnp.bfloat16),
+                                                   (((0,), (0,)), ((), ())),
+                                                   preferred_element_type=jnp.float32).astype(spec.kernel_dtype))
+            else:
+                x_NxI, g_NxO = xr.reshape(-1, xr.shape[-1]), _for_wgrad(g_q).reshape(-1, g_q.shape[-1])
+                dws.append(scaled_dot(x_NxI, x_scale, g_NxO, g_scale, (((0,), (0,)), ((), ())), spec.kernel_dtype,
+                                      spec.gemm_form))
+            with jax.named_scope(scopes.FP8_SCALING):
+                new_gs.append(update_meta(g_meta, g_amax, E5M2, spec, underflow_share(g, g_q, spec)))
     return dx, tuple(dws), tuple(zip(new_xs, new_ws, new_gs))
 
 

@@ -453,7 +453,7 @@ class SwiGLU(nn.Module):
             D, F = x_BxLxD.shape[-1], c.ffn_dim
             ws, metas = zip(*(DenseOperands(D, F, ("embed", "mlp"), c.init_std, self.backend, name=t)()
                               for t in ("gate", "up")))
-            gate_BxLxF, up_BxLxF = self.backend.dots(x_BxLxD, ws, metas, DTYPES[c.dtype], "gate")
+            gate_BxLxF, up_BxLxF = self.backend.dots(x_BxLxD, ws, metas, DTYPES[c.dtype], ("gate", "up"))
             h_BxLxF = swiglu(gate_BxLxF, up_BxLxF)
         else:
             gate_BxLxF = _dense(c, self.backend, "gate", c.ffn_dim, ("embed", "mlp"), c.init_std)(x_BxLxD)
