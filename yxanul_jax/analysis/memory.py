@@ -22,8 +22,8 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
       none  s = 2 (8 D + 8)                      RMSNorm: float32 input and normalized copy, 2 stats
               + GEMM inputs                      a D per norm output feeding BF16 GEMMs, 1 byte per
                                                  FP8 GEMM input (q, k, v, gate, up: D; o: H K; down: F;
-                                                 one D for a fused q/k/v and, `xla` backend, for gate
-                                                 and up: `fp8.fp8_dots`),
+                                                 one D for a fused q/k/v and, `xla` backend in the
+                                                 `dequant` form, for gate and up: `fp8.fp8_dots`),
                                                  a H K (o) and a F (down) when those are BF16; with
                                                  fp8.wgrad=bf16 every GEMM keeps its BF16 input;
                                                  unrolled on a GPU: fp8_norm_keep a D per norm read
@@ -252,9 +252,12 @@ def saved_bytes_per_token(cfg: Config, seq_len: int, remat: str, residual_bytes:
             # No BF16 GEMM keeps the norm's output; XLA keeps part of a norm's worth beside the FP8 inputs (fitted:
             # Calibration.fp8_norm_keep)
             s += fp8_norm_keep * a * D
-        one_cast = m.fuse_projections if group == ("q", "k", "v") else cfg.fp8.native
+        # one quantized input: a fused q/k/v GEMM's; gate and up's one cast (`fp8.fp8_dots`) in the `dequant` form
+        # (in the others each GEMM keeps a handle of its own: `fp8._apart`)
+        one_cast = (m.fuse_projections if group == ("q", "k", "v")
+                    else cfg.fp8.native and gemm_form(cfg.fp8, cfg.train.xla_options, platform) == "dequant")
         if one_cast and all(t in fp8 for t in group):
-            s += D  # one quantized input: a fused q/k/v GEMM's; gate and up's one cast (`fp8.fp8_dots`)
+            s += D
             continue
         if any(t not in fp8 for t in group):
             s += a * D  # the norm's output, shared by the group's BF16 GEMMs
