@@ -238,8 +238,9 @@ def fp8_dots(x, ws, metas, spec: Fp8Spec):
 
     Every input state is updated with the same amax, so GEMMs that read the same tensor from the first step on
     keep equal histories and scales (gate and up: `SwiGLU`), and the cast takes the largest of their step scales
-    (each one's own while they are equal; the safe side, no clipping, if they ever differed). One cast and one
-    transposed copy for the weight gradients instead of one per GEMM; dx sums the GEMMs' input gradients.
+    (each one's own while they are equal; the safe side, no clipping, if they ever differed). One cast instead of
+    one per GEMM, and in the `dequant` form (a GPU's) one transposed copy for the weight gradients (`_apart`); dx
+    sums the GEMMs' input gradients.
     `spec.names`: the projections, whose `NAME/gemm` scopes their GEMMs run in.
     """
     dt = {jnp.dtype(w.dtype) for w in ws}
