@@ -443,10 +443,9 @@ def test_gate_and_up_share_one_cast_with_the_state_paths_of_two_denses():
 
     cfg = micro_model()
     fp8 = FP8Config(enabled=True, backend="xla")
-    assert shares_fp8_input(cfg, dense_backend(fp8), cfg.d_model)
-    assert not shares_fp8_input(cfg, dense_backend(FP8Config(enabled=True, backend="xla", targets=("gate", "down"))),
-                                cfg.d_model)
-    assert not shares_fp8_input(cfg, dense_backend(FP8Config(enabled=False)), cfg.d_model)
+    assert shares_fp8_input(cfg, dense_backend(fp8))
+    assert not shares_fp8_input(cfg, dense_backend(FP8Config(enabled=True, backend="xla", targets=("gate", "down"))))
+    assert not shares_fp8_input(cfg, dense_backend(FP8Config(enabled=False)))
     v = init_variables(cfg, fp8, jax.random.key(0))  # micro_model: two unscanned layers
     assert set(v["params"]["layer_0"]["mlp"]) == {"gate", "up", "down"}
     assert set(v["params"]["layer_0"]["mlp"]["gate"]) == set(v["params"]["layer_0"]["mlp"]["up"]) == {"kernel"}

@@ -416,12 +416,12 @@ def fuse_mlp(cfg: ModelConfig, backend) -> bool:
     return cfg.fuse_mlp and not any(backend.for_target(t).is_fp8 for t in ("gate", "up"))
 
 
-def shares_fp8_input(cfg: ModelConfig, backend, d_model: int) -> bool:
+def shares_fp8_input(cfg: ModelConfig, backend) -> bool:
     """Whether gate and up run as two FP8 GEMMs of one FP8 cast of their input (`backend.dots`): both FP8 targets
     of a backend that shares inputs, with FP8-aligned shapes. One cast and one transposed copy for the weight
     gradients instead of two (analyze --target h100, yxanul-197m stage 9, 2026-11-27: 502.7 -> 497.8 ms)."""
     return (backend.shares_inputs and all(backend.for_target(t) is backend for t in ("gate", "up"))
-            and fp8_lib.gemm_aligned(d_model, cfg.ffn_dim))
+            and fp8_lib.gemm_aligned(cfg.d_model, cfg.ffn_dim))
 
 
 class SwiGLU(nn.Module):
@@ -449,7 +449,7 @@ class SwiGLU(nn.Module):
             gu_BxLx2F = _fused_matmul(c, self.backend, "gate_up", ("gate", "up"))(x_BxLxD,
                                                                                    jnp.concatenate(kernels, axis=1))
             h_BxLxF = swiglu(gu_BxLx2F[..., :F], gu_BxLx2F[..., F:])  # its gradient: one [N, 2F] write
-        elif shares_fp8_input(c, self.backend, x_BxLxD.shape[-1]):
+        elif shares_fp8_input(c, self.backend):
             D, F = x_BxLxD.shape[-1], c.ffn_dim
             ws, metas = zip(*(DenseOperands(D, F, ("embed", "mlp"), c.init_std, self.backend, name=t)()
                               for t in ("gate", "up")))
