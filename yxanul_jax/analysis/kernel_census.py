@@ -1,0 +1,207 @@
+"""What our Pallas (Triton) kernels compile to for sm_90, instruction by instruction, and the cycles per tile that
+follow: the part of the performance model that XLA's HLO cannot show (a custom call is opaque to it).
+
+    ptx = kernel_ptx(jax.jit(f).lower(*args))        # {kernel name: its PTX}, from a deviceless sm_90 compile
+    loop = inner_loop(sass(ptx["fused_ce_dw"]))      # the kernel's hottest loop: SASS opcodes and their counts
+    cycles = tile_cycles(loop, warps=8)                # {"tensor", "issue", "mufu", "total"} clocks
+
+The SASS comes from CUDA's own tools on the compile machine: `ptxas` (the gpu-check environment has it, with
+jax-cuda12-plugin's nvcc) assembles the PTX XLA wrote, and `nvdisasm` (the `nvidia-cuda-nvdisasm` wheel, added
+to that environment by scripts/gpu_check_env.sh) prints it. Without nvdisasm only the PTX is at hand.
+
+The cycle model of one loop iteration of one thread block (`tile_cycles`), per SM of an H100/H200 (GH100), walks
+the loop's SASS in order:
+  * tensor: each wgmma's FLOPs at 4,096 dense BF16 FLOP per clock (4 tensor cores x 512 FMA), beside the rest;
+  * issue: every SASS instruction of every warp takes one of the 4 schedulers' issue slots for a clock;
+  * MUFU: each exp (`MUFU.EX2`) takes the special-function units, 16 lanes per clock, beside the issue;
+  * a wgmma wait (`WARPGROUP.DEPBAR`) stops the issue until the GEMMs it names are done.
+So a loop that waits for its GEMM before the softmax that reads it costs tensor + max(issue, MUFU), and one that
+issues the next tile's GEMM before this tile's softmax hides the one under the other. `scripts/fused_ce_sass.py`
+checks the model against the kernels measured on an H200 (docs/BENCHMARKS.md) and prints it for today's.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+TENSOR_FLOP_PER_CLOCK = 4096  # dense BF16 per SM per clock, GH100 (989.4 TFLOP/s = 132 SMs x 4096 x 1.83 GHz)
+ISSUE_PER_CLOCK = 4  # warp instructions per SM per clock (4 schedulers)
+MUFU_PER_CLOCK = 16  # special-function results per SM per clock (ex2)
+THREADS_PER_WARP = 32
+
+
+def kernel_ptx(lowered) -> dict[str, str]:
+    """{entry name: PTX} of every kernel the compile of `lowered` (a jax `Lowered` for a deviceless CUDA device,
+    `gpu_target.compile_device`) writes, read from XLA's dump (`xla_dump_to`, a temporary folder)."""
+    with tempfile.TemporaryDirectory() as d:
+        lowered.compile(compiler_options={"xla_dump_to": d})
+        out = {}
+        for path in sorted(glob.glob(os.path.join(d, "*.ptx"))):
+            text = open(path).read()
+            for name in re.findall(r"\.entry\s+([A-Za-z_][\w$]*)", text):
+                out[name] = text
+        return out
+
+
+def tool(name: str) -> str | None:
+    """A CUDA tool (`ptxas`, `nvdisasm`): from an NVIDIA wheel of this Python's environment (nvidia/*/bin: the
+    ptxas of jaxlib's CUDA), else on PATH, else None."""
+    for base in sys.path:
+        for path in sorted(glob.glob(os.path.join(base, "nvidia", "*", "bin", name))):
+            if os.access(path, os.X_OK):
+                return path
+    return shutil.which(name)
+
+
+def sass(ptx: str, arch: str = "sm_90a") -> str | None:
+    """The SASS of a PTX module (`ptxas -arch` then `nvdisasm -c`), or None where either tool is missing."""
+    ptxas, nvdisasm = tool("ptxas"), tool("nvdisasm")
+    if not ptxas or not nvdisasm:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        open(src, "w").write(ptx)
+        subprocess.run([ptxas, f"-arch={arch}", src, "-o", cubin], check=True, capture_output=True, text=True)
+        return subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True, text=True).stdout
+
+
+def registers(ptx: str, arch: str = "sm_90a") -> tuple[int, int] | None:
+    """(registers per thread, bytes spilled) that ptxas reports for the module, or None without ptxas."""
+    ptxas = tool("ptxas")
+    if not ptxas:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        open(src, "w").write(ptx)
+        log = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", os.devnull], check=True,
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    return (int(regs.group(1)) if regs else 0, sum(int(s) for s in spills))
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """One loop of a kernel's SASS: its instructions in order (`body`), and its opcodes (without modifiers, e.g.
+    FFMA, MUFU, HGMMA) with their counts per iteration, per thread (a warp issues each once)."""
+
+    body: tuple[str, ...]
+
+    @property
+    def ops(self) -> dict:
+        return dict(collections.Counter(_opcode(t) for t in self.body))
+
+    @property
+    def instructions(self) -> int:
+        return len(self.body)
+
+    def count(self, *opcodes: str) -> int:
+        ops = self.ops
+        return sum(ops.get(o, 0) for o in opcodes)
+
+
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
+
+
+def loops(sass_text: str) -> list[Loop]:
+    """Every loop of the SASS (a branch back to an earlier label), innermost first by size."""
+    instrs, label_at, pending = [], {}, []
+    for line in sass_text.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _INSTR.search(line)
+        if m:
+            addr = int(m.group(1), 16)
+            for name in pending:
+                label_at[name] = addr
+            pending = []
+            instrs.append((addr, m.group(2)))
+    out = []
+    for addr, text in instrs:
+        m = re.search(r"\bBRA\b.*?\.?(L_x_\d+)", text)
+        if m and label_at.get(m.group(1), addr + 1) < addr:
+            lo = label_at[m.group(1)]
+            out.append(Loop(tuple(t for a, t in instrs if lo <= a <= addr)))
+    return sorted(out, key=lambda lp: lp.instructions)
+
+
+def _strip(text: str) -> str:
+    """An instruction without its predicate: `@!P0 FFMA.FTZ R1, ...` -> `FFMA.FTZ R1, ...`."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text)
+
+
+def _opcode(text: str) -> str:
+    """`@!P0 FFMA.FTZ R1, ...` -> FFMA."""
+    return _strip(text).split()[0].split(".")[0]
+
+
+def inner_loop(sass_text: str) -> Loop:
+    """The loop that holds the kernel's GEMMs (HGMMA) and exps (MUFU): the one the tiles iterate."""
+    hot = [lp for lp in loops(sass_text) if lp.count("HGMMA") and lp.count("MUFU")]
+    if not hot:
+        raise ValueError("no loop with both HGMMA and MUFU instructions in this SASS")
+    return hot[0]
+
+
+def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]:
+    """Clocks per iteration of one thread block on one SM, by walking the loop's instructions in order
+    (`iterations` times, the steady state's average): each instruction takes warps / 4 clocks of issue; an exp
+    (MUFU) also takes warps x 32 / 16 clocks of the special-function units, which run beside the issue; a
+    wgmma (HGMMA, m x n x k per warpgroup) queues its 2 m n k (warps / 4) FLOPs on the tensor cores, which work
+    beside both, and a `WARPGROUP.DEPBAR.LE gsb0, N` waits until at most N of the committed wgmma groups are
+    still running (and for the exps issued before it). Work issued between a group's wgmma and its wait runs
+    beside it: a loop that issues the next tile's GEMM before this tile's softmax overlaps them, one that waits
+    for each GEMM before its softmax adds them up. Returns the tensor, issue and MUFU clocks per iteration and
+    the walked `total`."""
+    per_issue = warps / ISSUE_PER_CLOCK
+    per_mufu = warps * THREADS_PER_WARP / MUFU_PER_CLOCK
+    now = tensor_free = mufu_free = 0.0
+    done: list[float] = []  # completion clock of each committed wgmma group
+    marks = []
+    tensor = 0.0
+    for _ in range(iterations):
+        marks.append(now)
+        for text in loop.body:
+            op = _opcode(text)
+            if op == "HGMMA":
+                m = re.search(r"HGMMA\.(\d+)x(\d+)x(\d+)", text)
+                clocks = 2 * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) * warps / 4 / TENSOR_FLOP_PER_CLOCK
+                tensor_free = max(tensor_free, now) + clocks
+                tensor += clocks
+                if "gsb0" in text:
+                    done.append(tensor_free)
+            elif op == "WARPGROUP" and "DEPBAR" in text:
+                n = re.search(r"0x([0-9a-f]+)\s*$", text)
+                allowed = int(n.group(1), 16) if n else 0
+                running = [t for t in done if t > now]
+                if len(running) > allowed:
+                    now = max(now, sorted(running)[len(running) - allowed - 1])
+                now = max(now, mufu_free)
+            elif op == "MUFU":
+                mufu_free = max(mufu_free, now) + per_mufu
+            now += per_issue
+        now = max(now, mufu_free)
+    marks.append(now)
+    half = iterations // 2
+    per_iter = (marks[-1] - marks[half]) / (iterations - half)
+    return {"tensor": tensor / iterations, "issue": per_issue * loop.instructions,
+            "mufu": per_mufu * loop.count("MUFU"), "total": per_iter}
+
+
+def load_bytes(loop: Loop, warps: int) -> int:
+    """Bytes one iteration of one thread block copies from L2/HBM into shared memory (`LDGSTS`, cp.async: 4, 8 or 16
+    bytes a thread). Not charged by `tile_cycles`: the fused loss kernels load 11-12 bytes per clock per SM, about
+    half of what the L2 gives an SM (5.5-7 TB/s over 132 SMs, published microbenchmarks); a kernel that loads each
+    block twice (the next tile's GEMM issued before this tile's softmax, in Pallas) would not be."""
+    per_thread = sum(int(m.group(1)) // 8 for t in loop.body if (m := re.match(r"\S*LDGSTS\S*?\.(\d+)\b", _strip(t))))
+    return per_thread * warps * THREADS_PER_WARP
