@@ -20,7 +20,9 @@ forward alone and of forward + backward (value and both gradients), fused and ch
 counts 2 T K V per GEMM (`flop_multiple`): 1 forward, 4 forward + backward (the fused training forward's
 logits and softmax @ w, then dw's recomputed logits and gradient GEMM; the chunked loss recomputes its logits
 under remat: 4 as well). `efficiency` is fused forward + backward TFLOP/s over the
-device's dense BF16 peak (analysis/gpus.py): the number `analysis.perf.FUSED_CE_EFFICIENCY` assumes.
+device's dense BF16 peak (analysis/gpus.py): `analysis.perf.FUSED_CE_EFFICIENCY` is that of the kernels
+measured on an H200 (2026-11-26); the model scales it per kernel by the SASS census (`perf.fused_ce_efficiency`,
+`scripts/fused_ce_sass.py`), and a new measurement of today's kernels checks that scaling.
 
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
 `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default (`core.tiles.KernelTiles.replace`); each set is checked

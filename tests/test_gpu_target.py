@@ -293,3 +293,29 @@ def test_yxanul_197m_compiles_with_muon_for_h100():
     r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "0", "optim.name=muon", "--require", "fp8-expected",
                      LAYER_LOOP)
     assert r["categories"]["optimizer"]["flops"] > 1e12 and r["predicted_step_ms"] > 0
+
+
+def test_fused_loss_kernels_sass_census_is_what_the_model_charges(tmp_path):
+    """The fused head + loss kernels' inner loops in SASS (ptxas + nvdisasm of the sm_90 compile): one ex2 per
+    logit with at most 5 float32 instructions around it (libdevice's expf put 8 more around each), no spills,
+    and the tensor share the performance model charges (`fused_ce.TENSOR_SHARE`) is today's code's."""
+    from yxanul_jax.model.fused_ce import KERNELS, TENSOR_SHARE
+
+    out = tmp_path / "sass.json"
+    proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--json-out", str(out)], capture_output=True,
+                          text=True, cwd=REPO, env=gpu_env(), timeout=600)
+    if proc.returncode == 2 and "nvdisasm" in proc.stderr:
+        pytest.skip("the gpu-check environment predates nvdisasm: rerun scripts/gpu_check_env.sh")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kernels = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
+    assert sorted(kernels) == sorted(TENSOR_SHARE)
+    for name, k in kernels.items():
+        logits = k["bt"] * k["bv"] // (k["warps"] * 32)  # per thread and iteration
+        # the forwards' per-row rescale: wgmma's accumulator gives each thread 2 rows of a warp's 16
+        rescales = 0 if name == "fused_ce_dw" else k["bt"] // (k["warps"] * 8)
+        assert k["mufu"] == logits + rescales, (name, k["mufu"], logits)
+        assert k["fp32_alu"] <= 5 * logits, (name, k["fp32_alu"], logits)
+        assert k["spill_bytes"] == 0, name
+        # the wgmma FLOPs the census walks are the kernel's GEMMs (`KERNELS`) over one tile, K = 128
+        assert k["cycles"]["tensor"] == KERNELS[name] * 2 * k["bt"] * k["bv"] * 128 / 4096, name
+        assert abs(k["share"] - TENSOR_SHARE[name]) < 0.01, (name, k["share"], TENSOR_SHARE[name])

@@ -36,8 +36,12 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
     sequence of 8 that floor is 5x the tile FLOPs' time, and it is what makes XLA's attention win there;
   * FUSED_CE_EFFICIENCY: our fused cross-entropy kernels (`model.fused_ce`, Pallas/Triton custom calls
     whose FLOPs XLA cannot see: counted from their operand shapes, `fused_ce.KERNELS`): with K = 128
-    every logit's exp on the special-function units (16 per clock per SM) costs about as much as its
-    share of the GEMM, and Triton's GEMM reaches less than cuBLAS: 40 % of the BF16 peak;
+    every logit's exp on the special-function units (16 per clock per SM) and its softmax arithmetic cost
+    about as much as its share of the GEMM, and Triton runs them after the GEMM, not beside it. The old
+    three kernels (lse, dx, dw) ran at 40 % of the BF16 peak on an H200 (fwd + bwd, 2026-11-26), where
+    their sm_90 SASS census (`analysis.kernel_census`) gives the tensor cores 49.2 % of each loop iteration
+    (FUSED_CE_MEASURED_SHARE, FLOP-weighted); each kernel is charged FUSED_CE_EFFICIENCY x its own census
+    share (`fused_ce.TENSOR_SHARE`) / that one, so fewer instructions per logit are a faster kernel;
   * HBM_EFFICIENCY: the share of the spec bandwidth a streaming kernel reaches (~90 %);
   * LAUNCH_S: the fixed cost of one kernel (launch and ramp, with XLA's CUDA graphs).
 
@@ -59,6 +63,7 @@ from yxanul_jax.core import scopes
 GEMM_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = {"forward": 0.50, "backward": 0.40}
 FUSED_CE_EFFICIENCY = 0.40
+FUSED_CE_MEASURED_SHARE = 0.492  # the H200-measured kernels' census share, FLOP-weighted (docs/BENCHMARKS.md)
 HBM_EFFICIENCY = 0.90
 LAUNCH_S = 2.5e-6
 # Measured / predicted ratios per GPU and category, from profiled runs (`scripts/gpu_bench.py --profile`
@@ -407,6 +412,14 @@ def _pallas_kernel(op_name: str) -> str | None:
     return next((k for k in KERNELS if re.search(r"\b" + k + r"\b", op_name)), None)
 
 
+def fused_ce_efficiency(name: str | None) -> float:
+    """The share of the BF16 peak a fused cross-entropy kernel runs at: FUSED_CE_EFFICIENCY scaled by its SASS
+    census's tensor share (`fused_ce.TENSOR_SHARE`) against the measured kernels' (module docstring)."""
+    from yxanul_jax.model.fused_ce import TENSOR_SHARE
+
+    return FUSED_CE_EFFICIENCY * TENSOR_SHARE.get(name, FUSED_CE_MEASURED_SHARE) / FUSED_CE_MEASURED_SHARE
+
+
 def _pallas_flops(ins: Instr, name: str, reader: "_Reader") -> float:
     """FLOPs of a fused cross-entropy kernel: KERNELS[name] x 2 T K V from its operands x [T, K], w [V, K]."""
     from yxanul_jax.model.fused_ce import KERNELS
@@ -483,7 +496,7 @@ def kernel_time(k: Kernel, gpu: GpuSpec) -> tuple[float, str]:
         compute_s = max(k.flops / (gpu.rate("bf16") * ATTENTION_EFFICIENCY[k.phase or "forward"]),
                         attention_floor_s(k, gpu))
     elif k.flops and k.precision == "fused_ce":
-        compute_s = k.flops / (gpu.rate("bf16") * FUSED_CE_EFFICIENCY)
+        compute_s = k.flops / (gpu.rate("bf16") * fused_ce_efficiency(_pallas_kernel(k.op_name)))
     elif k.flops and k.precision:
         compute_s = k.flops / (gpu.rate(k.precision) * GEMM_EFFICIENCY * wave_efficiency(k, gpu))
     bound = max((compute_s, "compute"), (memory_s, "memory"), (LAUNCH_S, "launch"))[1]

@@ -31,8 +31,15 @@ BF16 for the gradient GEMM: where the target's probability is near 1 the two par
 gradient meets the same cancellation in float32 outside the kernel (g_lse * a against g_target * w[target]),
 and the target's own weight in a is exp(0) = 1, exact in BF16, whenever it holds the max. The padded
 vocabulary costs a mask only in the one block that straddles v_real (the forwards walk the whole blocks
-unmasked, then that one; blocks of padded rows alone are skipped, and dw runs no program for them), and dw
-adds a per-program -inf column bias.
+unmasked, then that one; blocks of padded rows alone are skipped, and dw runs no program for them). dw masks
+nothing in its loop: a column's dlogits reach only its own row of dw, so the program that holds padded rows
+zeroes them once at its end.
+
+Every exp is one fma and one `ex2.approx.ftz` (`_exp_tile`: the walks keep their max and lse in base 2). On
+sm_90 the inner loops hold one exp and at most 5 other float32 instructions per logit; with jnp.exp (libdevice's
+expf, 8 more per logit) the training forward's loop was 954 SASS instructions per iteration, now 494, and dw's
+1,121 (with spills), now 591 (`analysis.kernel_census`, `scripts/fused_ce_sass.py`, `TENSOR_SHARE`). On a CPU
+(interpret mode) the same arithmetic runs in jnp.exp2.
 
 The backward recomputes the logits (levanter's design) instead of storing them: 4 x 2 T K V FLOPs for a
 training step (`KERNELS`), no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x
@@ -68,6 +75,14 @@ from yxanul_jax.core.tiles import DEFAULT_TILES, KernelTiles, Tiles
 # (the recomputed logits and the gradient GEMM): two.
 KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2}
 
+# kernel name -> the share of an inner-loop iteration its tensor cores work, by the sm_90 SASS census at the default
+# tiles (`analysis.kernel_census.tile_cycles`: the loop's instructions walked in order, tensor clocks / all clocks):
+# the performance model's rate for each kernel (`analysis.perf.fused_ce_efficiency`). scripts/fused_ce_sass.py
+# prints it; tests/test_gpu_target.py recompiles and checks it. Today's loops: the forward 241 SASS instructions
+# per iteration (34 exps), the training forward 494 (66), dw 591 (64); with jnp.exp (libdevice's expf) they were
+# 475, 954 and 1,121, shares 0.365, 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9).
+TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.727, "fused_ce_dw": 0.690}
+
 
 def supported(k: int) -> bool:
     """Whether the fused kernels take a head input of width k (`core.config.FUSED_CE_WIDTHS`: shared-memory tiles,
@@ -81,9 +96,40 @@ def _compiler_params(tiles: Tiles):
     return plt.CompilerParams(num_warps=tiles.warps, num_stages=tiles.stages)
 
 
+LOG2E = 1.4426950408889634  # the walks run in base 2: exp(z) = 2^(z log2 e), one ex2 of the special-function unit
+
+
 def _logits(x, w):
     """[BT, BV] float32 logits of a tile (float32 accumulation of the BF16 operands)."""
     return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _ex2(z, fast: bool):
+    """2^z in float32 (a per-row rescale). `fast` (the GPU): one `ex2.approx.ftz.f32` (relative error <= 2^-22;
+    results below 2^-126 flush to 0); otherwise (Pallas interpret mode, CPU) jnp.exp2."""
+    if not fast:
+        return jnp.exp2(z)
+    from jax.experimental.pallas import triton as plt
+
+    return plt.elementwise_inline_asm("ex2.approx.ftz.f32 $0, $1;", args=[z], constraints="=f,f", pack=1,
+                                      result_shape_dtypes=[jax.ShapeDtypeStruct(z.shape, jnp.float32)])[0]
+
+
+def _exp_tile(logits, shift2, fast: bool):
+    """exp(logits - shift2 / log2 e) of a [BT, BV] tile, per-row shift2 in base 2: 2^(logits log2 e - shift2).
+    `fast` (the GPU): one fma and one `ex2.approx.ftz.f32` per logit. Pallas lowers jnp.exp to libdevice's expf,
+    8 float32 instructions around the same ex2, jnp.exp2 to the non-ftz ex2 (3 more, for denormals), and cannot
+    fuse a multiply and a subtract (`mul.rn`, `sub.rn`): counted in the sm_90 inner loops by
+    `scripts/fused_ce_sass.py`. Otherwise (interpret mode, CPU) the same in jnp, the product rounded first."""
+    bias = jnp.broadcast_to(-shift2[:, None], logits.shape)
+    if not fast:
+        return jnp.exp2(logits * LOG2E + bias)
+    from jax.experimental.pallas import triton as plt
+
+    scale = jnp.full(logits.shape, LOG2E, jnp.float32)
+    return plt.elementwise_inline_asm(
+        "{ .reg .f32 t; fma.rn.f32 t, $1, $2, $3; ex2.approx.ftz.f32 $0, t; }", args=[logits, scale, bias],
+        constraints="=f,f,f,f", pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(logits.shape, jnp.float32)])[0]
 
 
 def _columns(v0, shape):
@@ -112,10 +158,10 @@ def _walk_vocab(body, init, V: int, v_real: int, BV: int):
     return body(full * BV, carry, True) if partial else carry
 
 
-def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV):
-    """lse of a block of rows in one walk of the vocabulary (online max and sum of exps); with `a_ref` (the training
-    forward) also a = softmax @ w (float32 [BT, K]): flash attention's online softmax with x as the queries and w as
-    both keys and values, the accumulator rescaled when the max grows. The input gradient is then
+def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV, fast):
+    """lse of a block of rows in one walk of the vocabulary (online max and sum of exps, in base 2); with `a_ref`
+    (the training forward) also a = softmax @ w (float32 [BT, K]): flash attention's online softmax with x as the
+    queries and w as both keys and values, the accumulator rescaled when the max grows. The input gradient is then
     g_lse * a + g_target * w[target] (`_fused_bwd`): no second walk for it."""
     from jax.experimental import pallas as pl
 
@@ -128,9 +174,9 @@ def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV):
         logits = _logits(x, w)
         if masked:
             logits = _masked(logits, _columns(v0, logits.shape), v_real)
-        m_new = jnp.maximum(m, jnp.max(logits, axis=1))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(logits - m_new[:, None])
+        m_new = jnp.maximum(m, jnp.max(logits, axis=1) * LOG2E)  # base 2: the shift each exp subtracts
+        alpha = _ex2(m - m_new, fast)
+        p = _exp_tile(logits, m_new, fast)
         if a_ref:
             acc = acc * alpha[:, None] + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())),
                                                               preferred_element_type=jnp.float32)
@@ -139,36 +185,38 @@ def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV):
     init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32),
             jnp.zeros(x.shape, jnp.float32) if a_ref else None)
     m, s, acc = _walk_vocab(body, init, V, v_real, BV)
-    lse_ref[...] = m + jnp.log(s)
+    lse_ref[...] = (m + jnp.log2(s)) / LOG2E
     if a_ref:
         a_ref[0][...] = acc / s[:, None]
 
 
-def _dlogits(logits, cols, lse, g_lse, tgt, g_tl):
-    """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the gradient GEMM:
-    softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two nearly
-    cancel: rounding each to BF16 first left 11-15 % errors in the gradients there."""
-    return jnp.exp(logits - lse[:, None]) * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
+def _dlogits(logits, cols, lse, g_lse, tgt, g_tl, fast):
+    """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the
+    gradient GEMM: softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two
+    nearly cancel: rounding each to BF16 first left 11-15 % errors in the gradients there."""
+    p = _exp_tile(logits, lse * LOG2E, fast)
+    return p * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
 
 
-def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV):
+def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV, fast):
     from jax.experimental import pallas as pl
 
     w = w_ref[...]
     v0 = pl.program_id(0) * BV
     cols = _columns(v0, (1, BV))
-    # -inf on this block's padded columns, once per program: an add per logit, no mask in the loop
-    pad = jnp.where(cols < v_real, 0.0, -jnp.inf).astype(jnp.float32)
 
     def body(i, acc):
         rows = pl.ds(i * BT, BT)
         x = x_ref[rows, :]
-        logits = _logits(x, w) + pad
-        d = _dlogits(logits, cols, lse_ref[rows], glse_ref[rows], t_ref[rows], gtl_ref[rows]).astype(x.dtype)
-        return acc + jax.lax.dot_general(d, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        d = _dlogits(_logits(x, w), cols, lse_ref[rows], glse_ref[rows], t_ref[rows], gtl_ref[rows], fast)
+        return acc + jax.lax.dot_general(d.astype(x.dtype), x, (((0,), (0,)), ((), ())),
+                                         preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, T // BT, body, jnp.zeros(w.shape, jnp.float32))
-    dw_ref[...] = acc.astype(dw_ref.dtype)
+    # A padded column's dlogits (its softmax term, unmasked in the loop) reach only its own row of dw: the rows
+    # >= v_real are zeroed once per program here, not masked per logit
+    rows_v = v0 + jax.lax.broadcasted_iota(jnp.int32, (BV, 1), 0)
+    dw_ref[...] = jnp.where(rows_v < v_real, acc, 0.0).astype(dw_ref.dtype)
 
 
 def _pad(a, n: int, axis: int = 0):
@@ -195,7 +243,8 @@ def _forward(x, w, *, v_real, tiles, interpret, with_a: bool = False):
         out_shape = (out_shape, jax.ShapeDtypeStruct((T, K), jnp.float32))
         out_specs = (rows, pl.BlockSpec((t.bt, K), lambda i: (i, 0)))
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv), out_shape=out_shape, grid=(T // t.bt,),
+        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv, fast=not interpret), out_shape=out_shape,
+        grid=(T // t.bt,),
         in_specs=[pl.BlockSpec((t.bt, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0))],
         out_specs=out_specs, compiler_params=_compiler_params(t), interpret=interpret, name=name,
     )(x, w)
@@ -213,7 +262,7 @@ def _table_grad(x, w, targets, lse, g_lse, g_tl, *, v_real, tiles, interpret):
     real = (full + partial) * t.bv
     whole_t = pl.BlockSpec((T,), lambda i: (0,))
     dw = pl.pallas_call(
-        functools.partial(_dw_kernel, T=T, v_real=v_real, BT=t.bt, BV=t.bv),
+        functools.partial(_dw_kernel, T=T, v_real=v_real, BT=t.bt, BV=t.bv, fast=not interpret),
         out_shape=jax.ShapeDtypeStruct((real, K), jnp.float32), grid=(full + partial,),
         in_specs=[pl.BlockSpec((T, K), lambda j: (0, 0)), pl.BlockSpec((t.bv, K), lambda j: (j, 0)),
                   whole_t, whole_t, whole_t, whole_t],
