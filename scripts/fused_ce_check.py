@@ -222,12 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiles", nargs="+", default=["default"], metavar="SET",
                    help="sets of kernel tiles to check and time: default, or e.g. fwd=256x64,dx=64x128w4")
     args = p.parse_args(argv)
-    for spec in args.tiles:
-        try:
-            tiles_of(spec)
-        except ValueError as e:
-            print(f"error: --tiles {spec}: {e}", file=sys.stderr)
-            return 2
+    from yxanul_jax.core.tiles import bad_tiles
+
+    if bad := bad_tiles(args.tiles):
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     import jax
 
     from yxanul_jax.analysis import gpus

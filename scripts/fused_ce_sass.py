@@ -8,11 +8,12 @@ For each set of tiles (`core.tiles`, the form of `train.fused_ce_tiles`) it comp
 machine (the forward for evaluation, then the training forward and the table gradient: jax.grad), assembles
 each one's PTX with ptxas and disassembles it with nvdisasm (both in the gpu-check environment), and prints per
 kernel: registers, spills, SASS instructions, exps (MUFU) and wgmma (HGMMA) per iteration, the clocks of the
-tensor, issue and MUFU parts of an iteration, the bytes it loads per clock, the tensor cores' share of it (what `model.fused_ce.TENSOR_SHARE`
-records for the performance model), and the kernel's milliseconds by this cycle model alone at `--tokens` x the
-vocabulary (`--vocab-rows`, `--v-real`, `--k`: yxanul-197m's by default). `--measured` reads a
-`scripts/fused_ce_check.py --json-out` file (a GPU's tile sweep of the same kernel code) and sets each measured
-row beside its prediction, with the ratio. A table, then one JSON line.
+tensor, issue and MUFU parts of an iteration and of the whole walked iteration, the tensor cores' share of it
+(what `model.fused_ce.TENSOR_SHARE` records for the performance model), the bytes it loads per clock, and the
+kernel's milliseconds by this cycle model alone at `--tokens` x the vocabulary (`--vocab-rows`, `--v-real`,
+`--k`: yxanul-197m's by default). `--measured` reads a `scripts/fused_ce_check.py --json-out` file (a GPU's tile
+sweep of the same kernel code) and sets each measured row beside its prediction, with the ratio. A table, then
+one JSON line.
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sm
             "mufu": loop.count("MUFU"), "hgmma": loop.count("HGMMA"),
             "fp32_alu": loop.count("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL"),
             "cycles": {key: round(v, 1) for key, v in cyc.items()}, "share": round(cyc["tensor"] / cyc["total"], 4),
-            "load_bytes": load_bytes(loop, t.warps), "load_bytes_per_clock": round(load_bytes(loop, t.warps) / cyc["total"], 1),
+            "load_bytes": (loaded := load_bytes(loop, t.warps)),
+            "load_bytes_per_clock": round(loaded / cyc["total"], 1),
             "ms": waves * iters * cyc["total"] / clock_hz * 1e3}
 
 
@@ -94,7 +96,7 @@ def main() -> int:
     p.add_argument("--vocab-rows", type=int, default=200064)
     p.add_argument("--v-real", type=int, default=200005)
     p.add_argument("--k", type=int, default=128)
-    p.add_argument("--gpu", default="h100", help="h100 or h200 (the same chip: SM count)")
+    p.add_argument("--gpu", default="h100", choices=["h100", "h100-pcie", "h200"], help="the target (SM count)")
     p.add_argument("--clock-ghz", type=float, default=1.98, help="the SM clock under load (boost: 1.98)")
     p.add_argument("--measured", help="a GPU's scripts/fused_ce_check.py --json-out file to set beside")
     p.add_argument("--json-out")
@@ -105,7 +107,7 @@ def main() -> int:
     from yxanul_jax.analysis.gpu_target import compile_device
     from yxanul_jax.analysis.gpus import lookup
     from yxanul_jax.analysis.kernel_census import tool
-    from yxanul_jax.core.tiles import parse_tiles
+    from yxanul_jax.core.tiles import bad_tiles
 
     missing = [t for t in ("ptxas", "nvdisasm") if tool(t) is None]
     if missing:
@@ -113,12 +115,9 @@ def main() -> int:
               "(bash scripts/gpu_check_env.sh installs both)", file=sys.stderr)
         return 2
 
-    for spec in args.tiles:
-        try:
-            parse_tiles(spec)
-        except ValueError as e:
-            print(f"error: --tiles {spec}: {e}", file=sys.stderr)
-            return 2
+    if bad := bad_tiles(args.tiles):
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     gpu = lookup(args.gpu)
     device = compile_device(args.gpu)
     clock = args.clock_ghz * 1e9

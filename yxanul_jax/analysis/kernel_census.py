@@ -14,7 +14,9 @@ the loop's SASS in order:
   * tensor: each wgmma's FLOPs at 4,096 dense BF16 FLOP per clock (4 tensor cores x 512 FMA), beside the rest;
   * issue: every SASS instruction of every warp takes one of the 4 schedulers' issue slots for a clock;
   * MUFU: each exp (`MUFU.EX2`) takes the special-function units, 16 lanes per clock, beside the issue;
-  * a wgmma wait (`WARPGROUP.DEPBAR`) stops the issue until the GEMMs it names are done.
+  * a wgmma wait (`WARPGROUP.DEPBAR`) stops the issue until the GEMMs it names are done, and a wgmma that reads
+    a softmax tile (registers traced back to an exp), or the store of that tile to shared memory, starts only
+    once the exps before it are done.
 So a loop that waits for its GEMM before the softmax that reads it costs tensor + max(issue, MUFU), and one that
 issues the next tile's GEMM before this tile's softmax hides the one under the other. `scripts/fused_ce_sass.py`
 checks the model against the kernels measured on an H200 (docs/BENCHMARKS.md) and prints it for today's.
@@ -39,7 +41,8 @@ THREADS_PER_WARP = 32
 
 def kernel_ptx(lowered) -> dict[str, str]:
     """{entry name: PTX} of every kernel the compile of `lowered` (a jax `Lowered` for a deviceless CUDA device,
-    `gpu_target.compile_device`) writes, read from XLA's dump (`xla_dump_to`, a temporary folder)."""
+    `gpu_target.compile_device`) writes, read from XLA's dump (`xla_dump_to`, a temporary folder). Each entry maps
+    to its whole PTX module: one kernel for a Triton custom call (`sass`, `registers` assume that)."""
     with tempfile.TemporaryDirectory() as d:
         lowered.compile(compiler_options={"xla_dump_to": d})
         out = {}
@@ -155,14 +158,19 @@ def inner_loop(sass_text: str) -> Loop:
 
 def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]:
     """Clocks per iteration of one thread block on one SM, by walking the loop's instructions in order
-    (`iterations` times, the steady state's average): each instruction takes warps / 4 clocks of issue; an exp
-    (MUFU) also takes warps x 32 / 16 clocks of the special-function units, which run beside the issue; a
-    wgmma (HGMMA, m x n x k per warpgroup) queues its 2 m n k (warps / 4) FLOPs on the tensor cores, which work
-    beside both, and a `WARPGROUP.DEPBAR.LE gsb0, N` waits until at most N of the committed wgmma groups are
-    still running (and for the exps issued before it). Work issued between a group's wgmma and its wait runs
-    beside it: a loop that issues the next tile's GEMM before this tile's softmax overlaps them, one that waits
-    for each GEMM before its softmax adds them up. Returns the tensor, issue and MUFU clocks per iteration and
-    the walked `total`."""
+    (`iterations` times, the steady state's average):
+      * each instruction takes warps / 4 clocks of issue;
+      * an exp (MUFU) also takes warps x 32 / 16 clocks of the special-function units, beside the issue;
+      * a wgmma (HGMMA, m x n x k per warpgroup) queues its 2 m n k (warps / 4) FLOPs on the tensor cores, beside
+        both;
+      * a wgmma, or a store to shared memory for one (`STSM`), that reads a register holding an exp or a value
+        computed from one in this iteration (a softmax tile) waits for the exps issued before it, as does the end
+        of an iteration;
+      * a `WARPGROUP.DEPBAR.LE gsb0, N` waits until at most N of the committed wgmma groups are still running.
+    Register dependencies are not tracked otherwise: between those points the exps and the other instructions
+    overlap. Work issued between a group's wgmma and its wait runs beside it: a loop that issues one GEMM before
+    the exps of another tile overlaps them, one that waits for each GEMM before the softmax that reads it adds
+    them up. Returns the tensor, issue and MUFU clocks per iteration and the walked `total`."""
     per_issue = warps / ISSUE_PER_CLOCK
     per_mufu = warps * THREADS_PER_WARP / MUFU_PER_CLOCK
     now = tensor_free = mufu_free = 0.0
@@ -171,14 +179,28 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
     tensor = 0.0
     for _ in range(iterations):
         marks.append(now)
+        from_exp: set[str] = set()  # registers holding an exp or a value computed from one, this iteration
         for text in loop.body:
             op = _opcode(text)
-            if op == "HGMMA":
+            dest, reads = _registers(text)
+            if reads & from_exp:
+                if op in ("HGMMA", "STSM"):
+                    # values made from exps become a wgmma operand (in registers, or through shared memory)
+                    now = max(now, mufu_free)
+                elif dest:
+                    from_exp.add(dest)
+            elif dest:
+                from_exp.discard(dest)
+            if op in ("HGMMA", "HMMA"):
+                # a wgmma (m x n x k per warpgroup), or an mma.sync (HMMA.MNK, per warp: Triton's fallback where a
+                # GEMM has fewer than 64 rows a warpgroup), counted at the wgmma rate: optimistic for the latter
                 m = re.search(r"HGMMA\.(\d+)x(\d+)x(\d+)", text)
-                clocks = 2 * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) * warps / 4 / TENSOR_FLOP_PER_CLOCK
+                dims = m.groups() if m else re.search(r"HMMA\.(\d\d)(\d)(\d\d)", text).groups()
+                per = warps / 4 if m else warps
+                clocks = 2 * int(dims[0]) * int(dims[1]) * int(dims[2]) * per / TENSOR_FLOP_PER_CLOCK
                 tensor_free = max(tensor_free, now) + clocks
                 tensor += clocks
-                if "gsb0" in text:
+                if "gsb0" in text or not m:  # a committed wgmma group; an mma.sync is waited for at its use
                     done.append(tensor_free)
             elif op == "WARPGROUP" and "DEPBAR" in text:
                 n = re.search(r"0x([0-9a-f]+)\s*$", text)
@@ -186,9 +208,9 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
                 running = [t for t in done if t > now]
                 if len(running) > allowed:
                     now = max(now, sorted(running)[len(running) - allowed - 1])
-                now = max(now, mufu_free)
             elif op == "MUFU":
                 mufu_free = max(mufu_free, now) + per_mufu
+                from_exp.add(dest)
             now += per_issue
         now = max(now, mufu_free)
     marks.append(now)
@@ -198,10 +220,36 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
             "mufu": per_mufu * loop.count("MUFU"), "total": per_iter}
 
 
+def _registers(text: str) -> tuple[str | None, set[str]]:
+    """(the register an instruction writes, or None; the registers it reads). A wgmma's register A operand and a
+    matrix store (`STSM ... .4`) name the first of 4 consecutive registers."""
+    body = _strip(text)
+    op, _, rest = body.partition(" ")
+    operands = [o.strip() for o in rest.split(",")]
+    regs = [re.findall(r"\bR(\d+)\b", o) for o in operands]
+    name = op.split(".")[0]
+    if name in ("STSM", "STS", "ST", "STG", "HGMMA"):  # no register written (HGMMA's accumulator aside)
+        dest, sources = None, regs if name != "HGMMA" else regs[1:2]
+    else:
+        dest = f"R{regs[0][0]}" if regs and regs[0] and operands[0].startswith("R") else None
+        sources = regs[1:]
+    reads = set()
+    for k, group in enumerate(sources):
+        # the data of a 4-wide store (not its address, operand 0) and a wgmma's A operand span 4 registers
+        wide = (name == "HGMMA") or (name == "STSM" and op.endswith(".4") and k > 0)
+        reads |= {f"R{int(r) + i}" for r in group for i in range(4 if wide else 1)}
+    return dest, reads
+
+
 def load_bytes(loop: Loop, warps: int) -> int:
     """Bytes one iteration of one thread block copies from L2/HBM into shared memory (`LDGSTS`, cp.async: 4, 8 or 16
     bytes a thread). Not charged by `tile_cycles`: the fused loss kernels load 11-12 bytes per clock per SM, about
     half of what the L2 gives an SM (5.5-7 TB/s over 132 SMs, published microbenchmarks); a kernel that loads each
     block twice (the next tile's GEMM issued before this tile's softmax, in Pallas) would not be."""
-    per_thread = sum(int(m.group(1)) // 8 for t in loop.body if (m := re.match(r"\S*LDGSTS\S*?\.(\d+)\b", _strip(t))))
+    per_thread = 0
+    for text in loop.body:
+        op = _strip(text).split()[0]
+        if op.startswith("LDGSTS"):
+            size = re.search(r"\.(\d+)(?:\.|$)", op)  # LDGSTS.E.BYPASS.128; no size: 32 bits (LDGSTS.E)
+            per_thread += (int(size.group(1)) if size else 32) // 8
     return per_thread * warps * THREADS_PER_WARP

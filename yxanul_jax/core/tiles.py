@@ -83,3 +83,14 @@ def parse_tiles(spec: str) -> KernelTiles:
     for part in ([] if spec.strip() == "default" else spec.split(",")):
         tiles = tiles.replace(part)
     return tiles
+
+
+def bad_tiles(specs) -> str | None:
+    """The one-line error for the first of `specs` that `parse_tiles` refuses (`--tiles SPEC: why`), or None: the
+    check both tile scripts (scripts/fused_ce_check.py, scripts/fused_ce_sass.py) run before compiling anything."""
+    for spec in specs:
+        try:
+            parse_tiles(spec)
+        except ValueError as e:
+            return f"--tiles {spec}: {e}"
+    return None

@@ -1,0 +1,80 @@
+"""The SASS census of our Pallas kernels (analysis/kernel_census.py) on hand-written SASS in nvdisasm's form, and
+the performance model's rate that follows from it (perf.fused_ce_efficiency). The census of the real kernels,
+compiled for sm_90, is tests/test_gpu_target.py's."""
+import pytest
+
+from yxanul_jax.analysis import kernel_census as kc
+from yxanul_jax.analysis import perf
+
+
+def _sass(lines: list[str]) -> str:
+    """A loop of `lines` in nvdisasm's form (addresses every 0x10, a label, a branch back), between two
+    instructions outside it."""
+    out = ["        .text.k:", "        /*0000*/                   MOV R1, c[0x0][0x28] ;", ".L_x_0:"]
+    for i, text in enumerate(lines + ["@P0 BRA `(.L_x_0)"], start=1):
+        out.append(f"        /*{16 * i:04x}*/                   {text} ;")
+    out.append(f"        /*{16 * (len(lines) + 2):04x}*/                   EXIT ;")
+    return "\n".join(out)
+
+
+G1 = "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], RZ, !UPT, gsb0"  # logits: A from shared memory, 128 clocks at 8 warps
+EXPS = [f"MUFU.EX2 R{40 + i}, R{24 + i}" for i in range(4)]  # 4 x 16 clocks of the special-function units
+WAIT = "WARPGROUP.DEPBAR.LE gsb0, 0x0"
+
+
+def test_a_gemm_that_reads_the_exps_waits_for_them():
+    # softmax @ w: the exps packed to BF16 and read as the wgmma's A operand (R60..R63), so no overlap:
+    # per iteration G1 (128) + the exps (4 x 16) + G2 (128) + 4 issue clocks between them
+    body = ["WARPGROUP.ARRIVE", G1, WAIT, *EXPS, "F2FP.BF16.F32.PACK_AB R60, R41, R40", "WARPGROUP.ARRIVE",
+            "HGMMA.64x128x16.F32.BF16 R88, R60, gdesc[UR16].tnspB, R88, gsb0", WAIT]
+    loop = kc.inner_loop(_sass(body))
+    assert loop.instructions == len(body) + 1 and loop.count("MUFU") == 4 and loop.count("HGMMA") == 2
+    c = kc.tile_cycles(loop, warps=8)
+    assert (c["tensor"], c["issue"], c["mufu"]) == (256, 2 * (len(body) + 1), 64)
+    assert c["total"] == 328
+
+
+def test_exps_issued_under_another_gemm_overlap_it():
+    # the second GEMM reads other registers (another half's tile): the exps run while it does
+    body = ["WARPGROUP.ARRIVE", G1, WAIT, "WARPGROUP.ARRIVE",
+            "HGMMA.64x128x16.F32.BF16 R88, R100, gdesc[UR16].tnspB, R88, gsb0", *EXPS, WAIT]
+    c = kc.tile_cycles(kc.inner_loop(_sass(body)), warps=8)
+    assert c["tensor"] == 256 and c["total"] == 266  # the 64 clocks of exps hidden under the 128 of the GEMM
+
+
+def test_a_wait_that_allows_one_group_lets_the_older_gemm_run_on():
+    # DEPBAR.LE gsb0, 0x1 waits for all but the newest committed group
+    body = ["WARPGROUP.ARRIVE", G1, "WARPGROUP.ARRIVE", "HGMMA.64x128x16.F32.BF16 R88, gdesc[UR16], R88, gsb0",
+            "WARPGROUP.DEPBAR.LE gsb0, 0x1", *EXPS, WAIT]
+    c = kc.tile_cycles(kc.inner_loop(_sass(body)), warps=8)
+    # the walk waits at 0x1 for G1 (done at 130) while the second runs to 258, the exps in its shadow
+    assert c["total"] == 262
+
+
+def test_loads_and_registers_read_from_sass():
+    body = ["LDGSTS.E.BYPASS.128 [R5], desc[UR20][R12.64]", "@!P0 LDGSTS.E [R29], desc[UR20][R2.64]",
+            "WARPGROUP.ARRIVE", G1, WAIT, *EXPS]
+    loop = kc.inner_loop(_sass(body))
+    assert kc.load_bytes(loop, warps=8) == (16 + 4) * 256  # a size-less LDGSTS.E copies 4 bytes a thread
+    assert kc._registers("F2FP.BF16.F32.PACK_AB R120, R167, R164") == ("R120", {"R164", "R167"})
+    assert kc._registers("HGMMA.64x128x16.F32.BF16 R24, R120, gdesc[UR8].tnspB, R24") == (
+        None, {"R120", "R121", "R122", "R123"})
+    assert kc._registers("STSM.16.M88.4 [R190+0x20000], R56") == (None, {"R190", "R56", "R57", "R58", "R59"})
+    assert kc._registers("@!P0 MUFU.EX2 R86, R85") == ("R86", {"R85"})
+
+
+def test_sass_without_a_gemm_and_exp_loop_is_refused():
+    with pytest.raises(ValueError, match="no loop with both HGMMA and MUFU"):
+        kc.inner_loop(_sass(["FADD R1, R2, R3"]))
+
+
+def test_the_model_charges_each_fused_kernel_by_its_census_share():
+    from yxanul_jax.model.fused_ce import KERNELS, TENSOR_SHARE
+
+    assert set(TENSOR_SHARE) == set(KERNELS)
+    for name, share in TENSOR_SHARE.items():
+        assert perf.fused_ce_efficiency(name) == pytest.approx(
+            perf.FUSED_CE_EFFICIENCY * share / perf.FUSED_CE_MEASURED_SHARE)
+    # a kernel the table does not know (an older one, re-read from a stored HLO) keeps the measured rate
+    assert perf.fused_ce_efficiency("fused_ce_dx") == perf.FUSED_CE_EFFICIENCY
+    assert perf.fused_ce_efficiency(None) == perf.FUSED_CE_EFFICIENCY
