@@ -39,8 +39,9 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
     every logit's exp on the special-function units (16 per clock per SM) and its softmax arithmetic cost
     about as much as its share of the GEMM, and Triton runs them after the GEMM, not beside it. The old
     three kernels (lse, dx, dw) ran at 40 % of the BF16 peak on an H200 (fwd + bwd, 2026-11-26), where
-    their sm_90 SASS census (`analysis.kernel_census`) gives the tensor cores 49.2 % of each loop iteration
-    (FUSED_CE_MEASURED_SHARE, FLOP-weighted); each kernel is charged FUSED_CE_EFFICIENCY x its own census
+    their sm_90 SASS census (`analysis.kernel_census`) gives the tensor cores 49.2 % of the loops' clocks
+    (FUSED_CE_MEASURED_SHARE: their tensor clocks over all their clocks, the FLOP-weighted harmonic mean of
+    the kernels' shares); each kernel is charged FUSED_CE_EFFICIENCY x its own census
     share (`fused_ce.TENSOR_SHARE`) / that one, so fewer instructions per logit are a faster kernel;
   * HBM_EFFICIENCY: the share of the spec bandwidth a streaming kernel reaches (~90 %);
   * LAUNCH_S: the fixed cost of one kernel (launch and ramp, with XLA's CUDA graphs).
@@ -63,7 +64,7 @@ from yxanul_jax.core import scopes
 GEMM_EFFICIENCY = 0.80
 ATTENTION_EFFICIENCY = {"forward": 0.50, "backward": 0.40}
 FUSED_CE_EFFICIENCY = 0.40
-FUSED_CE_MEASURED_SHARE = 0.492  # the H200-measured kernels' census share, FLOP-weighted (docs/BENCHMARKS.md)
+FUSED_CE_MEASURED_SHARE = 0.492  # the H200-measured kernels' tensor clocks / all clocks by the census (BENCHMARKS)
 HBM_EFFICIENCY = 0.90
 LAUNCH_S = 2.5e-6
 # Measured / predicted ratios per GPU and category, from profiled runs (`scripts/gpu_bench.py --profile`

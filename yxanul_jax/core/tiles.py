@@ -44,6 +44,12 @@ class KernelTiles:
     dx: Tiles = Tiles()
     dw: Tiles = Tiles()
 
+    def __post_init__(self):
+        for name in ("dx", "dw"):  # the training kernels work each vocabulary block in two halves (model.fused_ce)
+            if getattr(self, name).bv < 32:
+                raise ValueError(f"fused cross-entropy tile {name} bv={getattr(self, name).bv}: the training kernels "
+                                 "split it in two halves of at least 16, so at least 32, e.g. 128")
+
     @property
     def t_multiple(self) -> int:
         """Tokens are padded to a multiple of every kernel's bt (powers of 2: the largest)."""

@@ -37,9 +37,12 @@ zeroes them once at its end.
 
 Every exp is one fma and one `ex2.approx.ftz` (`_exp_tile`: the walks keep their max and lse in base 2). On
 sm_90 the inner loops hold one exp and at most 5 other float32 instructions per logit; with jnp.exp (libdevice's
-expf, 8 more per logit) the training forward's loop was 954 SASS instructions per iteration, now 494, and dw's
-1,121 (with spills), now 591 (`analysis.kernel_census`, `scripts/fused_ce_sass.py`, `TENSOR_SHARE`). On a CPU
-(interpret mode) the same arithmetic runs in jnp.exp2.
+expf, 8 more per logit) the training forward's loop was 954 SASS instructions per iteration and dw's 1,121 (with
+spills). The training kernels work each tile in two halves of its vocabulary block: the training forward's
+softmax @ w as two GEMMs (one online-max update per tile), dw's rows of the table as two accumulators. Triton
+then issues the first half's GEMM before the second half's exps, and the wgmma runs under them: the overlap that
+FlashAttention-3 schedules by hand, without loading any block twice (`analysis.kernel_census`,
+`scripts/fused_ce_sass.py`, `TENSOR_SHARE`). On a CPU (interpret mode) the same arithmetic runs in jnp.exp2.
 
 The backward recomputes the logits (levanter's design) instead of storing them: 4 x 2 T K V FLOPs for a
 training step (`KERNELS`), no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x
@@ -79,9 +82,10 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2}
 # tiles (`analysis.kernel_census.tile_cycles`: the loop's instructions walked in order, tensor clocks / all clocks):
 # the performance model's rate for each kernel (`analysis.perf.fused_ce_efficiency`). scripts/fused_ce_sass.py
 # prints it; tests/test_gpu_target.py recompiles and checks it. Today's loops: the forward 241 SASS instructions
-# per iteration (34 exps), the training forward 494 (66), dw 591 (64); with jnp.exp (libdevice's expf) they were
-# 475, 954 and 1,121, shares 0.365, 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9).
-TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.727, "fused_ce_dw": 0.690}
+# per iteration (34 exps), the training forward 544 (66), dw 679 (64), each exp but the first half's under a GEMM
+# of the other half; with jnp.exp (libdevice's expf) and one GEMM per tile they were 475, 954 and 1,121, shares
+# 0.365, 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9).
+TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.684, "fused_ce_dw": 0.713}
 
 
 def supported(k: int) -> bool:
@@ -97,6 +101,7 @@ def _compiler_params(tiles: Tiles):
 
 
 LOG2E = 1.4426950408889634  # the walks run in base 2: exp(z) = 2^(z log2 e), one ex2 of the special-function unit
+LN2 = 0.6931471805599453  # the kernels' base-2 lse times ln 2: the lse they return
 
 
 def _logits(x, w):
@@ -167,56 +172,70 @@ def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV, fast):
 
     x = x_ref[...]
     BT = x.shape[0]
+    H = BV // 2 if a_ref else BV  # the training forward in two halves: one's GEMM runs under the other's exps
 
     def body(v0, carry, masked):
         m, s, acc = carry
-        w = w_ref[pl.ds(v0, BV), :]
-        logits = _logits(x, w)
+        ws = [w_ref[pl.ds(v0 + h, H), :] for h in range(0, BV, H)]
+        logits = [_logits(x, w) for w in ws]
         if masked:
-            logits = _masked(logits, _columns(v0, logits.shape), v_real)
-        m_new = jnp.maximum(m, jnp.max(logits, axis=1) * LOG2E)  # base 2: the shift each exp subtracts
+            logits = [_masked(lg, _columns(v0 + i * H, lg.shape), v_real) for i, lg in enumerate(logits)]
+        m_new = m
+        for lg in logits:
+            m_new = jnp.maximum(m_new, jnp.max(lg, axis=1) * LOG2E)  # base 2: the shift each exp subtracts
         alpha = _ex2(m - m_new, fast)
-        p = _exp_tile(logits, m_new, fast)
         if a_ref:
-            acc = acc * alpha[:, None] + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())),
-                                                              preferred_element_type=jnp.float32)
-        return m_new, s * alpha + jnp.sum(p, axis=1), acc
+            acc = acc * alpha[:, None]
+        total = None
+        for w, lg in zip(ws, logits):
+            p = _exp_tile(lg, m_new, fast)
+            total = jnp.sum(p, axis=1) if total is None else total + jnp.sum(p, axis=1)
+            if a_ref:
+                acc = acc + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())),
+                                                preferred_element_type=jnp.float32)
+        return m_new, s * alpha + total, acc
 
     init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32),
             jnp.zeros(x.shape, jnp.float32) if a_ref else None)
     m, s, acc = _walk_vocab(body, init, V, v_real, BV)
-    lse_ref[...] = (m + jnp.log2(s)) / LOG2E
+    lse_ref[...] = m + jnp.log2(s)  # base 2: dw subtracts it as it is
     if a_ref:
         a_ref[0][...] = acc / s[:, None]
 
 
-def _dlogits(logits, cols, lse, g_lse, tgt, g_tl, fast):
+def _dlogits(logits, cols, lse2, g_lse, tgt, g_tl, fast):
     """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the
     gradient GEMM: softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two
     nearly cancel: rounding each to BF16 first left 11-15 % errors in the gradients there."""
-    p = _exp_tile(logits, lse * LOG2E, fast)
+    p = _exp_tile(logits, lse2, fast)
     return p * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
 
 
 def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV, fast):
     from jax.experimental import pallas as pl
 
-    w = w_ref[...]
     v0 = pl.program_id(0) * BV
-    cols = _columns(v0, (1, BV))
+    H = BV // 2  # two halves of the program's rows, two accumulators: one's GEMM runs under the other's exps
+    ws = [w_ref[pl.ds(h, H), :] for h in range(0, BV, H)]
+    cols = [_columns(v0 + h, (1, H)) for h in range(0, BV, H)]
 
-    def body(i, acc):
+    def body(i, accs):
         rows = pl.ds(i * BT, BT)
         x = x_ref[rows, :]
-        d = _dlogits(_logits(x, w), cols, lse_ref[rows], glse_ref[rows], t_ref[rows], gtl_ref[rows], fast)
-        return acc + jax.lax.dot_general(d.astype(x.dtype), x, (((0,), (0,)), ((), ())),
-                                         preferred_element_type=jnp.float32)
+        logits = [_logits(x, w) for w in ws]
+        out = []
+        for lg, c, acc in zip(logits, cols, accs):
+            d = _dlogits(lg, c, lse_ref[rows], glse_ref[rows], t_ref[rows], gtl_ref[rows], fast)
+            out.append(acc + jax.lax.dot_general(d.astype(x.dtype), x, (((0,), (0,)), ((), ())),
+                                                 preferred_element_type=jnp.float32))
+        return tuple(out)
 
-    acc = jax.lax.fori_loop(0, T // BT, body, jnp.zeros(w.shape, jnp.float32))
+    accs = jax.lax.fori_loop(0, T // BT, body, tuple(jnp.zeros(w.shape, jnp.float32) for w in ws))
     # A padded column's dlogits (its softmax term, unmasked in the loop) reach only its own row of dw: the rows
     # >= v_real are zeroed once per program here, not masked per logit
-    rows_v = v0 + jax.lax.broadcasted_iota(jnp.int32, (BV, 1), 0)
-    dw_ref[...] = jnp.where(rows_v < v_real, acc, 0.0).astype(dw_ref.dtype)
+    for h, acc in zip(range(0, BV, H), accs):
+        rows_v = v0 + h + jax.lax.broadcasted_iota(jnp.int32, (H, 1), 0)
+        dw_ref[pl.ds(h, H), :] = jnp.where(rows_v < v_real, acc, 0.0).astype(dw_ref.dtype)
 
 
 def _pad(a, n: int, axis: int = 0):
@@ -228,9 +247,10 @@ def _pad(a, n: int, axis: int = 0):
     return jnp.pad(a, widths)
 
 
-def _forward(x, w, *, v_real, tiles, interpret, with_a: bool = False):
-    """lse [T] (float32) by `fused_ce_fwd` (tiles.fwd); with_a: (lse, a [T, K] float32) by `fused_ce_fwd_dx`
-    (tiles.dx), the forward that also forms the input gradient's softmax part."""
+def _forward(x, w, *, v_real, tiles, interpret, fast, with_a: bool = False):
+    """lse2 [T] (float32, base 2: lse / ln 2) by `fused_ce_fwd` (tiles.fwd); with_a: (lse2, a [T, K] float32) by
+    `fused_ce_fwd_dx` (tiles.dx), the forward that also forms the input gradient's softmax part. `fast`: the exps as
+    inline PTX (`_exp_tile`)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
@@ -243,14 +263,14 @@ def _forward(x, w, *, v_real, tiles, interpret, with_a: bool = False):
         out_shape = (out_shape, jax.ShapeDtypeStruct((T, K), jnp.float32))
         out_specs = (rows, pl.BlockSpec((t.bt, K), lambda i: (i, 0)))
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv, fast=not interpret), out_shape=out_shape,
+        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast), out_shape=out_shape,
         grid=(T // t.bt,),
         in_specs=[pl.BlockSpec((t.bt, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0))],
         out_specs=out_specs, compiler_params=_compiler_params(t), interpret=interpret, name=name,
     )(x, w)
 
 
-def _table_grad(x, w, targets, lse, g_lse, g_tl, *, v_real, tiles, interpret):
+def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, fast):
     """dw (float32 [V, K]) by `fused_ce_dw`, only for the vocabulary blocks that hold real rows (the blocks of
     padded rows alone get zeros without a program)."""
     from jax.experimental import pallas as pl
@@ -262,24 +282,25 @@ def _table_grad(x, w, targets, lse, g_lse, g_tl, *, v_real, tiles, interpret):
     real = (full + partial) * t.bv
     whole_t = pl.BlockSpec((T,), lambda i: (0,))
     dw = pl.pallas_call(
-        functools.partial(_dw_kernel, T=T, v_real=v_real, BT=t.bt, BV=t.bv, fast=not interpret),
+        functools.partial(_dw_kernel, T=T, v_real=v_real, BT=t.bt, BV=t.bv, fast=fast),
         out_shape=jax.ShapeDtypeStruct((real, K), jnp.float32), grid=(full + partial,),
         in_specs=[pl.BlockSpec((T, K), lambda j: (0, 0)), pl.BlockSpec((t.bv, K), lambda j: (j, 0)),
                   whole_t, whole_t, whole_t, whole_t],
         out_specs=pl.BlockSpec((t.bv, K), lambda j: (j, 0)), compiler_params=_compiler_params(t),
         interpret=interpret, name="fused_ce_dw",
-    )(x, w, targets, lse, g_lse, g_tl)
+    )(x, w, targets, lse2, g_lse, g_tl)
     return _pad(dw, V) if real < V else dw
 
 
 def _on_platform(fn, interpret, *args):
-    """`fn(*args, interpret=...)`: Triton where the step is lowered for a GPU, interpret mode on a CPU
-    (decided when lowering, so a deviceless sm_90 compile from a CPU machine gets the Triton kernels);
-    `interpret=True` forces interpret mode."""
+    """`fn(*args, interpret=..., fast=...)`: Triton where the step is lowered for a GPU (with the exps as inline PTX
+    on CUDA), interpret mode on a CPU (decided when lowering, so a deviceless sm_90 compile from a CPU machine gets
+    the Triton kernels); `interpret=True` forces interpret mode."""
+    cpu = functools.partial(fn, interpret=True, fast=False)
     if interpret:
-        return fn(*args, interpret=True)
-    return jax.lax.platform_dependent(*args, cpu=functools.partial(fn, interpret=True),
-                                      default=functools.partial(fn, interpret=False))
+        return cpu(*args)
+    return jax.lax.platform_dependent(*args, cpu=cpu, cuda=functools.partial(fn, interpret=False, fast=True),
+                                      default=functools.partial(fn, interpret=False, fast=False))
 
 
 def _target_rows(targets, v_real: int):
@@ -297,25 +318,25 @@ def target_logits(x_TxK, w_VxK, targets_T, v_real: int):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _fused(x, w, targets, v_real, tiles, interpret):
-    lse = _on_platform(functools.partial(_forward, v_real=v_real, tiles=tiles), interpret, x, w)
-    return lse, target_logits(x, w, targets, v_real)
+    lse2 = _on_platform(functools.partial(_forward, v_real=v_real, tiles=tiles), interpret, x, w)
+    return lse2 * LN2, target_logits(x, w, targets, v_real)
 
 
 def _fused_fwd(x, w, targets, v_real, tiles, interpret):
-    lse, a = _on_platform(functools.partial(_forward, v_real=v_real, tiles=tiles, with_a=True), interpret, x, w)
-    return (lse, target_logits(x, w, targets, v_real)), (x, w, targets, lse, a)
+    lse2, a = _on_platform(functools.partial(_forward, v_real=v_real, tiles=tiles, with_a=True), interpret, x, w)
+    return (lse2 * LN2, target_logits(x, w, targets, v_real)), (x, w, targets, lse2, a)
 
 
 def _fused_bwd(v_real, tiles, interpret, res, g):
     """dx = g_lse * a + g_target * w[target] in float32 (a from the forward: with g_target = -g_lse, as the NLL
     gives, the two nearly cancel where the target's probability is near 1, so both stay float32 until the sum;
     the target's own softmax weight in a is exp(0) = 1, exact in BF16, when it holds the max); dw by its kernel."""
-    x, w, targets, lse, a = res
+    x, w, targets, lse2, a = res
     g_lse, g_tl = (v.astype(jnp.float32) for v in g)
     valid, idx = _target_rows(targets, v_real)
     g_tl = jnp.where(valid, g_tl, 0.0)  # a target outside [0, v_real) has a constant target logit (0)
     dx = g_lse[:, None] * a + g_tl[:, None] * w[idx].astype(jnp.float32)
-    dw = _on_platform(functools.partial(_table_grad, v_real=v_real, tiles=tiles), interpret, x, w, targets, lse,
+    dw = _on_platform(functools.partial(_table_grad, v_real=v_real, tiles=tiles), interpret, x, w, targets, lse2,
                       g_lse, g_tl)
     return dx.astype(x.dtype), dw.astype(w.dtype), np.zeros(targets.shape, dtype=jax.dtypes.float0)
 
