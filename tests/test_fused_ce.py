@@ -97,8 +97,8 @@ def test_tiles_are_read_from_a_spec_and_checked():
     assert tiles.dx == Tiles(64, 256, 4, 2) and tiles.fwd == Tiles(256, 64, 8, 3)
     assert tiles.dw == Tiles() and (tiles.t_multiple, tiles.v_multiple) == (256, 256)
     assert parse_tiles("dx=64x256w4s2,fwd=256x64") == tiles and parse_tiles("default") == DEFAULT_TILES
-    # ... and dx=64x16 / dw=64x16: the training kernels split a vocabulary block in two halves of at least 16
-    for bad in ("dx=64", "dq=64x64", "dx=48x64", "dx=8x64", "dx=64x64w3", "dx=64x64s0", "dx=64x16", "dw=64x16"):
+    # ... and dw=64x16: the table gradient splits its block of rows in two halves of at least 16
+    for bad in ("dx=64", "dq=64x64", "dx=48x64", "dx=8x64", "dx=64x64w3", "dx=64x64s0", "dw=64x16"):
         with pytest.raises(ValueError, match="fused cross-entropy tile"):
             DEFAULT_TILES.replace(bad)
 
@@ -129,13 +129,12 @@ def test_the_train_step_loss_is_the_same_fused_or_chunked():
 
     fused, chunked = run("fused"), run("chunked")
     # train.fused_ce_tiles: the same sums in other blocks, so in another order: float32 sums equal closely, BF16
-    # gradients within a few roundings (8 bits) of their largest entry: the head's BF16 table and input gradients
-    # pass through the factorized embedding's BF16 GEMMs (dx=32x32 here: 2^-6.96 of it on one leaf)
-    tiled = run("fused", "fwd=16x32,dx=32x32w4s2,dw=64x64")
+    # gradients within a rounding of their largest entry
+    tiled = run("fused", "fwd=16x32,dx=32x16w4s2,dw=64x64")
     np.testing.assert_allclose(np.asarray(tiled[:3]), np.asarray(fused[:3]), rtol=1e-5)
     for a, b in zip(jax.tree_util.tree_leaves(tiled[3]), jax.tree_util.tree_leaves(fused[3])):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-        assert np.max(np.abs(a - b)) <= 2 ** -6 * (np.max(np.abs(b)) or 1.0)
+        assert np.max(np.abs(a - b)) <= 2 ** -7 * (np.max(np.abs(b)) or 1.0)
     for a, b in zip(fused[:3], chunked[:3]):
         np.testing.assert_allclose(a, b, rtol=2e-3)  # BF16 model: the head's BF16 logits vs float32 in-kernel
     for path, a in jax.tree_util.tree_leaves_with_path(fused[3]):

@@ -45,10 +45,9 @@ class KernelTiles:
     dw: Tiles = Tiles()
 
     def __post_init__(self):
-        for name in ("dx", "dw"):  # the training kernels work each vocabulary block in two halves (model.fused_ce)
-            if getattr(self, name).bv < 32:
-                raise ValueError(f"fused cross-entropy tile {name} bv={getattr(self, name).bv}: the training kernels "
-                                 "split it in two halves of at least 16, so at least 32, e.g. 128")
+        if self.dw.bv < 32:  # dw works the program's table rows in two halves of at least 16 (model.fused_ce)
+            raise ValueError(f"fused cross-entropy tile dw bv={self.dw.bv}: the table gradient splits it in two "
+                             "halves of at least 16, so at least 32, e.g. 128")
 
     @property
     def t_multiple(self) -> int:

@@ -38,11 +38,12 @@ zeroes them once at its end.
 Every exp is one fma and one `ex2.approx.ftz` (`_exp_tile`: the walks keep their max and lse in base 2). On
 sm_90 the inner loops hold one exp and at most 5 other float32 instructions per logit; with jnp.exp (libdevice's
 expf, 8 more per logit) the training forward's loop was 954 SASS instructions per iteration and dw's 1,121 (with
-spills). The training kernels work each tile in two halves of its vocabulary block: the training forward's
-softmax @ w as two GEMMs (one online-max update per tile), dw's rows of the table as two accumulators. Triton
-then issues the first half's GEMM before the second half's exps, and the wgmma runs under them: the overlap that
-FlashAttention-3 schedules by hand, without loading any block twice (`analysis.kernel_census`,
-`scripts/fused_ce_sass.py`, `TENSOR_SHARE`). On a CPU (interpret mode) the same arithmetic runs in jnp.exp2.
+spills). The training kernels work each tile in parts of its vocabulary block: the training forward's
+softmax @ w as GEMMs of BV / 4 rows of w each (at least 16; one online-max update per tile), dw's rows of the
+table as two accumulators (a wgmma takes at least 64 of them a warpgroup). Triton then issues one part's GEMM
+before the next part's exps, and the wgmma runs under them: the overlap that FlashAttention-3 schedules by hand,
+without loading any block twice (`analysis.kernel_census`, `scripts/fused_ce_sass.py`, `TENSOR_SHARE`). On a
+CPU (interpret mode) the same arithmetic runs in jnp.exp2.
 
 The backward recomputes the logits (levanter's design) instead of storing them: 4 x 2 T K V FLOPs for a
 training step (`KERNELS`), no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x
@@ -82,10 +83,10 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2}
 # tiles (`analysis.kernel_census.tile_cycles`: the loop's instructions walked in order, tensor clocks / all clocks):
 # the performance model's rate for each kernel (`analysis.perf.fused_ce_efficiency`). scripts/fused_ce_sass.py
 # prints it; tests/test_gpu_target.py recompiles and checks it. Today's loops: the forward 241 SASS instructions
-# per iteration (34 exps), the training forward 544 (66), dw 679 (64), each exp but the first half's under a GEMM
-# of the other half; with jnp.exp (libdevice's expf) and one GEMM per tile they were 475, 954 and 1,121, shares
-# 0.365, 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9).
-TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.684, "fused_ce_dw": 0.713}
+# per iteration (34 exps), the training forward 643 (66, 46 of them issued under a GEMM of another part of the
+# tile), dw 679 (64, 18 under one); with jnp.exp (libdevice's expf) and one GEMM per tile they were 475, 954 and
+# 1,121, shares 0.365, 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9).
+TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.721, "fused_ce_dw": 0.713}
 
 
 def supported(k: int) -> bool:
@@ -105,7 +106,7 @@ LN2 = 0.6931471805599453  # the kernels' base-2 lse times ln 2: the lse they ret
 
 
 def _logits(x, w):
-    """[BT, BV] float32 logits of a tile (float32 accumulation of the BF16 operands)."""
+    """[BT, N] float32 logits of a tile, N rows of w (float32 accumulation of the BF16 operands)."""
     return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
@@ -121,7 +122,7 @@ def _ex2(z, fast: bool):
 
 
 def _exp_tile(logits, shift2, fast: bool):
-    """exp(logits - shift2 / log2 e) of a [BT, BV] tile, per-row shift2 in base 2: 2^(logits log2 e - shift2).
+    """exp(logits - shift2 / log2 e) of a [BT, N] tile, per-row shift2 in base 2: 2^(logits log2 e - shift2).
     `fast` (the GPU): one fma and one `ex2.approx.ftz.f32` per logit. Pallas lowers jnp.exp to libdevice's expf,
     8 float32 instructions around the same ex2, jnp.exp2 to the non-ftz ex2 (3 more, for denormals), and cannot
     fuse a multiply and a subtract (`mul.rn`, `sub.rn`): counted in the sm_90 inner loops by
@@ -138,7 +139,7 @@ def _exp_tile(logits, shift2, fast: bool):
 
 
 def _columns(v0, shape):
-    """The vocabulary column of each element of a [BT, BV] tile that starts at column v0."""
+    """The vocabulary column of each element of a [BT, N] tile that starts at column v0."""
     return v0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
 
 
@@ -172,7 +173,8 @@ def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV, fast):
 
     x = x_ref[...]
     BT = x.shape[0]
-    H = BV // 2 if a_ref else BV  # the training forward in two halves: one's GEMM runs under the other's exps
+    # the training forward in quarters of the block (parts of 16 at the least): one's GEMM runs under the next's exps
+    H = max(BV // 4, 16) if a_ref else BV
 
     def body(v0, carry, masked):
         m, s, acc = carry
