@@ -63,6 +63,12 @@ def test_loads_and_registers_read_from_sass():
     assert kc._registers("@!P0 MUFU.EX2 R86, R85") == ("R86", {"R85"})
 
 
+def test_an_mma_sync_counts_as_tensor_work():
+    # Triton's fallback for a GEMM of fewer than 64 rows a warpgroup: m16n8k16 per warp, 8 warps
+    body = ["WARPGROUP.ARRIVE", G1, WAIT, "HMMA.16816.F32.BF16 R120, R28, R96, R120", *EXPS]
+    assert kc.tile_cycles(kc.inner_loop(_sass(body)), warps=8)["tensor"] == 128 + 2 * 16 * 8 * 16 * 8 / 4096
+
+
 def test_sass_without_a_gemm_and_exp_loop_is_refused():
     with pytest.raises(ValueError, match="no loop with both HGMMA and MUFU"):
         kc.inner_loop(_sass(["FADD R1, R2, R3"]))

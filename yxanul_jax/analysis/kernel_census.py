@@ -11,7 +11,8 @@ to that environment by scripts/gpu_check_env.sh) prints it. Without nvdisasm onl
 
 The cycle model of one loop iteration of one thread block (`tile_cycles`), per SM of an H100/H200 (GH100), walks
 the loop's SASS in order:
-  * tensor: each wgmma's FLOPs at 4,096 dense BF16 FLOP per clock (4 tensor cores x 512 FMA), beside the rest;
+  * tensor: each wgmma's FLOPs (and mma.sync's) at 4,096 dense BF16 FLOP per clock (4 tensor cores x 512 FMA),
+    beside the rest;
   * issue: every SASS instruction of every warp takes one of the 4 schedulers' issue slots for a clock;
   * MUFU: each exp (`MUFU.EX2`) takes the special-function units, 16 lanes per clock, beside the issue;
   * a wgmma wait (`WARPGROUP.DEPBAR`) stops the issue until the GEMMs it names are done, and a wgmma that reads
@@ -195,7 +196,7 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
                 # a wgmma (m x n x k per warpgroup), or an mma.sync (HMMA.MNK, per warp: Triton's fallback where a
                 # GEMM has fewer than 64 rows a warpgroup), counted at the wgmma rate: optimistic for the latter
                 m = re.search(r"HGMMA\.(\d+)x(\d+)x(\d+)", text)
-                dims = m.groups() if m else re.search(r"HMMA\.(\d\d)(\d)(\d\d)", text).groups()
+                dims = m.groups() if m else re.search(r"HMMA\.(16)(8)(\d+)", text).groups()  # 16816, 1688
                 per = warps / 4 if m else warps
                 clocks = 2 * int(dims[0]) * int(dims[1]) * int(dims[2]) * per / TENSOR_FLOP_PER_CLOCK
                 tensor_free = max(tensor_free, now) + clocks
@@ -243,7 +244,7 @@ def _registers(text: str) -> tuple[str | None, set[str]]:
 
 def load_bytes(loop: Loop, warps: int) -> int:
     """Bytes one iteration of one thread block copies from L2/HBM into shared memory (`LDGSTS`, cp.async: 4, 8 or 16
-    bytes a thread). Not charged by `tile_cycles`: the fused loss kernels load 11-12 bytes per clock per SM, about
+    bytes a thread). Not charged by `tile_cycles`: the fused loss kernels load 11-14 bytes per clock per SM, about
     half of what the L2 gives an SM (5.5-7 TB/s over 132 SMs, published microbenchmarks); a kernel that loads each
     block twice (the next tile's GEMM issued before this tile's softmax, in Pallas) would not be."""
     per_thread = 0
