@@ -63,15 +63,16 @@ def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
 
 def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sms: int, clock_hz: float) -> dict:
     """One kernel's census and its predicted time at `tokens` x `v_real` (module docstring)."""
-    from yxanul_jax.analysis.kernel_census import inner_loop, load_bytes, registers, sass, tile_cycles
+    from yxanul_jax.analysis.kernel_census import assemble, inner_loop, load_bytes, tile_cycles
     from yxanul_jax.core.tiles import parse_tiles
+
     t = getattr(parse_tiles(spec), TILES_OF[name])
-    loop = inner_loop(sass(ptx))
+    code, regs, spilled = assemble(ptx)
+    loop = inner_loop(code)
     cyc = tile_cycles(loop, t.warps)
     t_blocks, v_blocks = math.ceil(tokens / t.bt), math.ceil(v_real / t.bv)
     programs, iters = (t_blocks, v_blocks) if name in ROW_KERNELS else (v_blocks, t_blocks)
     waves = math.ceil(programs / sms)
-    regs, spilled = registers(ptx)
     return {"tiles": spec, "kernel": name, "bt": t.bt, "bv": t.bv, "warps": t.warps, "stages": t.stages,
             "registers": regs, "spill_bytes": spilled, "instructions": loop.instructions,
             "mufu": loop.count("MUFU"), "hgmma": loop.count("HGMMA"),

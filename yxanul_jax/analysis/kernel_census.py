@@ -2,7 +2,8 @@
 follow: the part of the performance model that XLA's HLO cannot show (a custom call is opaque to it).
 
     ptx = kernel_ptx(jax.jit(f).lower(*args))        # {kernel name: its PTX}, from a deviceless sm_90 compile
-    loop = inner_loop(sass(ptx["fused_ce_dw"]))      # the kernel's hottest loop: SASS opcodes and their counts
+    code, regs, spilled = assemble(ptx["fused_ce_dw"])  # its SASS (ptxas + nvdisasm), registers and spills
+    loop = inner_loop(code)                            # the kernel's hottest loop: SASS opcodes and their counts
     cycles = tile_cycles(loop, warps=8)                # {"tensor", "issue", "mufu", "total"} clocks
 
 The SASS comes from CUDA's own tools on the compile machine: `ptxas` (the gpu-check environment has it, with
@@ -43,7 +44,7 @@ THREADS_PER_WARP = 32
 def kernel_ptx(lowered) -> dict[str, str]:
     """{entry name: PTX} of every kernel the compile of `lowered` (a jax `Lowered` for a deviceless CUDA device,
     `gpu_target.compile_device`) writes, read from XLA's dump (`xla_dump_to`, a temporary folder). Each entry maps
-    to its whole PTX module: one kernel for a Triton custom call (`sass`, `registers` assume that)."""
+    to its whole PTX module: one kernel for a Triton custom call (`assemble` assumes that)."""
     with tempfile.TemporaryDirectory() as d:
         lowered.compile(compiler_options={"xla_dump_to": d})
         out = {}
@@ -64,31 +65,22 @@ def tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def sass(ptx: str, arch: str = "sm_90a") -> str | None:
-    """The SASS of a PTX module (`ptxas -arch` then `nvdisasm -c`), or None where either tool is missing."""
+def assemble(ptx: str, arch: str = "sm_90a") -> tuple[str, int, int] | None:
+    """(SASS, registers per thread, bytes spilled) of a PTX module: one `ptxas -v -arch` run writes the cubin and
+    reports its registers, `nvdisasm -c` prints it. None where either tool is missing."""
     ptxas, nvdisasm = tool("ptxas"), tool("nvdisasm")
     if not ptxas or not nvdisasm:
         return None
     with tempfile.TemporaryDirectory() as d:
         src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
-        open(src, "w").write(ptx)
-        subprocess.run([ptxas, f"-arch={arch}", src, "-o", cubin], check=True, capture_output=True, text=True)
-        return subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True, text=True).stdout
-
-
-def registers(ptx: str, arch: str = "sm_90a") -> tuple[int, int] | None:
-    """(registers per thread, bytes spilled) that ptxas reports for the module, or None without ptxas."""
-    ptxas = tool("ptxas")
-    if not ptxas:
-        return None
-    with tempfile.TemporaryDirectory() as d:
-        src = os.path.join(d, "k.ptx")
-        open(src, "w").write(ptx)
-        log = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", os.devnull], check=True,
-                             capture_output=True, text=True).stderr
+        with open(src, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o", cubin], check=True, capture_output=True,
+                             text=True).stderr
+        code = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True, text=True).stdout
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.findall(r"(\d+) bytes spill stores", log)
-    return (int(regs.group(1)) if regs else 0, sum(int(s) for s in spills))
+    return code, int(regs.group(1)) if regs else 0, sum(int(n) for n in spills)
 
 
 @dataclasses.dataclass(frozen=True)
