@@ -92,13 +92,64 @@ def test_gradients_stay_accurate_where_the_model_is_confident():
         assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(b)
 
 
+def _extreme_rows(T=64, V=96, K=16):
+    """Inputs whose first 8 rows have a logit ~100 nats over their target's (~144 in base 2): sums of exps shifted
+    by the target's logit overflow float32 there; the other rows are ordinary."""
+    k = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(k[0], (T, K))
+    w = 0.3 * jax.random.normal(k[1], (V, K))
+    targets = jax.random.randint(k[2], (T,), 0, V)
+    x = x.at[:8].set(0.0).at[:8, 0].set(10.0)
+    w = w.at[:, 0].set(0.0).at[5, 0].set(5.0).at[6, 0].set(-5.0)
+    targets = targets.at[:8].set(6)  # target logit -50, row 5's +50
+    return x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets
+
+
+def _fused_train(x, w, targets, v_real):
+    """lse, target logit and both gradients of sum(lse - target) through the training kernels (fused_ce_fwd_dx, dw)."""
+    f = lambda x, w: jnp.sum(jnp.subtract(*fused_ce.linear_cross_entropy(x, w, targets, v_real)))  # noqa: E731
+    (lse, tl), _ = jax.vjp(lambda x, w: fused_ce.linear_cross_entropy(x, w, targets, v_real), x, w)
+    return lse, tl, jax.grad(f, argnums=(0, 1))(x, w)
+
+
+def test_the_training_forward_walks_again_where_its_anchor_overflows():
+    # The training forward shifts each row's exps by its target's logit, not a running max; where a logit is so
+    # far over it that the sums overflow, the block is walked again with the online max: the same results.
+    x, w, targets = _extreme_rows()
+    v_real = 90
+    lse, tl, (gx, gw) = jax.jit(_fused_train, static_argnums=3)(x, w, targets, v_real)
+    lse_r, tl_r = fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), targets, v_real)
+    assert float(jnp.min(lse_r[:8] - tl_r[:8])) > 95  # the extreme rows
+    np.testing.assert_allclose(lse, lse_r, rtol=2e-6, atol=2e-5)
+    ref = lambda x, w: jnp.sum(jnp.subtract(*fused_ce.reference(x, w, targets, v_real)))  # noqa: E731
+    for a, b in zip((gx, gw), jax.grad(ref, argnums=(0, 1))(x.astype(jnp.float32), w.astype(jnp.float32))):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.all(np.isfinite(a)) and np.max(np.abs(a - b)) <= GRAD_RTOL * np.max(np.abs(b))
+
+
+def test_the_training_forward_takes_the_anchored_walk_unless_it_overflows(monkeypatch):
+    # The online-max walk replaced by NaNs: ordinary rows still come out right (the anchored walk served them),
+    # and the block with extreme rows comes out NaN (it took the online walk).
+    def poisoned(x, w_ref, acc0, **kw):
+        nan = jnp.full((x.shape[0],), jnp.nan, jnp.float32)
+        return nan, nan, None if acc0 is None else jnp.full(acc0.shape, jnp.nan, jnp.float32)
+
+    monkeypatch.setattr(fused_ce, "_walk_online", poisoned)
+    x, w, targets = _extreme_rows(T=256)
+    lse, _, (gx, _) = _fused_train(x, w, targets, 90)
+    lse_r, _ = fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), targets, 90)
+    bt = DEFAULT_TILES.dx.bt
+    np.testing.assert_allclose(lse[bt:], lse_r[bt:], rtol=2e-6, atol=2e-5)
+    assert np.all(np.isfinite(np.asarray(gx[bt:], np.float32)))
+    assert np.all(np.isnan(lse[:bt]))
+
+
 def test_tiles_are_read_from_a_spec_and_checked():
     tiles = DEFAULT_TILES.replace("dx=64x256w4s2").replace("fwd=256x64")
     assert tiles.dx == Tiles(64, 256, 4, 2) and tiles.fwd == Tiles(256, 64, 8, 3)
-    assert tiles.dw == Tiles() and (tiles.t_multiple, tiles.v_multiple) == (256, 256)
+    assert tiles.dw == DEFAULT_TILES.dw and (tiles.t_multiple, tiles.v_multiple) == (256, 256)
     assert parse_tiles("dx=64x256w4s2,fwd=256x64") == tiles and parse_tiles("default") == DEFAULT_TILES
-    # ... and dw=64x16: the table gradient splits its block of rows in two halves of at least 16
-    for bad in ("dx=64", "dq=64x64", "dx=48x64", "dx=8x64", "dx=64x64w3", "dx=64x64s0", "dw=64x16"):
+    for bad in ("dx=64", "dq=64x64", "dx=48x64", "dx=8x64", "dx=64x64w3", "dx=64x64s0"):
         with pytest.raises(ValueError, match="fused cross-entropy tile"):
             DEFAULT_TILES.replace(bad)
 

@@ -142,8 +142,10 @@ def _opcode(text: str) -> str:
 
 
 def inner_loop(sass_text: str) -> Loop:
-    """The loop that holds the kernel's GEMMs (HGMMA) and exps (MUFU): the one the tiles iterate."""
-    hot = [lp for lp in loops(sass_text) if lp.count("HGMMA") and lp.count("MUFU")]
+    """The loop that holds the kernel's GEMMs (wgmma, or mma.sync where Triton falls back to it) and exps (MUFU):
+    the one the tiles iterate. Where there are several, the smallest: a kernel's rarely taken fallback (the training
+    forward's online-max walk, `model.fused_ce._dx_kernel`) is a larger loop than its fast path."""
+    hot = [lp for lp in loops(sass_text) if lp.count("HGMMA", "HMMA") and lp.count("MUFU")]
     if not hot:
         raise ValueError("no loop with both HGMMA and MUFU instructions in this SASS")
     return hot[0]

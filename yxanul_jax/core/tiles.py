@@ -37,17 +37,13 @@ class KernelTiles:
 
     # The forward in 64-row vocabulary blocks: 21.30 against 23.44 ms at 131,072 tokens (K 128), the fastest of
     # 19 sets, each checked against float32 (scripts/fused_ce_check.py --tiles; H200, jax 0.11.2, 2026-11-26,
-    # docs/bench/h200_2026-11-26_night/tiles). The backward kernels' defaults were the fastest of theirs; `dx`
-    # now drives the training forward (`fused_ce_fwd_dx`, the former input-gradient kernel's loop with an online
-    # max), whose tiles no GPU has swept yet.
+    # docs/bench/h200_2026-11-26_night/tiles). The training kernels are software-pipelined (model.fused_ce): each
+    # carries its next tile's operands in registers to shared memory, and at 3 stages ptxas spills 8 bytes of
+    # each; at 2 neither spills, and the sm_90 census gives 2,400 and 2,424 clocks per tile against 2,448 and
+    # 2,430 at 3 (scripts/fused_ce_sass.py, 2026-11-27). No GPU has swept these kernels' tiles yet.
     fwd: Tiles = Tiles(bv=64)
-    dx: Tiles = Tiles()
-    dw: Tiles = Tiles()
-
-    def __post_init__(self):
-        if self.dw.bv < 32:  # dw works the program's table rows in two halves of at least 16 (model.fused_ce)
-            raise ValueError(f"fused cross-entropy tile dw bv={self.dw.bv}: the table gradient splits it in two "
-                             "halves of at least 16, so at least 32, e.g. 128")
+    dx: Tiles = Tiles(stages=2)
+    dw: Tiles = Tiles(stages=2)
 
     @property
     def t_multiple(self) -> int:

@@ -15,43 +15,53 @@ Three kernels, one program per block of rows:
   * forward (`fused_ce_fwd`, grid T / BT; evaluation, where no gradient is taken): each program walks the
     vocabulary in blocks of BV rows of w, computes the [BT, BV] logits tile in registers with float32
     accumulation, and carries an online max and sum of exps. Writes lse: 4 bytes per token.
-  * training forward (`fused_ce_fwd_dx`, grid T / BT, the `dx` tiles): the same walk, also accumulating
-    a = softmax @ w (flash attention's online softmax, with x as the queries and w as keys and values: the
-    accumulator rescaled when the max grows). Writes lse and a (float32 [T, K]); the input gradient is then
-    g_lse * a + g_target * w[target], an element-wise sum in XLA (`_fused_bwd`). The logits are walked once
-    for lse and dx together, where a separate dx kernel walked them again (measured on an H100, 2026-11-26,
-    stage 9: forward 34.2, dx 32.5, dw 37.2 ms per step: each walk cost about the same, 1 GEMM or 2).
+  * training forward (`fused_ce_fwd_dx`, grid T / BT, the `dx` tiles): one walk for lse and
+    a = softmax @ w (x as the queries of flash attention, w as keys and values). Writes lse and a (float32
+    [T, K]); the input gradient is then g_lse * a + g_target * w[target], an element-wise sum in XLA
+    (`_fused_bwd`). The logits are walked once for lse and dx together, where a separate dx kernel walked them
+    again (measured on an H100, 2026-11-26, stage 9: forward 34.2, dx 32.5, dw 37.2 ms per step).
   * table gradient (`fused_ce_dw`, grid V / BV): recomputes the tiles walked the other way, forms
     dlogits = softmax * g_lse + onehot(target) * g_target in float32, and accumulates dw += dlogits^T @ x_blk.
 
-The forwards leave the target logit to XLA (`target_logits`: a gather of one table row per token, a product
-and a sum), so their inner loops are GEMMs, one exp and the online max and sum. The dw kernel keeps the
-one-hot part of dlogits in the tile, summed with the softmax part in float32 before the tile is rounded to
-BF16 for the gradient GEMM: where the target's probability is near 1 the two parts nearly cancel. The input
-gradient meets the same cancellation in float32 outside the kernel (g_lse * a against g_target * w[target]),
-and the target's own weight in a is exp(0) = 1, exact in BF16, whenever it holds the max. The padded
-vocabulary costs a mask only in the one block that straddles v_real (the forwards walk the whole blocks
-unmasked, then that one; blocks of padded rows alone are skipped, and dw runs no program for them). dw masks
-nothing in its loop: a column's dlogits reach only its own row of dw, so the program that holds padded rows
-zeroes them once at its end.
+**The training forward's exps are shifted by an anchor, not a running max.** Each row's anchor is one of its
+own logits, the target's (row 0's for a token without one), from the gather XLA does anyway for the target
+logit (`_anchor_logits`); so the sum of exps holds a term of ~1 and cannot vanish, and it overflows float32 only
+where some logit exceeds the anchor by ~100 in base 2 (~70 nats: a token with a loss of 70, a diverging model).
+No tile then waits for its own max, and the loop holds no max, rescale or shuffle for one. A block whose sums
+overflow is walked again with flash attention's online max (`_walk_online`, in the same kernel under a
+`lax.cond`): the same results, slower. The target's own weight in a is 2^0 = 1, exact in BF16.
 
-Every exp is one fma and one `ex2.approx.ftz` (`_exp_tile`: the walks keep their max and lse in base 2). On
-sm_90 the inner loops hold one exp and at most 5 other float32 instructions per logit; with jnp.exp (libdevice's
+**The training kernels are software-pipelined** (`_walk_anchored`, `_dw_kernel`). Triton waits for a GEMM
+whose result is not an accumulator right after issuing it, and lets an accumulating GEMM run on. So each
+iteration issues the next tile's logits GEMM, then this tile's accumulating GEMM (softmax @ w, or
+dlogits^T @ x) with its operands carried in registers from the iteration before (the softmax or dlogits in BF16,
+and the block of w or x, so no block is loaded twice), then forms the next tile's exps under that GEMM. By the
+sm_90 SASS census (`analysis.kernel_census`, `scripts/fused_ce_sass.py`, `TENSOR_SHARE`), 2,400 and 2,424 clocks
+per 128 x 128 tile, of which the tensor cores work 2,048: the logits GEMM (1,024) alone, then the other GEMM
+under the tile's 64 exps (1,024 clocks of the special-function units). The earlier loops, which waited for each
+tile's logits and max before its exps, took 2,842 and 2,872.
+
+The forwards leave the target logit to XLA (`target_logits`), so their inner loops are GEMMs, one exp and a sum.
+The dw kernel keeps the one-hot part of dlogits in the tile, summed with the softmax part in float32 before the
+tile is rounded to BF16 for the gradient GEMM: where the target's probability is near 1 the two parts nearly
+cancel. The input gradient meets the same cancellation in float32 outside the kernel (g_lse * a against
+g_target * w[target]). The padded vocabulary costs a mask only in the one block that straddles v_real (the
+forwards walk the whole blocks unmasked, then that one; blocks of padded rows alone are skipped, and dw runs no
+program for them). dw masks nothing in its loop: a column's dlogits reach only its own row of dw, so the program
+that holds padded rows zeroes them once at its end.
+
+Every exp is one fma and one `ex2.approx.ftz` (`_exp_tile`: the walks keep their max, anchor and lse in base 2);
+dw's dlogits one more fma that scales by g_lse and adds the one-hot part (`_dlogits`). With jnp.exp (libdevice's
 expf, 8 more per logit) the training forward's loop was 954 SASS instructions per iteration and dw's 1,121 (with
-spills). The training kernels work each tile in parts of its vocabulary block: the training forward's
-softmax @ w as GEMMs of BV / 4 rows of w each (at least 16; one online-max update per tile), dw's rows of the
-table as two accumulators (a wgmma takes at least 64 of them a warpgroup). Triton then issues one part's GEMM
-before the next part's exps, and the wgmma runs under them: the overlap that FlashAttention-3 schedules by hand,
-without loading any block twice (`analysis.kernel_census`, `scripts/fused_ce_sass.py`, `TENSOR_SHARE`). On a
-CPU (interpret mode) the same arithmetic runs in jnp.exp2.
+spills); today they are 395 and 589. On a CPU (interpret mode) the same arithmetic runs in jnp.exp2.
 
 The backward recomputes the logits (levanter's design) instead of storing them: 4 x 2 T K V FLOPs for a
 training step (`KERNELS`), no `[T x V]` HBM traffic. Shapes are padded here to whole blocks (zero rows of x
 have zero gradient weight; zero rows of w sit beyond v_real), so the kernels need no masked loads. Tiles
 (`Tiles`, one per kernel in `core.tiles.KernelTiles`: fwd, dx for the training forward, dw): BT = 128 and
-BV = 64 (forward) or 128 (the others), 8 warps and 3 pipeline stages by default, which at K <= 128 keeps x
-and w tiles in shared memory on sm_90 (~128 KB for the forwards, ~146 KB for dw at K = 128; at 256 they would
-need 262-299 KB of its 227); `supported(K)` says when the fused path applies (`core.config.FUSED_CE_WIDTHS`).
+BV = 64 (forward) or 128 (the others), 8 warps, 3 pipeline stages (forward) or 2 (the others, whose carried
+operands also take shared memory; at 3 ptxas spills), which at K <= 128 fits sm_90's shared memory (at 256 it
+would not); `supported(K)` says when the fused path applies (`core.config.FUSED_CE_WIDTHS`).
 `scripts/fused_ce_check.py --tiles` times other tiles on a GPU.
 
 Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
@@ -83,10 +93,11 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2}
 # tiles (`analysis.kernel_census.tile_cycles`: the loop's instructions walked in order, tensor clocks / all clocks):
 # the performance model's rate for each kernel (`analysis.perf.fused_ce_efficiency`). scripts/fused_ce_sass.py
 # prints it; tests/test_gpu_target.py recompiles and checks it. Today's loops: the forward 241 SASS instructions
-# per iteration (34 exps), the training forward 643 (66, 46 of them issued under a GEMM of another part of the
-# tile), dw 679 (64, 18 under one); with jnp.exp (libdevice's expf) and one GEMM per tile they were 475, 954 and
-# 1,121, shares 0.365, 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9).
-TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.721, "fused_ce_dw": 0.713}
+# per iteration (34 exps), the training forward 395 (64, all under the softmax @ w GEMM), dw 589 (64, all under
+# dlogits^T @ x); before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721
+# and 0.713; with jnp.exp (libdevice's expf) 954 and 1,121, shares 0.560 and 0.515 (2026-11-27, jax 0.10.2,
+# ptxas 12.9).
+TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845}
 
 
 def supported(k: int) -> bool:
@@ -164,17 +175,22 @@ def _walk_vocab(body, init, V: int, v_real: int, BV: int):
     return body(full * BV, carry, True) if partial else carry
 
 
-def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV, fast):
-    """lse of a block of rows in one walk of the vocabulary (online max and sum of exps, in base 2); with `a_ref`
-    (the training forward) also a = softmax @ w (float32 [BT, K]): flash attention's online softmax with x as the
-    queries and w as both keys and values, the accumulator rescaled when the max grows. The input gradient is then
-    g_lse * a + g_target * w[target] (`_fused_bwd`): no second walk for it."""
+def _fwd_kernel(x_ref, w_ref, lse_ref, *, V, v_real, BV, fast):
+    """Evaluation: lse of a block of rows in one walk of the vocabulary (online max and sum of exps, in base 2)."""
+    x = x_ref[...]
+    m, s, _ = _walk_online(x, w_ref, None, V=V, v_real=v_real, BV=BV, H=BV, fast=fast)
+    lse_ref[...] = m + jnp.log2(s)  # base 2: dw subtracts it as it is
+
+
+def _walk_online(x, w_ref, acc0, *, V, v_real, BV, H, fast):
+    """(max, sum of exps, softmax @ w unnormalized or None) of a block of rows, base 2, in one walk with an online
+    max: flash attention's online softmax with x as the queries and w as keys and values, the accumulator `acc0`
+    (zeros; None: no softmax @ w) rescaled when the max grows. Each tile's exps wait for its max. `H`: rows of w
+    per GEMM (parts of the block)."""
     from jax.experimental import pallas as pl
 
-    x = x_ref[...]
     BT = x.shape[0]
-    # the training forward in quarters of the block (parts of 16 at the least): one's GEMM runs under the next's exps
-    H = max(BV // 4, 16) if a_ref else BV
+    with_a = acc0 is not None
 
     def body(v0, carry, masked):
         m, s, acc = carry
@@ -186,58 +202,130 @@ def _fwd_kernel(x_ref, w_ref, lse_ref, *a_ref, V, v_real, BV, fast):
         for lg in logits:
             m_new = jnp.maximum(m_new, jnp.max(lg, axis=1) * LOG2E)  # base 2: the shift each exp subtracts
         alpha = _ex2(m - m_new, fast)
-        if a_ref:
+        if with_a:
             acc = acc * alpha[:, None]
         total = None
         for w, lg in zip(ws, logits):
             p = _exp_tile(lg, m_new, fast)
             total = jnp.sum(p, axis=1) if total is None else total + jnp.sum(p, axis=1)
-            if a_ref:
+            if with_a:
                 acc = acc + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())),
                                                 preferred_element_type=jnp.float32)
         return m_new, s * alpha + total, acc
 
-    init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32),
-            jnp.zeros(x.shape, jnp.float32) if a_ref else None)
-    m, s, acc = _walk_vocab(body, init, V, v_real, BV)
+    init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32), acc0)
+    return _walk_vocab(body, init, V, v_real, BV)
+
+
+def _walk_anchored(x, w_ref, anchor2, *, V, v_real, BV, fast):
+    """(sum of exps, softmax @ w unnormalized) of a block of rows against a fixed shift per row (`anchor2`: one of
+    the row's own logits, base 2), in one walk without a max. Software-pipelined: iteration j issues block j + 1's
+    logits GEMM (Triton waits for it), then block j's softmax @ w GEMM from the softmax and block of w carried in
+    registers (each block loaded once), then block j + 1's exps, which run under that GEMM. Exact while no logit
+    exceeds its anchor by ~100 (base 2) and overflows the float32 sums: `_dx_kernel` checks."""
+    from jax.experimental import pallas as pl
+
+    full, partial = _vocab_blocks(V, v_real, BV)
+
+    def exps(lg):
+        p = _exp_tile(lg, anchor2, fast)
+        return p.astype(x.dtype), jnp.sum(p, axis=1)
+
+    def gemm(p, w, acc):
+        return acc + jax.lax.dot_general(p, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+    def body(j, carry):
+        p, w, s, acc = carry
+        w_next = w_ref[pl.ds(jnp.minimum(j + 1, full - 1) * BV, BV), :]  # the last iteration's is not used
+        lg_next = _logits(x, w_next)
+        acc = gemm(p, w, acc)
+        p_next, total = exps(lg_next)
+        s = s + jnp.where(j + 1 < full, total, 0.0)
+        return p_next, w_next, s, acc
+
+    acc = jnp.zeros(x.shape, jnp.float32)
+    s = jnp.zeros((x.shape[0],), jnp.float32)
+    if full:
+        w0 = w_ref[pl.ds(0, BV), :]
+        p0, s = exps(_logits(x, w0))
+        p, w, s, acc = jax.lax.fori_loop(0, full, body, (p0, w0, s, acc))
+    if partial:
+        w = w_ref[pl.ds(full * BV, BV), :]
+        p, total = exps(_masked(_logits(x, w), _columns(full * BV, (x.shape[0], BV)), v_real))
+        s, acc = s + total, gemm(p, w, acc)
+    return s, acc
+
+
+def _dx_kernel(x_ref, w_ref, anchor_ref, lse_ref, a_ref, *, V, v_real, BV, fast):
+    """The training forward: lse (base 2) and a = softmax @ w (float32 [BT, K]) of a block of rows in one walk; the
+    input gradient is then g_lse * a + g_target * w[target] (`_fused_bwd`). The exps are shifted by the row's
+    anchor (its target's logit, `_anchor_logits`), not by a running max, so no tile waits for its own max
+    (`_walk_anchored`). A block whose sums overflow or vanish (a logit ~70 nats over its target's: a diverging
+    model) is walked again with the online max (`_walk_online`): the same result, slower."""
+    x = x_ref[...]
+    anchor2 = anchor_ref[...] * LOG2E
+    s, acc = _walk_anchored(x, w_ref, anchor2, V=V, v_real=v_real, BV=BV, fast=fast)
+    bad = jnp.logical_not(jnp.isfinite(s) & (s > 0)) | jnp.logical_not(jnp.isfinite(jnp.sum(acc, axis=1)))
+
+    def online():
+        # in quarters of the block (16 rows at the least): whole, its registers made ptxas spill the anchored loop's
+        return _walk_online(x, w_ref, jnp.zeros(x.shape, jnp.float32), V=V, v_real=v_real, BV=BV,
+                            H=max(BV // 4, 16), fast=fast)
+
+    m, s, acc = jax.lax.cond(jnp.max(bad.astype(jnp.int32)) > 0, online, lambda: (anchor2, s, acc))
     lse_ref[...] = m + jnp.log2(s)  # base 2: dw subtracts it as it is
-    if a_ref:
-        a_ref[0][...] = acc / s[:, None]
+    a_ref[...] = acc / s[:, None]
 
 
 def _dlogits(logits, cols, lse2, g_lse, tgt, g_tl, fast):
     """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the
     gradient GEMM: softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two
-    nearly cancel: rounding each to BF16 first left 11-15 % errors in the gradients there."""
-    p = _exp_tile(logits, lse2, fast)
-    return p * g_lse[:, None] + jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
+    nearly cancel: rounding each to BF16 first left 11-15 % errors in the gradients there. `fast` (the GPU): per
+    logit one fma, one `ex2.approx.ftz` and one fma that scales and adds the one-hot part (Pallas would emit
+    mul.rn and add.rn, which ptxas may not fuse)."""
+    hot = jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
+    g = jnp.broadcast_to(g_lse[:, None], logits.shape)
+    if not fast:
+        return _exp_tile(logits, lse2, fast) * g + hot
+    from jax.experimental import pallas as pl  # noqa: F401
+    from jax.experimental.pallas import triton as plt
+
+    scale = jnp.full(logits.shape, LOG2E, jnp.float32)
+    bias = jnp.broadcast_to(-lse2[:, None], logits.shape)
+    return plt.elementwise_inline_asm(
+        "{ .reg .f32 t; fma.rn.f32 t, $1, $2, $3; ex2.approx.ftz.f32 t, t; fma.rn.f32 $0, t, $4, $5; }",
+        args=[logits, scale, bias, g, hot], constraints="=f,f,f,f,f,f", pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(logits.shape, jnp.float32)])[0]
 
 
 def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV, fast):
+    """dw of a block of BV table rows, walking the tokens in blocks of BT. Software-pipelined: each iteration
+    issues the next token block's logits GEMM, then this block's dlogits^T @ x (its dlogits and x carried in
+    registers from the iteration before), and forms the next block's dlogits under that GEMM."""
     from jax.experimental import pallas as pl
 
     v0 = pl.program_id(0) * BV
-    H = BV // 2  # two halves of the program's rows, two accumulators: one's GEMM runs under the other's exps
-    ws = [w_ref[pl.ds(h, H), :] for h in range(0, BV, H)]
-    cols = [_columns(v0 + h, (1, H)) for h in range(0, BV, H)]
+    w = w_ref[...]
+    cols = _columns(v0, (1, BV))
+    n = T // BT
 
-    def body(i, accs):
+    def dlogits(i):
         rows = pl.ds(i * BT, BT)
         x = x_ref[rows, :]
-        logits = [_logits(x, w) for w in ws]
-        out = []
-        for lg, c, acc in zip(logits, cols, accs):
-            d = _dlogits(lg, c, lse_ref[rows], glse_ref[rows], t_ref[rows], gtl_ref[rows], fast)
-            out.append(acc + jax.lax.dot_general(d.astype(x.dtype), x, (((0,), (0,)), ((), ())),
-                                                 preferred_element_type=jnp.float32))
-        return tuple(out)
+        d = _dlogits(_logits(x, w), cols, lse_ref[rows], glse_ref[rows], t_ref[rows], gtl_ref[rows], fast)
+        return d.astype(x.dtype), x
 
-    accs = jax.lax.fori_loop(0, T // BT, body, tuple(jnp.zeros(w.shape, jnp.float32) for w in ws))
+    def body(i, carry):
+        d, x, acc = carry
+        d_next, x_next = dlogits(jnp.minimum(i + 1, n - 1))  # the last iteration's is not used
+        acc = acc + jax.lax.dot_general(d, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return d_next, x_next, acc
+
+    _, _, acc = jax.lax.fori_loop(0, n, body, (*dlogits(0), jnp.zeros(w.shape, jnp.float32)))
     # A padded column's dlogits (its softmax term, unmasked in the loop) reach only its own row of dw: the rows
     # >= v_real are zeroed once per program here, not masked per logit
-    for h, acc in zip(range(0, BV, H), accs):
-        rows_v = v0 + h + jax.lax.broadcasted_iota(jnp.int32, (H, 1), 0)
-        dw_ref[pl.ds(h, H), :] = jnp.where(rows_v < v_real, acc, 0.0).astype(dw_ref.dtype)
+    rows_v = v0 + jax.lax.broadcasted_iota(jnp.int32, (BV, 1), 0)
+    dw_ref[...] = jnp.where(rows_v < v_real, acc, 0.0).astype(dw_ref.dtype)
 
 
 def _pad(a, n: int, axis: int = 0):
@@ -249,27 +337,38 @@ def _pad(a, n: int, axis: int = 0):
     return jnp.pad(a, widths)
 
 
-def _forward(x, w, *, v_real, tiles, interpret, fast, with_a: bool = False):
-    """lse2 [T] (float32, base 2: lse / ln 2) by `fused_ce_fwd` (tiles.fwd); with_a: (lse2, a [T, K] float32) by
-    `fused_ce_fwd_dx` (tiles.dx), the forward that also forms the input gradient's softmax part. `fast`: the exps as
-    inline PTX (`_exp_tile`)."""
+def _forward(x, w, *, v_real, tiles, interpret, fast):
+    """lse2 [T] (float32, base 2: lse / ln 2) by `fused_ce_fwd` (tiles.fwd), the evaluation forward. `fast`: the
+    exps as inline PTX (`_exp_tile`)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
-    V = w.shape[0]
-    t = tiles.dx if with_a else tiles.fwd
-    rows = pl.BlockSpec((t.bt,), lambda i: (i,))
-    name = "fused_ce_fwd_dx" if with_a else "fused_ce_fwd"
-    out_shape, out_specs = jax.ShapeDtypeStruct((T,), jnp.float32), rows
-    if with_a:
-        out_shape = (out_shape, jax.ShapeDtypeStruct((T, K), jnp.float32))
-        out_specs = (rows, pl.BlockSpec((t.bt, K), lambda i: (i, 0)))
+    V, t = w.shape[0], tiles.fwd
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast), out_shape=out_shape,
-        grid=(T // t.bt,),
+        functools.partial(_fwd_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast),
+        out_shape=jax.ShapeDtypeStruct((T,), jnp.float32), grid=(T // t.bt,),
         in_specs=[pl.BlockSpec((t.bt, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0))],
-        out_specs=out_specs, compiler_params=_compiler_params(t), interpret=interpret, name=name,
+        out_specs=pl.BlockSpec((t.bt,), lambda i: (i,)), compiler_params=_compiler_params(t), interpret=interpret,
+        name="fused_ce_fwd",
     )(x, w)
+
+
+def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
+    """(lse2 [T], a [T, K]) in float32 by `fused_ce_fwd_dx` (tiles.dx), the training forward that also forms the
+    input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchor_logits`)."""
+    from jax.experimental import pallas as pl
+
+    T, K = x.shape
+    V, t = w.shape[0], tiles.dx
+    rows = pl.BlockSpec((t.bt,), lambda i: (i,))
+    return pl.pallas_call(
+        functools.partial(_dx_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast),
+        out_shape=(jax.ShapeDtypeStruct((T,), jnp.float32), jax.ShapeDtypeStruct((T, K), jnp.float32)),
+        grid=(T // t.bt,),
+        in_specs=[pl.BlockSpec((t.bt, K), lambda i: (i, 0)), pl.BlockSpec((V, K), lambda i: (0, 0)), rows],
+        out_specs=(rows, pl.BlockSpec((t.bt, K), lambda i: (i, 0))), compiler_params=_compiler_params(t),
+        interpret=interpret, name="fused_ce_fwd_dx",
+    )(x, w, anchor)
 
 
 def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, fast):
@@ -311,11 +410,19 @@ def _target_rows(targets, v_real: int):
     return valid, jnp.where(valid, targets, 0)
 
 
+def _anchor_logits(x_TxK, w_VxK, targets_T, v_real: int):
+    """(whether each target is a real row, x[t] . w[targets[t]] in float32 where it is, else x[t] . w[0]): one
+    gather, a product and a sum in XLA. Each is a logit of its own row: the training forward's shift for the
+    exps (`_dx_kernel`)."""
+    valid, idx = _target_rows(targets_T, v_real)
+    return valid, jnp.sum(x_TxK.astype(jnp.float32) * w_VxK[idx].astype(jnp.float32), axis=1)
+
+
 def target_logits(x_TxK, w_VxK, targets_T, v_real: int):
     """x[t] . w[targets[t]] in float32 (0 for a target outside [0, v_real)): a gather, a product and a sum in
     XLA, outside the kernels."""
-    valid, idx = _target_rows(targets_T, v_real)
-    return jnp.where(valid, jnp.sum(x_TxK.astype(jnp.float32) * w_VxK[idx].astype(jnp.float32), axis=1), 0.0)
+    valid, logit = _anchor_logits(x_TxK, w_VxK, targets_T, v_real)
+    return jnp.where(valid, logit, 0.0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -325,8 +432,9 @@ def _fused(x, w, targets, v_real, tiles, interpret):
 
 
 def _fused_fwd(x, w, targets, v_real, tiles, interpret):
-    lse2, a = _on_platform(functools.partial(_forward, v_real=v_real, tiles=tiles, with_a=True), interpret, x, w)
-    return (lse2 * LN2, target_logits(x, w, targets, v_real)), (x, w, targets, lse2, a)
+    valid, anchor = _anchor_logits(x, w, targets, v_real)
+    lse2, a = _on_platform(functools.partial(_forward_dx, v_real=v_real, tiles=tiles), interpret, x, w, anchor)
+    return (lse2 * LN2, jnp.where(valid, anchor, 0.0)), (x, w, targets, lse2, a)
 
 
 def _fused_bwd(v_real, tiles, interpret, res, g):
