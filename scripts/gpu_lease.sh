@@ -121,16 +121,12 @@ case "$PLAN" in
   tiles)  # the fused head + loss kernels' blocks, warps and stages: which run fastest on this GPU, and in the step
     SETS=(default)
     for k in fwd dx dw; do
-      # around each kernel's default (core/tiles.py: fwd 128x64, dx and dw 128x128): halve and double each block,
-      # then four warps and four stages
-      if [ "$k" = fwd ]; then bt=128 bv=64; else bt=128 bv=128; fi
+      # around each kernel's default (core/tiles.py: fwd 128x64s3, dx and dw 128x128s2): halve and double each
+      # block, then four warps and one more stage
+      if [ "$k" = fwd ]; then bt=128 bv=64 st=4; else bt=128 bv=128 st=3; fi
       SETS+=("$k=$((bt / 2))x$bv" "$k=$((bt * 2))x$bv" "$k=${bt}x$((bv / 2))" "$k=${bt}x$((bv * 2))"
-             "$k=${bt}x${bv}w4" "$k=${bt}x${bv}s4")
+             "$k=${bt}x${bv}w4" "$k=${bt}x${bv}s$st")
     done
-    # two thread blocks per SM (one warpgroup each, no spills by scripts/fused_ce_sass.py): the other block's GEMM
-    # can run under this one's exps beside the overlap inside the loop; twice the loads per FLOP (dw has no such
-    # set: at 64x128w4 and 128x64w4 it spills)
-    SETS+=("dx=64x128w4")
     step tiles_sweep 240 90 "$PY" scripts/fused_ce_check.py --check-tokens 0 --time-tokens 131072 --iters 5 \
       --tiles "${SETS[@]}" --json-out "$RES/fused_ce_tiles.json"
     # the fastest set in the canonical form (`KernelTiles.spec`): `default` when it is today's default tiles
