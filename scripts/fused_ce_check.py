@@ -8,7 +8,9 @@ float32 reference, and timed beside the chunked XLA loss they replace.
 The vocabulary (padded rows included), the head width K and the loss chunk come from the config. On a
 GPU the kernels compile through Triton; on a CPU they run in Pallas interpret mode (use small sizes).
 
-Check (a small ragged case, then `--check-tokens` at the config's shape; fresh random inputs, a ragged last block, 20 % of tokens masked, z-loss 1e-4):
+Check (a small ragged case, then rows whose sums shifted by their target's logit overflow, so the training forward
+walks their block again with the online max (`fused_ce.overflow_inputs`), then `--check-tokens` at the config's
+shape; fresh random inputs, a ragged last block, 20 % of tokens masked, z-loss 1e-4):
 lse and target logit, the loss, and both gradients against `fused_ce.reference` in float32, as
 |a - b| / |b| over the whole array (norms). Bounds: lse/target/loss 1e-5 (float32 accumulation of BF16
 products, the same products in another order), gradients 2e-2 (the kernels round the softmax (input gradient)
@@ -106,15 +108,22 @@ def combined_spec(rows: list[dict], specs: list[str], T: int) -> str | None:
     return None if any(tiles_of(s) == combined for s in specs) else combined.spec()
 
 
-def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4, tiles: str = "default") -> dict:
-    """Relative errors of the fused kernels against the float32 reference, and whether each is in bounds."""
+def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4, tiles: str = "default",
+          overflow: bool = False) -> dict:
+    """Relative errors of the fused kernels against the float32 reference, and whether each is in bounds.
+    `overflow`: `fused_ce.overflow_inputs` (rows whose anchored sums overflow, so the training forward walks their
+    block again with the online max), every token unmasked."""
     import jax
     import jax.numpy as jnp
 
     from yxanul_jax.model import fused_ce
     from yxanul_jax.model.loss import masked_sums
 
-    x, w, targets, mask = _inputs(jax.random.key(seed), T, V, K, v_real)
+    if overflow:
+        x, w, targets = fused_ce.overflow_inputs(T, V, K, seed)
+        mask = jnp.ones((T,), jnp.float32)
+    else:
+        x, w, targets, mask = _inputs(jax.random.key(seed), T, V, K, v_real)
 
     def loss(fn, x, w):
         lse, tl = fn(x, w, targets)
@@ -134,8 +143,9 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
     bounds = {n: GRAD_RTOL if n.startswith("grad") else VALUE_RTOL for n in errs}
     padded_rows_zero = bool(not jnp.any(gw[v_real:]))
     ok = all(e <= bounds[n] for n, e in errs.items()) and padded_rows_zero  # NaN compares False
-    return {"tokens": T, "vocab_rows": V, "v_real": v_real, "k": K, "seed": seed, "tiles": tiles, "rel_err": errs,
-            "bounds": bounds, "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
+    return {"tokens": T, "vocab_rows": V, "v_real": v_real, "k": K, "seed": seed, "tiles": tiles,
+            "inputs": "overflow" if overflow else "random", "rel_err": errs, "bounds": bounds,
+            "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
 
 
 def guarded_check(*args, tiles: str) -> dict:
@@ -151,7 +161,7 @@ def print_check(c: dict) -> None:
         print(f"check of tiles {c['tiles']}: FAILED, {c['error']}", flush=True)
         return
     print(f"check at {c['tokens']} tokens x {c['vocab_rows']} rows ({c['v_real']} real, K {c['k']}, tiles "
-          f"{c['tiles']}): " + ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
+          f"{c['tiles']}, {c.get('inputs', 'random')} inputs): " + ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
           + f"; padded rows' gradient zero: {c['padded_rows_zero_grad']} -> {'ok' if c['ok'] else 'FAILED'}", flush=True)
 
 
@@ -243,9 +253,11 @@ def main(argv: list[str] | None = None) -> int:
               "platform": device.platform, "jax": jax.__version__, "config": cfg.model.name,
               "vocab_rows": V, "v_real": v_real, "k": K, "loss_chunk": chunk, "peak_bf16_tflops":
               None if peak is None else peak / 1e12}
-    # A small ragged case (a partial last block of tokens and of vocabulary rows, K 32), then the config's.
+    # A small ragged case (a partial last block of tokens and of vocabulary rows, K 32), rows whose anchored sums
+    # overflow (the training forward's fallback walk, in the compiled kernel), then the config's shape.
     shapes = [(200, 300, 32, 290)] + ([(args.check_tokens, V, K, v_real)] if args.check_tokens else [])
-    record["checks"] = [check(*shape, args.seed) for shape in shapes]
+    record["checks"] = [check(*shapes[0], args.seed), check(256, 640, 128, 600, args.seed, overflow=True)]
+    record["checks"] += [check(*shape, args.seed) for shape in shapes[1:]]
     for c in record["checks"]:
         print_check(c)
     rows = record["timing"] = []

@@ -94,19 +94,6 @@ def test_gradients_stay_accurate_where_the_model_is_confident():
         assert np.linalg.norm(a - b) <= 1e-2 * np.linalg.norm(b)
 
 
-def _extreme_rows(T=64, V=96, K=16):
-    """Inputs whose first 8 rows have a logit ~100 nats over their target's (~144 in base 2): sums of exps shifted
-    by the target's logit overflow float32 there; the other rows are ordinary."""
-    k = jax.random.split(jax.random.key(3), 3)
-    x = jax.random.normal(k[0], (T, K))
-    w = 0.3 * jax.random.normal(k[1], (V, K))
-    targets = jax.random.randint(k[2], (T,), 0, V)
-    x = x.at[:8].set(0.0).at[:8, 0].set(10.0)
-    w = w.at[:, 0].set(0.0).at[5, 0].set(5.0).at[6, 0].set(-5.0)
-    targets = targets.at[:8].set(6)  # target logit -50, row 5's +50
-    return x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets
-
-
 def _fused_train(x, w, targets, v_real):
     """lse, target logit and both gradients of sum(lse - target) through the training kernels (fused_ce_fwd_dx, dw)."""
     f = lambda x, w: jnp.sum(jnp.subtract(*fused_ce.linear_cross_entropy(x, w, targets, v_real)))  # noqa: E731
@@ -117,7 +104,7 @@ def _fused_train(x, w, targets, v_real):
 def test_the_training_forward_walks_again_where_its_anchor_overflows():
     # The training forward shifts each row's exps by its target's logit, not a running max; where a logit is so
     # far over it that the sums overflow, the block is walked again with the online max: the same results.
-    x, w, targets = _extreme_rows()
+    x, w, targets = fused_ce.overflow_inputs(64, 96, 16)
     v_real = 90
     lse, tl, (gx, gw) = jax.jit(_fused_train, static_argnums=3)(x, w, targets, v_real)
     lse_r, tl_r = fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), targets, v_real)
@@ -137,10 +124,17 @@ def test_the_training_forward_takes_the_anchored_walk_unless_it_overflows(monkey
         return nan, nan, None if acc0 is None else jnp.full(acc0.shape, jnp.nan, jnp.float32)
 
     monkeypatch.setattr(fused_ce, "_walk_online", poisoned)
-    x, w, targets = _extreme_rows(T=256)
+    x, w, targets = fused_ce.overflow_inputs(256, 96, 16)
+    bt = DEFAULT_TILES.dx.bt
+    # masked tokens (no target) with row 0's logit 100 nats under their largest: anchored at their mean logit,
+    # not at one of those, they stay on the anchored walk
+    x = x.at[bt:bt + 8].set(x[0])
+    w = w.at[0, 0].set(-10.0)
+    targets = targets.at[bt:bt + 8].set(-1)
     lse, _, (gx, _) = _fused_train(x, w, targets, 90)
     lse_r, _ = fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), targets, 90)
-    bt = DEFAULT_TILES.dx.bt
+    logits = x[bt].astype(jnp.float32) @ w[:90].astype(jnp.float32).T
+    assert float(jnp.max(logits) - logits[0]) > 95
     np.testing.assert_allclose(lse[bt:], lse_r[bt:], rtol=2e-6, atol=2e-5)
     assert np.all(np.isfinite(np.asarray(gx[bt:], np.float32)))
     assert np.all(np.isnan(lse[:bt]))

@@ -140,8 +140,9 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     assert rc == 0, stdout
     record = json.loads(stdout.strip().splitlines()[-1])
     assert record == json.loads(out.read_text()) and record["ok"]
-    small, full, tiled = record["checks"]
+    small, overflow, full, tiled = record["checks"]
     assert (small["tokens"], small["vocab_rows"], small["v_real"], small["k"]) == (200, 300, 290, 32)
+    assert overflow["inputs"] == "overflow" and small["inputs"] == full["inputs"] == "random"  # the fallback walk
     assert full["tokens"] == 130 and full["k"] == record["k"] == 128
     assert tiled["tiles"] == "fwd=64x32,dw=32x64w4" and tiled["tokens"] == 200  # each other set of tiles checked
     for c in record["checks"]:

@@ -622,8 +622,8 @@ class TrainConfig:
     chunked (on several devices XLA would gather the kernels' inputs onto each)."""
     fused_ce_tiles: str = field(default="default", metadata=RESUME)
     """Block sizes and launch of the fused head + loss kernels: `default` (`core.tiles.DEFAULT_TILES`: the
-    forward 128 x 64, the training forward (`dx`) and the table gradient 128 x 128, 8 warps and 3 stages each), or
-    comma-separated changes, e.g. `fwd=256x64,dx=64x128w4s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or
+    forward 128 x 64 in 3 stages, the training forward (`dx`) and the table gradient 128 x 128 in 2, 8 warps each),
+    or comma-separated changes, e.g. `fwd=256x64,dx=128x64s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or
     dw; powers of 2 of at least 16). `scripts/fused_ce_check.py --tiles` times them on a GPU. Speed only: the
     loss is the same sum in another order."""
     z_loss: float = 0.0
