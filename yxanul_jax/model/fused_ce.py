@@ -224,11 +224,11 @@ def _walk_online(x, w_ref, acc0, *, V, v_real, BV, H, fast):
 
 
 def _walk_anchored(x, w_ref, anchor2, *, V, v_real, BV, fast):
-    """(sum of exps, softmax @ w unnormalized) of a block of rows against a fixed shift per row (`anchor2`: one of
-    the row's own logits, base 2), in one walk without a max. Software-pipelined: iteration j issues block j + 1's
-    logits GEMM (Triton waits for it), then block j's softmax @ w GEMM from the softmax and block of w carried in
-    registers (each block loaded once), then block j + 1's exps, which run under that GEMM. Exact while no logit
-    exceeds its anchor by ~128 (base 2) and overflows the float32 sums: `_dx_kernel` checks."""
+    """(sum of exps, softmax @ w unnormalized) of a block of rows against a fixed shift per row (`anchor2`, base 2:
+    at most the row's largest logit, `_anchor_logits`), in one walk without a max. Software-pipelined: iteration j
+    issues block j + 1's logits GEMM (Triton waits for it), then block j's softmax @ w GEMM from the softmax and
+    block of w carried in registers (each block loaded once), then block j + 1's exps, which run under that GEMM.
+    Exact while no logit exceeds its anchor by ~128 (base 2) and overflows the float32 sums: `_dx_kernel` checks."""
     from jax.experimental import pallas as pl
 
     full, partial = _vocab_blocks(V, v_real, BV)
@@ -265,7 +265,7 @@ def _walk_anchored(x, w_ref, anchor2, *, V, v_real, BV, fast):
 def _dx_kernel(x_ref, w_ref, anchor_ref, lse_ref, a_ref, *, V, v_real, BV, fast):
     """The training forward: lse (base 2) and a = softmax @ w (float32 [BT, K]) of a block of rows in one walk; the
     input gradient is then g_lse * a + g_target * w[target] (`_fused_bwd`). The exps are shifted by the row's
-    anchor (its target's logit, `_anchor_logits`), not by a running max, so no tile waits for its own max
+    anchor (its target's logit, or its mean logit: `_anchor_logits`), not by a running max, so no tile waits for its max
     (`_walk_anchored`). A block whose sums overflow or vanish (a logit ~88 nats over its anchor: a diverging
     model) is walked again with the online max (`_walk_online`): the same result, slower."""
     x = x_ref[...]
@@ -482,9 +482,10 @@ def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool =
                          tiles: KernelTiles = DEFAULT_TILES):
     """(lse[T], target logit[T]) in float32 of the logits x @ w^T over the first v_real columns: the lse by the
     fused kernels (module docstring), the target logit by `target_logits`; differentiable in x and w (one
-    custom gradient for both: the training forward's a = softmax @ w and the dw kernel). Targets outside [0, v_real) give a target logit of 0 (mask those
-    tokens out). The kernels compile with Triton when lowered for a GPU and run in Pallas interpret mode when
-    lowered for a CPU (`interpret=True` forces that). `tiles`: each kernel's blocks and launch (`KernelTiles`)."""
+    custom gradient for both: the training forward's a = softmax @ w and the dw kernel). Targets outside
+    [0, v_real) give a target logit of 0 (mask those tokens out). The kernels compile with Triton when lowered for
+    a GPU and run in Pallas interpret mode when lowered for a CPU (`interpret=True` forces that). `tiles`: each
+    kernel's blocks and launch (`KernelTiles`)."""
     T, K = x_TxK.shape
     if not supported(K):
         raise ValueError(f"fused cross-entropy takes a head input width that is {FUSED_CE_WIDTHS}, got {K}")
