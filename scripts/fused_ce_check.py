@@ -160,8 +160,9 @@ def print_check(c: dict) -> None:
     if "error" in c:
         print(f"check of tiles {c['tiles']}: FAILED, {c['error']}", flush=True)
         return
+    errs = ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
     print(f"check at {c['tokens']} tokens x {c['vocab_rows']} rows ({c['v_real']} real, K {c['k']}, tiles "
-          f"{c['tiles']}, {c.get('inputs', 'random')} inputs): " + ", ".join(f"{n} {e:.2e} (<= {c['bounds'][n]:.0e})" for n, e in c["rel_err"].items())
+          f"{c['tiles']}, {c.get('inputs', 'random')} inputs): " + errs
           + f"; padded rows' gradient zero: {c['padded_rows_zero_grad']} -> {'ok' if c['ok'] else 'FAILED'}", flush=True)
 
 

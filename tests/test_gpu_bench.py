@@ -176,8 +176,9 @@ def test_the_fastest_tiles_of_each_kernel_are_put_together():
     timed = (rows("default", 10, 30) + rows("fwd=64x128", 8, 29) + rows("fwd=256x128", 9, 20)
              + rows("dx=64x128", 10, 25) + rows("dw=128x64", 10, 35) + rows("fwd=16x16,dx=16x16", 1, 1))
     specs = ["default", "fwd=64x128", "fwd=256x128", "dx=64x128", "dw=128x64", "fwd=16x16,dx=16x16"]
-    # the forward by its forward time, dx and dw by forward + backward; sets changing two kernels say nothing
-    assert fce.combined_spec(timed, specs, 8) == "fwd=64x128w8s3,dx=64x128w8s3"
+    # the forward by its forward time, dx and dw by forward + backward; sets changing two kernels say nothing; each
+    # keeps its default warps and stages (core.tiles: the forward 3 stages, the training kernels 2)
+    assert fce.combined_spec(timed, specs, 8) == "fwd=64x128w8s3,dx=64x128w8s2"
     assert fce.combined_spec(timed, specs + ["dx=64x128,fwd=64x128"], 8) is None  # timed already
     assert fce.combined_spec(rows("default", 1, 1) + rows("dx=64x128", 2, 2), ["default", "dx=64x128"], 8) is None
 
