@@ -37,7 +37,7 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
   * FUSED_CE_EFFICIENCY: our fused cross-entropy kernels (`model.fused_ce`, Pallas/Triton custom calls
     whose FLOPs XLA cannot see: counted from their operand shapes, `fused_ce.KERNELS`): with K = 128
     every logit's exp on the special-function units (16 per clock per SM) and its softmax arithmetic cost
-    about as much as its share of the GEMM, and Triton runs them after the GEMM, not beside it. The old
+    about as much as its share of the GEMM, and Triton ran them after the GEMM, not beside it. The old
     three kernels (lse, dx, dw) ran at 40 % of the BF16 peak on an H200 (fwd + bwd, 2026-11-26), where
     their sm_90 SASS census (`analysis.kernel_census`) gives the tensor cores 49.2 % of the loops' clocks
     (FUSED_CE_MEASURED_SHARE: their tensor clocks over all their clocks, the FLOP-weighted harmonic mean of

@@ -25,7 +25,7 @@ Three kernels, one program per block of rows:
 
 **The training forward's exps are shifted by an anchor, not a running max.** Each row's anchor is its target's
 logit, from the gather XLA does anyway for the target logit, or for a token without a target the mean of its
-logits (`_anchor_logits`). Either is at most the row's largest logit, so the sum of exps holds a term of at
+logits (`_anchors`). Either is at most the row's largest logit, so the sum of exps holds a term of at
 least ~1 and cannot vanish; it overflows float32 only where a logit exceeds the anchor by ~128 in base 2 (~88
 nats; somewhat less with a large table row, through a = softmax @ w): a token with a loss of ~88, a diverging
 model. No tile then waits for its own max, and the loop holds no max, rescale or shuffle for one. A block whose
@@ -138,21 +138,32 @@ def _ex2(z, fast: bool):
                                       result_shape_dtypes=[jax.ShapeDtypeStruct(z.shape, jnp.float32)])[0]
 
 
-def _exp_tile(logits, shift2, fast: bool):
-    """exp(logits - shift2 / log2 e) of a [BT, N] tile, per-row shift2 in base 2: 2^(logits log2 e - shift2).
-    `fast` (the GPU): one fma and one `ex2.approx.ftz.f32` per logit. Pallas lowers jnp.exp to libdevice's expf,
+def _exp_tile(logits, shift2, fast: bool, times=None, plus=None):
+    """exp(logits - shift2 / log2 e) of a [BT, N] tile, per-row shift2 in base 2: 2^(logits log2 e - shift2); with
+    `times` and `plus` ([BT, N]), that times `times` plus `plus`. `fast` (the GPU): one fma and one
+    `ex2.approx.ftz.f32` per logit (and one more fma for times/plus). Pallas lowers jnp.exp to libdevice's expf,
     8 float32 instructions around the same ex2, jnp.exp2 to the non-ftz ex2 (3 more, for denormals), and cannot
-    fuse a multiply and a subtract (`mul.rn`, `sub.rn`): counted in the sm_90 inner loops by
+    fuse a multiply and an add or subtract (`mul.rn`, `add.rn`): counted in the sm_90 inner loops by
     `scripts/fused_ce_sass.py`. Otherwise (interpret mode, CPU) the same in jnp, the product rounded first."""
     bias = jnp.broadcast_to(-shift2[:, None], logits.shape)
+    scaled = times is not None
     if not fast:
-        return jnp.exp2(logits * LOG2E + bias)
+        e = jnp.exp2(logits * LOG2E + bias)
+        return e * times + plus if scaled else e
     from jax.experimental.pallas import triton as plt
 
     scale = jnp.full(logits.shape, LOG2E, jnp.float32)
+    asm, args = "fma.rn.f32 t, $1, $2, $3; ex2.approx.ftz.f32 $0, t;", [logits, scale, bias]
+    if scaled:
+        asm, args = "fma.rn.f32 t, $1, $2, $3; ex2.approx.ftz.f32 t, t; fma.rn.f32 $0, t, $4, $5;", args + [times, plus]
     return plt.elementwise_inline_asm(
-        "{ .reg .f32 t; fma.rn.f32 t, $1, $2, $3; ex2.approx.ftz.f32 $0, t; }", args=[logits, scale, bias],
-        constraints="=f,f,f,f", pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(logits.shape, jnp.float32)])[0]
+        "{ .reg .f32 t; " + asm + " }", args=args, constraints="=f" + ",f" * len(args), pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(logits.shape, jnp.float32)])[0]
+
+
+def _softmax_w(p, w, acc):
+    """acc + p @ w: a tile's (unnormalized) softmax in BF16 times its rows of w, float32 accumulation."""
+    return acc + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _columns(v0, shape):
@@ -215,8 +226,7 @@ def _walk_online(x, w_ref, acc0, *, V, v_real, BV, H, fast):
             p = _exp_tile(lg, m_new, fast)
             total = jnp.sum(p, axis=1) if total is None else total + jnp.sum(p, axis=1)
             if with_a:
-                acc = acc + jax.lax.dot_general(p.astype(w.dtype), w, (((1,), (0,)), ((), ())),
-                                                preferred_element_type=jnp.float32)
+                acc = _softmax_w(p, w, acc)
         return m_new, s * alpha + total, acc
 
     init = (jnp.full((BT,), -jnp.inf, jnp.float32), jnp.zeros((BT,), jnp.float32), acc0)
@@ -225,7 +235,7 @@ def _walk_online(x, w_ref, acc0, *, V, v_real, BV, H, fast):
 
 def _walk_anchored(x, w_ref, anchor2, *, V, v_real, BV, fast):
     """(sum of exps, softmax @ w unnormalized) of a block of rows against a fixed shift per row (`anchor2`, base 2:
-    at most the row's largest logit, `_anchor_logits`), in one walk without a max. Software-pipelined: iteration j
+    at most the row's largest logit, `_anchors`), in one walk without a max. Software-pipelined: iteration j
     issues block j + 1's logits GEMM (Triton waits for it), then block j's softmax @ w GEMM from the softmax and
     block of w carried in registers (each block loaded once), then block j + 1's exps, which run under that GEMM.
     Exact while no logit exceeds its anchor by ~128 (base 2) and overflows the float32 sums: `_dx_kernel` checks."""
@@ -237,14 +247,11 @@ def _walk_anchored(x, w_ref, anchor2, *, V, v_real, BV, fast):
         p = _exp_tile(lg, anchor2, fast)
         return p.astype(x.dtype), jnp.sum(p, axis=1)
 
-    def gemm(p, w, acc):
-        return acc + jax.lax.dot_general(p, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-
     def body(j, carry):
         p, w, s, acc = carry
         w_next = w_ref[pl.ds(jnp.minimum(j + 1, full - 1) * BV, BV), :]  # the last iteration's is not used
         lg_next = _logits(x, w_next)
-        acc = gemm(p, w, acc)
+        acc = _softmax_w(p, w, acc)
         p_next, total = exps(lg_next)
         s = s + jnp.where(j + 1 < full, total, 0.0)
         return p_next, w_next, s, acc
@@ -254,31 +261,31 @@ def _walk_anchored(x, w_ref, anchor2, *, V, v_real, BV, fast):
     if full:
         w0 = w_ref[pl.ds(0, BV), :]
         p0, s = exps(_logits(x, w0))
-        p, w, s, acc = jax.lax.fori_loop(0, full, body, (p0, w0, s, acc))
+        _, _, s, acc = jax.lax.fori_loop(0, full, body, (p0, w0, s, acc))
     if partial:
         w = w_ref[pl.ds(full * BV, BV), :]
         p, total = exps(_masked(_logits(x, w), _columns(full * BV, (x.shape[0], BV)), v_real))
-        s, acc = s + total, gemm(p, w, acc)
+        s, acc = s + total, _softmax_w(p, w, acc)
     return s, acc
 
 
 def _dx_kernel(x_ref, w_ref, anchor_ref, lse_ref, a_ref, *, V, v_real, BV, fast):
     """The training forward: lse (base 2) and a = softmax @ w (float32 [BT, K]) of a block of rows in one walk; the
     input gradient is then g_lse * a + g_target * w[target] (`_fused_bwd`). The exps are shifted by the row's
-    anchor (its target's logit, or its mean logit: `_anchor_logits`), not by a running max, so no tile waits for its max
+    anchor (its target's logit, or its mean logit: `_anchors`), not by a running max, so no tile waits for its max
     (`_walk_anchored`). A block whose sums overflow or vanish (a logit ~88 nats over its anchor: a diverging
     model) is walked again with the online max (`_walk_online`): the same result, slower."""
     x = x_ref[...]
     anchor2 = anchor_ref[...] * LOG2E
     s, acc = _walk_anchored(x, w_ref, anchor2, V=V, v_real=v_real, BV=BV, fast=fast)
-    bad = jnp.logical_not(jnp.isfinite(s) & (s > 0)) | jnp.logical_not(jnp.isfinite(jnp.sum(acc, axis=1)))
+    ok = jnp.isfinite(s) & (s > 0) & jnp.isfinite(jnp.sum(acc, axis=1))
 
     def online():
         # in quarters of the block (16 rows at the least): whole, its registers made ptxas spill the anchored loop's
         return _walk_online(x, w_ref, jnp.zeros(x.shape, jnp.float32), V=V, v_real=v_real, BV=BV,
                             H=max(BV // 4, 16), fast=fast)
 
-    m, s, acc = jax.lax.cond(jnp.max(bad.astype(jnp.int32)) > 0, online, lambda: (anchor2, s, acc))
+    m, s, acc = jax.lax.cond(jnp.min(ok.astype(jnp.int32)) == 0, online, lambda: (anchor2, s, acc))
     lse_ref[...] = m + jnp.log2(s)  # base 2: dw subtracts it as it is
     a_ref[...] = acc / s[:, None]
 
@@ -287,21 +294,9 @@ def _dlogits(logits, cols, lse2, g_lse, tgt, g_tl, fast):
     """dloss/dlogits of a tile in float32, both parts summed before the BF16 rounding of the
     gradient GEMM: softmax * g_lse + onehot(target) * g_target. Where the target's probability is near 1 the two
     nearly cancel: rounding each to BF16 first left 11-15 % errors in the gradients there. `fast` (the GPU): per
-    logit one fma, one `ex2.approx.ftz` and one fma that scales and adds the one-hot part (Pallas would emit
-    mul.rn and add.rn, which ptxas may not fuse)."""
+    logit one fma, one `ex2.approx.ftz` and one fma that scales and adds the one-hot part (`_exp_tile`)."""
     hot = jnp.where(cols == tgt[:, None], g_tl[:, None], 0.0)
-    g = jnp.broadcast_to(g_lse[:, None], logits.shape)
-    if not fast:
-        return _exp_tile(logits, lse2, fast) * g + hot
-    from jax.experimental import pallas as pl  # noqa: F401
-    from jax.experimental.pallas import triton as plt
-
-    scale = jnp.full(logits.shape, LOG2E, jnp.float32)
-    bias = jnp.broadcast_to(-lse2[:, None], logits.shape)
-    return plt.elementwise_inline_asm(
-        "{ .reg .f32 t; fma.rn.f32 t, $1, $2, $3; ex2.approx.ftz.f32 t, t; fma.rn.f32 $0, t, $4, $5; }",
-        args=[logits, scale, bias, g, hot], constraints="=f,f,f,f,f,f", pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(logits.shape, jnp.float32)])[0]
+    return _exp_tile(logits, lse2, fast, jnp.broadcast_to(g_lse[:, None], logits.shape), hot)
 
 
 def _dw_kernel(x_ref, w_ref, t_ref, lse_ref, glse_ref, gtl_ref, dw_ref, *, T, v_real, BT, BV, fast):
@@ -361,7 +356,7 @@ def _forward(x, w, *, v_real, tiles, interpret, fast):
 
 def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
     """(lse2 [T], a [T, K]) in float32 by `fused_ce_fwd_dx` (tiles.dx), the training forward that also forms the
-    input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchor_logits`)."""
+    input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchors`)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
@@ -416,16 +411,19 @@ def _target_rows(targets, v_real: int):
     return valid, jnp.where(valid, targets, 0)
 
 
-def _anchor_logits(x_TxK, w_VxK, targets_T, v_real: int):
-    """(whether each target is a real row, each row's anchor in float32: its target's logit x[t] . w[targets[t]]
-    where the target is real, else the mean of its real logits x[t] . mean(w[:v_real])): one gather, a mean of
-    the table and two products in XLA. Either is at most the row's largest logit, so the training forward's sum
-    of exps shifted by it (`_dx_kernel`) holds a term of at least ~1."""
+def _gathered_logits(x_TxK, w_VxK, targets_T, v_real: int):
+    """(whether each target is a real row, x[t] . w[targets[t]] in float32 where it is, x[t] . w[0] elsewhere): one
+    gather, a product and a sum in XLA."""
     valid, idx = _target_rows(targets_T, v_real)
-    x = x_TxK.astype(jnp.float32)
-    target = jnp.sum(x * w_VxK[idx].astype(jnp.float32), axis=1)
-    mean = x @ jnp.mean(w_VxK[:v_real].astype(jnp.float32), axis=0)
-    return valid, jnp.where(valid, target, mean)
+    return valid, jnp.sum(x_TxK.astype(jnp.float32) * w_VxK[idx].astype(jnp.float32), axis=1)
+
+
+def _anchors(x_TxK, w_VxK, valid, gathered, v_real: int):
+    """Each row's anchor in float32: its target's logit where the target is real (`_gathered_logits`), else the
+    mean of its real logits x[t] . mean(w[:v_real]). Either is at most the row's largest logit, so the training
+    forward's sum of exps shifted by it (`_dx_kernel`) holds a term of at least ~1."""
+    mean = x_TxK.astype(jnp.float32) @ jnp.mean(w_VxK[:v_real].astype(jnp.float32), axis=0)
+    return jnp.where(valid, gathered, mean)
 
 
 def overflow_inputs(T: int, V: int, K: int, seed: int = 3):
@@ -445,7 +443,7 @@ def overflow_inputs(T: int, V: int, K: int, seed: int = 3):
 def target_logits(x_TxK, w_VxK, targets_T, v_real: int):
     """x[t] . w[targets[t]] in float32 (0 for a target outside [0, v_real)): a gather, a product and a sum in
     XLA, outside the kernels."""
-    valid, logit = _anchor_logits(x_TxK, w_VxK, targets_T, v_real)
+    valid, logit = _gathered_logits(x_TxK, w_VxK, targets_T, v_real)
     return jnp.where(valid, logit, 0.0)
 
 
@@ -456,9 +454,10 @@ def _fused(x, w, targets, v_real, tiles, interpret):
 
 
 def _fused_fwd(x, w, targets, v_real, tiles, interpret):
-    valid, anchor = _anchor_logits(x, w, targets, v_real)
+    valid, logit = _gathered_logits(x, w, targets, v_real)
+    anchor = _anchors(x, w, valid, logit, v_real)
     lse2, a = _on_platform(functools.partial(_forward_dx, v_real=v_real, tiles=tiles), interpret, x, w, anchor)
-    return (lse2 * LN2, jnp.where(valid, anchor, 0.0)), (x, w, targets, lse2, a)
+    return (lse2 * LN2, jnp.where(valid, logit, 0.0)), (x, w, targets, lse2, a)
 
 
 def _fused_bwd(v_real, tiles, interpret, res, g):
