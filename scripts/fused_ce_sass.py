@@ -8,8 +8,9 @@ For each set of tiles (`core.tiles`, the form of `train.fused_ce_tiles`) it comp
 machine (the forward for evaluation, then the training forward and the table gradient: jax.grad), assembles
 each one's PTX with ptxas and disassembles it with nvdisasm (both in the gpu-check environment), and prints per
 kernel: registers, spills, SASS instructions, exps (MUFU) and wgmma (HGMMA) per iteration, the clocks of the
-tensor, issue and MUFU parts of an iteration and of the whole walked iteration, the tensor cores' share of it
-(what `model.fused_ce.TENSOR_SHARE` records for the performance model), the bytes it loads per clock, and the
+tensor, issue and MUFU parts of an iteration and of the whole walked iteration, the clocks the tensor cores stand
+idle before the iteration's first GEMM, between its GEMMs and after the last (`idle b/m/a`: what a faster loop must
+remove), the tensor cores' share of the iteration (what `model.fused_ce.TENSOR_SHARE` records for the performance model), the bytes it loads per clock, and the
 kernel's milliseconds by this cycle model alone at `--tokens` x the vocabulary (`--vocab-rows`, `--v-real`,
 `--k`: yxanul-197m's by default). `--measured` reads a `scripts/fused_ce_check.py --json-out` file (a GPU's tile
 sweep of the same kernel code) and sets each measured row beside its prediction, with the ratio. A table, then
@@ -135,12 +136,13 @@ def main() -> int:
             rows.append(predict(name, ptx, spec, args.tokens, args.v_real, args.k, gpu.sms, clock))
     measured = measured_ms(args.measured, args.tokens) if args.measured else {}
     print(f"{'tiles':<22}{'kernel':<17}{'regs':>5}{'spill':>6}{'instr':>6}{'mufu':>5}{'hgmma':>6}{'tensor':>8}"
-          f"{'issue':>7}{'mufu':>6}{'clk/it':>7}{'share':>7}{'B/clk':>6}{'ms':>8}")
+          f"{'issue':>7}{'mufu':>6}{'clk/it':>7}{'idle b/m/a':>13}{'share':>7}{'B/clk':>6}{'ms':>8}")
     for r in rows:
         c = r["cycles"]
+        idle = f"{c['idle_before']:.0f}/{c['idle_between']:.0f}/{c['idle_after']:.0f}"
         print(f"{r['tiles']:<22}{r['kernel']:<17}{r['registers']:>5}{r['spill_bytes']:>6}{r['instructions']:>6}"
               f"{r['mufu']:>5}{r['hgmma']:>6}{c['tensor']:>8.0f}{c['issue']:>7.0f}{c['mufu']:>6.0f}{c['total']:>7.0f}"
-              f"{r['share']:>7.3f}{r['load_bytes_per_clock']:>6.1f}{r['ms']:>8.2f}")
+              f"{idle:>13}{r['share']:>7.3f}{r['load_bytes_per_clock']:>6.1f}{r['ms']:>8.2f}")
     sets = []
     for spec in (s for s in args.tiles if s not in failed):
         mine = [r for r in rows if r["tiles"] == spec]

@@ -32,6 +32,9 @@ def test_a_gemm_that_reads_the_exps_waits_for_them():
     c = kc.tile_cycles(loop, warps=8)
     assert (c["tensor"], c["issue"], c["mufu"]) == (256, 2 * (len(body) + 1), 64)
     assert c["total"] == 328
+    # the tensor cores idle 72 clocks an iteration: 2 before G1 (its arrive), 66 between (the exps, then the pack
+    # and arrive), 4 after G2 (the wait and the branch)
+    assert (c["idle_before"], c["idle_between"], c["idle_after"]) == (2, 66, 4)
 
 
 def test_exps_issued_under_another_gemm_overlap_it():
@@ -40,6 +43,8 @@ def test_exps_issued_under_another_gemm_overlap_it():
             "HGMMA.64x128x16.F32.BF16 R88, R100, gdesc[UR16].tnspB, R88, gsb0", *EXPS, WAIT]
     c = kc.tile_cycles(kc.inner_loop(_sass(body)), warps=8)
     assert c["tensor"] == 256 and c["total"] == 266  # the 64 clocks of exps hidden under the 128 of the GEMM
+    assert c["idle_before"] + c["idle_between"] + c["idle_after"] == c["total"] - c["tensor"]
+    assert c["idle_between"] == 4  # the wait's and the arrive's issue between the two GEMMs
 
 
 def test_a_wait_that_allows_one_group_lets_the_older_gemm_run_on():

@@ -165,13 +165,16 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
     Register dependencies are not tracked otherwise: between those points the exps and the other instructions
     overlap. Work issued between a group's wgmma and its wait runs beside it: a loop that issues one GEMM before
     the exps of another tile overlaps them, one that waits for each GEMM before the softmax that reads it adds
-    them up. Returns the tensor, issue and MUFU clocks per iteration and the walked `total`."""
+    them up. Returns the tensor, issue and MUFU clocks per iteration, the walked `total`, and where the tensor
+    cores stand idle in the last iteration (`idle_before` its first GEMM starts: operands being stored for it;
+    `idle_between` GEMMs; `idle_after` the last one ends: the iteration's tail): what a faster loop must remove."""
     per_issue = warps / ISSUE_PER_CLOCK
     per_mufu = warps * THREADS_PER_WARP / MUFU_PER_CLOCK
     now = tensor_free = mufu_free = 0.0
     done: list[float] = []  # completion clock of each committed wgmma group
     marks = []
     tensor = 0.0
+    busy: list[tuple[float, float]] = []  # the tensor cores' work: (start, end) clocks of each wgmma
     for _ in range(iterations):
         marks.append(now)
         from_exp: set[str] = set()  # registers holding an exp or a value computed from one, this iteration
@@ -193,8 +196,10 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
                 dims = m.groups() if m else re.search(r"HMMA\.(16)(8)(\d+)", text).groups()  # 16816, 1688
                 per = warps / 4 if m else warps
                 clocks = 2 * int(dims[0]) * int(dims[1]) * int(dims[2]) * per / TENSOR_FLOP_PER_CLOCK
-                tensor_free = max(tensor_free, now) + clocks
+                start = max(tensor_free, now)
+                tensor_free = start + clocks
                 tensor += clocks
+                busy.append((start, tensor_free))
                 if "gsb0" in text or not m:  # a committed wgmma group; an mma.sync is waited for at its use
                     done.append(tensor_free)
             elif op == "WARPGROUP" and "DEPBAR" in text:
@@ -211,8 +216,13 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
     marks.append(now)
     half = iterations // 2
     per_iter = (marks[-1] - marks[half]) / (iterations - half)
+    first, last = marks[-2], marks[-1]
+    busy = [(max(a, first), min(b, last)) for a, b in busy if b > first and a < last]  # the last iteration's
+    gaps = sum(max(0.0, b[0] - a[1]) for a, b in zip(busy, busy[1:]))
     return {"tensor": tensor / iterations, "issue": per_issue * loop.instructions,
-            "mufu": per_mufu * loop.count("MUFU"), "total": per_iter}
+            "mufu": per_mufu * loop.count("MUFU"), "total": per_iter,
+            "idle_before": max(0.0, busy[0][0] - first) if busy else last - first,
+            "idle_between": gaps, "idle_after": max(0.0, last - busy[-1][1]) if busy else 0.0}
 
 
 def _registers(text: str) -> tuple[str | None, set[str]]:
