@@ -141,6 +141,50 @@ def test_a_slice_of_a_loop_carried_buffer_is_charged_the_slice():
     assert ks["layer"].category == ks["new"].category == "copies"
 
 
+# The chunked loss's target logit: a gather out of the BF16 logits, converted to float32 first, in a fusion that
+# sums the tokens' losses: the fusion reads the 4 gathered logits, not the [4 x 50,000] tile (a reduce over the whole
+# tile, the other fusion, reads all of it).
+GATHER = """
+HloModule m, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%pick (logits: bf16[4,50000], idx: s32[4,2]) -> f32[] {
+  %logits = bf16[4,50000]{1,0} parameter(0)
+  %idx = s32[4,2]{1,0} parameter(1)
+  %f = f32[4,50000]{1,0} convert(%logits)
+  %g = f32[4]{0} gather(%f, %idx), offset_dims={}, collapsed_slice_dims={0,1}, start_index_map={0,1}, index_vector_dim=1, slice_sizes={1,1}
+  %z = f32[] constant(0)
+  ROOT %r = f32[] reduce(%g, %z), dimensions={0}, to_apply=%add
+}
+
+%whole (logits: bf16[4,50000]) -> f32[4] {
+  %logits = bf16[4,50000]{1,0} parameter(0)
+  %f = f32[4,50000]{1,0} convert(%logits)
+  %z = f32[] constant(0)
+  ROOT %r = f32[4]{0} reduce(%f, %z), dimensions={1}, to_apply=%add
+}
+
+ENTRY %main (logits: bf16[4,50000], idx: s32[4,2]) -> (f32[], f32[4]) {
+  %logits = bf16[4,50000]{1,0} parameter(0)
+  %idx = s32[4,2]{1,0} parameter(1)
+  %picked = f32[] fusion(%logits, %idx), kind=kInput, calls=%pick
+  %sums = f32[4]{0} fusion(%logits), kind=kInput, calls=%whole
+  ROOT %t = (f32[], f32[4]) tuple(%picked, %sums)
+}
+"""
+
+
+def test_a_gather_through_a_conversion_is_charged_the_gathered_elements():
+    ks = _by_name(GATHER)
+    assert ks["picked"].bytes == 4 * 4 + 4 * 2 * 4 + 4  # 4 float32 logits, the [4, 2] indices, the sum written
+    assert ks["sums"].bytes == 4 * 50000 * 2 + 4 * 4  # a reduction reads the whole tile
+
+
 # The same update as XLA of jax 0.11 schedules it: an asynchronous fusion, one kernel from start to done.
 ASYNC_STACK = STACK.replace(
     "  ROOT %new = bf16[28,64,2048,768]{3,2,1,0} fusion(%stack, %e, %i), kind=kLoop, calls=%put_layer",

@@ -99,6 +99,9 @@ _NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"
 # An asynchronous fusion (`fusion-start` ... `fusion-done`, XLA since jax 0.11) is one kernel, charged at its start.
 _FUSIONS = ("fusion", "fusion-start")
 _VIEWS = {"bitcast", "reshape", "get-tuple-element"}
+# element-wise ops of one operand: inside a fusion they run per element a consumer takes, so a buffer converted and
+# then gathered from (the loss's target logit out of BF16 logits) is read at the gathered elements only
+_PER_ELEMENT = {"convert", "bitcast-convert", "negate"}
 _SLICES = {"slice", "dynamic-slice", "gather"}
 _MOVES = {"parameter", "constant", "bitcast", "reshape", "copy", "transpose", "slice", "dynamic-slice",
           "dynamic-update-slice", "concatenate", "pad", "broadcast", "tuple", "get-tuple-element", "iota", "reverse"}
@@ -235,13 +238,13 @@ class _Reader:
         return users
 
     def _read_bytes(self, comp: str, param: Instr, users: dict) -> float:
-        """Bytes a fusion reads of one parameter: the slices when every use slices it, 0 for a buffer
-        only updated in place, else all of it."""
+        """Bytes a fusion reads of one parameter: the slices when every use slices it (through views and per-element
+        conversions), 0 for a buffer only updated in place, else all of it."""
         total, todo = 0.0, [param]
         while todo:
             v = todo.pop()
             for u in users.get(v.name, []):
-                if u.op in _VIEWS:
+                if u.op in _VIEWS or (u.op in _PER_ELEMENT and len(u.operands) == 1):
                     todo.append(u)
                 elif u.op in _SLICES and u.operands and u.operands[0] == v.name:
                     total += type_bytes(u.shape)
