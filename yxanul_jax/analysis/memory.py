@@ -11,7 +11,7 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
 * batch (exact): inputs, targets (int32) and mask (float32) of all A micro-batches: 12 A B L bytes.
 * temporaries: the larger of two phases of the backward pass of one micro-batch of N = B L tokens,
 
-      loss phase  = g_l G + saved + k_l C V                   (the chunked loss runs)
+      loss phase  = g_l G + saved + k_l a C V                 (the chunked loss runs)
       layer phase = g_b G + saved + N w_layer                  (a layer's backward pass runs)
       temp        = max(loss phase, layer phase) + e 4 V r + t_h 4 N D
 
@@ -44,9 +44,9 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
   - `w_layer`: one layer's backward working set per token: its recomputed `none` residuals (when
     remat is on) plus t_D D + t_F F + t_S H L bytes of gradients in flight, and on CPU the float32
     copies of `transformer.swiglu`'s backward (12 F; `swiglu_f32`).
-  - k_l C V: the chunked cross-entropy's logits and their gradient, C = min(train.loss_chunk, N);
-    k_l = loss_multi with several chunks, loss_single when one chunk covers the micro-batch (XLA
-    then inlines the one-step loop and keeps BF16 copies of the logits as well).
+  - k_l a C V: the chunked cross-entropy's logits and their gradient (in the head GEMM's dtype, a bytes),
+    C = min(train.loss_chunk, N); k_l = loss_multi with several chunks, loss_single when one chunk covers
+    the micro-batch (XLA then inlines the one-step loop).
     With the fused head + loss (`train.loss_kernel` resolving to `fused` on the `gpu` platform) there
     are no logits: the term is the kernels' own buffers (per token float32 lse, target logit and their
     gradients, the head input and its gradient; the table's compute-dtype copy and float32 gradient).
@@ -125,8 +125,8 @@ class Calibration:
     t_F: float = 8.2  # ... per ffn_dim unit
     t_S: float = 5.3  # ... per attention score (H x L per token)
     t_h: float = 1.6  # float32 hidden-state buffers (final norm, its gradient) per token per d_model
-    loss_multi: float = 8.6  # bytes per chunk x vocab logit with several loss chunks
-    loss_single: float = 12.9  # ... with one chunk (XLA inlines the loop; BF16 copies stay too)
+    loss_multi: float = 11.64  # bytes per chunk x vocab logit and byte of the compute dtype, several loss chunks
+    loss_single: float = 6.63  # ... with one chunk (XLA inlines the loop)
     cpu_scan_none: float = 1.6  # XLA CPU keeps this much more for a scanned layer without remat
     norm_keep: float = 1.0  # share of the RMSNorms' float32 residuals kept (XLA GPU fuses the norms)
     mlp_keep: float = 1.0  # share of the SwiGLU's 2 a F residual bytes kept
@@ -136,18 +136,25 @@ class Calibration:
 
 
 CALIBRATION = Calibration()
+# loss_multi, loss_single refitted alone (the others held) to the 31 CPU compiles of scripts/fit_plan.py after the
+# chunked loss began to keep the head GEMM's dtype (2026-11-27, jax 0.10.2): RMS error 16.9 % (17.0 % before on the
+# same set; its largest, 74 %, is yxanul-197m stage 9 without remat, as before).
 # Fitted to XLA's sm_90 memory analysis: 29 deviceless H100 compiles of tiny, pythia-70m-capped,
 # yxanul-197m and -270m variants (scripts/fit_plan.py, jax 0.10.2, 2026-11-21; largest error 18 %,
 # RMS 6 %; docs/MEMORY.md). XLA's GPU fusions keep almost none of the RMSNorms' float32 copies and 1.875 a F
 # of the SwiGLU's (fitted as 3/8 of autodiff's 5 a F; mlp_keep rescaled to the 2 a F `swiglu` keeps,
 # 2026-11-26), and recompute a rematerialized layer piece by piece.
 GPU_CALIBRATION = Calibration(g_loss=0.516, g_layer=0.07, g_accum=2.643, embed=0.328, t_D=0.825, t_F=0.917,
-                              t_S=1.262, t_h=9.684, loss_multi=5.901, loss_single=5.644, norm_keep=0.015,
+                              t_S=1.262, t_h=9.684, loss_multi=0.859, loss_single=0.954, norm_keep=0.015,
                               mlp_keep=0.9375, recompute=0.111, swiglu_f32=0.0, fp8_norm_keep=0.5)
 # fp8_norm_keep: set by hand to 0.5 from 9 sm_90 compiles of yxanul-197m with fp8.wgrad=fp8 and unrolled layers
 # (2026-11-27, jax 0.10.2): with no a D per norm the planner was exact at 8 layers and 10.7 % under XLA at 28 (stage
 # 9, none/2); with the whole a D, 13.4 % over at 8 and 3.7 % over at 28. XLA keeps more per layer the more layers it
 # schedules; half of it puts both within 7 %.
+# loss_multi, loss_single: refitted alone (the other coefficients held) to 31 sm_90 compiles of the same set after the
+# chunked loss began to keep its logits and their gradient in the head GEMM's dtype (`loss.cross_entropy_sums`;
+# 2026-11-27, jax 0.10.2): per byte of it, 5.901 and 5.644 bytes per logit before; largest error 18.2 % (tiny without
+# FP8, as before), RMS 6.2 %.
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,7 +337,7 @@ def estimate_stage(cfg: Config, stage: StageConfig, platform: Platform = "gpu", 
     w_layer = recompute + cal.t_D * m.d_model + (cal.t_F + 12 * cal.swiglu_f32) * m.ffn_dim + scores
     chunk = max(1, min(cfg.train.loss_chunk, N))
     k_l = cal.loss_single if chunk >= N else cal.loss_multi
-    logits = k_l * chunk * m.padded_vocab
+    logits = k_l * a * chunk * m.padded_vocab  # the logits and their gradient in the head GEMM's dtype
     if loss_kernel(cfg.train.loss_kernel, m, cfg.fp8, platform) == "fused":
         # The fused kernels keep no logits: float32 lse, target logit and their gradients per token, the
         # head input x and its gradient (a N K each), the training forward's float32 a = softmax @ w (4 N K), the

@@ -611,11 +611,16 @@ class Yxanul(nn.Module):
     def logits(self, h_NxD):
         """Output head: h[..., D] -> float32 logits[..., padded_vocab]; the padded columns are -inf
         (zero probability, never a target, never sampled). `__call__` drops them."""
+        return self.head_logits(h_NxD).astype(jnp.float32)
+
+    def head_logits(self, h_NxD):
+        """`logits` in the head GEMM's own dtype (BF16 for a BF16 model: the GEMM rounds to it), what the chunked
+        loss reads (`loss.cross_entropy_sums` computes in float32 and returns its gradient in this dtype)."""
         c = self.cfg
         x_NxK, w_KxV = self.head_operands(h_NxD)
-        logits = self.head_gemm(x_NxK, w_KxV).astype(jnp.float32)
+        logits = self.head_gemm(x_NxK, w_KxV)
         if c.padded_vocab > c.vocab_size:  # a [V] bias of 0 / -inf: no [N x V] mask or -inf array anywhere
-            bias_V = jnp.where(jnp.arange(c.padded_vocab) < c.vocab_size, 0.0, -jnp.inf).astype(jnp.float32)
+            bias_V = jnp.where(jnp.arange(c.padded_vocab) < c.vocab_size, 0.0, -jnp.inf).astype(logits.dtype)
             logits = logits + bias_V.reshape((1,) * (logits.ndim - 1) + (-1,))
         return logits
 

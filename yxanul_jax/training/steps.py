@@ -100,7 +100,7 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
         return nll + cfg.train.z_loss * z, (nll, z)
 
     def logits_fn(h_CxD, head_state):
-        return model.apply({"params": params, **join_head_state({}, head_state)}, h_CxD, method=Yxanul.logits)
+        return model.apply({"params": params, **join_head_state({}, head_state)}, h_CxD, method=Yxanul.head_logits)
 
     d = h_BxLxD.shape[-1]
     with jax.named_scope(scopes.LOSS):
