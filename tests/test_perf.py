@@ -181,7 +181,7 @@ ENTRY %main (logits: bf16[4,50000], idx: s32[4,2]) -> (f32[], f32[4]) {
 
 def test_a_gather_through_a_conversion_is_charged_the_gathered_elements():
     ks = _by_name(GATHER)
-    assert ks["picked"].bytes == 4 * 4 + 4 * 2 * 4 + 4  # 4 float32 logits, the [4, 2] indices, the sum written
+    assert ks["picked"].bytes == 4 * 2 + 4 * 2 * 4 + 4  # 4 BF16 logits (read as such), the [4, 2] indices, the sum
     assert ks["sums"].bytes == 4 * 50000 * 2 + 4 * 4  # a reduction reads the whole tile
 
 

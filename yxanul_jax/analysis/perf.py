@@ -241,13 +241,15 @@ class _Reader:
         """Bytes a fusion reads of one parameter: the slices when every use slices it (through views and per-element
         conversions), 0 for a buffer only updated in place, else all of it."""
         total, todo = 0.0, [param]
+        per_element = type_bytes(param.shape) / max(1, sum(math.prod(d) for _, d in arrays(param.shape)))
         while todo:
             v = todo.pop()
             for u in users.get(v.name, []):
                 if u.op in _VIEWS or (u.op in _PER_ELEMENT and len(u.operands) == 1):
                     todo.append(u)
                 elif u.op in _SLICES and u.operands and u.operands[0] == v.name:
-                    total += type_bytes(u.shape)
+                    # the slice's elements, at the parameter's width (a conversion before it reads no more)
+                    total += per_element * sum(math.prod(d) for _, d in arrays(u.shape))
                 elif u.op == "dynamic-update-slice" and u.operands and u.operands[0] == v.name:
                     continue
                 else:
