@@ -1,9 +1,9 @@
 """Next-token cross-entropy in float32 that never holds all `tokens x vocab` logits at once.
 
-The tokens are cut into chunks of `chunk` rows; a `lax.scan` computes each chunk's logits, its
-log-sum-exp and target logit, and keeps only scalars. The chunk body is rematerialized, so the
-backward pass recomputes one chunk's logits at a time as well: peak logits memory is
-`chunk x vocab` floats in both directions instead of `tokens x vocab`.
+The tokens are cut into chunks of `chunk` rows; a `lax.scan` computes each chunk's logits (in the head
+GEMM's dtype), its log-sum-exp and target logit, and keeps only scalars and the chunk's log-sum-exp. The
+chunk body is rematerialized, so the backward pass recomputes one chunk's logits at a time as well: peak
+logits memory is `chunk x vocab` values in both directions instead of `tokens x vocab`.
 
 On a GPU the head and the loss run instead as fused kernels that never write logits at all
 (`model.fused_ce`; `loss_kernel` picks, from `train.loss_kernel`). Both give the same sums.
