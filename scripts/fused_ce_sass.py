@@ -10,9 +10,9 @@ each one's PTX with ptxas and disassembles it with nvdisasm (both in the gpu-che
 kernel: registers, spills, SASS instructions, exps (MUFU) and wgmma (HGMMA) per iteration, the clocks of the
 tensor, issue and MUFU parts of an iteration and of the whole walked iteration, the clocks the tensor cores stand
 idle before the iteration's first GEMM, between its GEMMs and after the last (`idle b/m/a`: what a faster loop must
-remove), the tensor cores' share of the iteration (what `model.fused_ce.TENSOR_SHARE` records for the performance model), the bytes it loads per clock, and the
-kernel's milliseconds by this cycle model alone at `--tokens` x the vocabulary (`--vocab-rows`, `--v-real`,
-`--k`: yxanul-197m's by default). `--measured` reads a `scripts/fused_ce_check.py --json-out` file (a GPU's tile
+remove), the tensor cores' share of the iteration (what `model.fused_ce.TENSOR_SHARE` records for the performance
+model), the bytes it loads per clock, and the kernel's milliseconds by this cycle model alone at `--tokens` x the
+vocabulary (`--vocab-rows`, `--v-real`, `--k`: yxanul-197m's by default). `--measured` reads a `scripts/fused_ce_check.py --json-out` file (a GPU's tile
 sweep of the same kernel code) and sets each measured row beside its prediction, with the ratio. A table, then
 one JSON line.
 """

@@ -120,8 +120,10 @@ def test_bf16_logits_get_a_bf16_gradient_rounded_once():
     g16 = jax.grad(lambda lg: cross_entropy_sums(lg, t, m)[0])(lg16)
     g32 = jax.grad(lambda lg: _autodiff_sums(lg, t, m)[0])(lg16.astype(jnp.float32))
     assert g16.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(g16.astype(jnp.float32)), np.asarray(g32.astype(jnp.bfloat16).astype(jnp.float32)))
-    np.testing.assert_allclose(float(cross_entropy_sums(lg16, t, m)[1]), float(_autodiff_sums(lg16, t, m)[1]), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(g16.astype(jnp.float32)),
+                                  np.asarray(g32.astype(jnp.bfloat16).astype(jnp.float32)))
+    np.testing.assert_allclose(float(cross_entropy_sums(lg16, t, m)[1]), float(_autodiff_sums(lg16, t, m)[1]),
+                               rtol=1e-6)
 
 
 def test_one_pass_logsumexp_equals_jax():
@@ -130,5 +132,5 @@ def test_one_pass_logsumexp_equals_jax():
     x = 4.0 * jax.random.normal(jax.random.key(5), (7, 301), jnp.float32) * jnp.arange(1, 8)[:, None]
     x = x.at[2, 150].set(1000.0).at[:, 0].set(-jnp.inf).at[:, -3:].set(-jnp.inf)
     for a in (x, x.astype(jnp.bfloat16)):
-        np.testing.assert_allclose(np.asarray(logsumexp_rows(a)), np.asarray(jax.nn.logsumexp(a.astype(jnp.float32), -1)),
-                                   rtol=1e-6)
+        want = jax.nn.logsumexp(a.astype(jnp.float32), -1)
+        np.testing.assert_allclose(np.asarray(logsumexp_rows(a)), np.asarray(want), rtol=1e-6)

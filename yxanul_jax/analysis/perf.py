@@ -114,6 +114,11 @@ def arrays(type_text: str) -> list[tuple[str, list[int]]]:
     return [(t, [int(d) for d in dims.split(",") if d]) for t, dims in _ARRAY.findall(type_text) if t in _BYTES]
 
 
+def elements(type_text: str) -> int:
+    """Elements of every array in a type text."""
+    return sum(math.prod(d) for _, d in arrays(type_text))
+
+
 def type_bytes(type_text: str, skip_workspace: bool = False) -> float:
     """Bytes of every array in a type text; `skip_workspace`: not a GEMM's scratch (a rank-1 u8 or s8 array)."""
     return sum(_BYTES[t] * math.prod(d) for t, d in arrays(type_text)
@@ -241,7 +246,7 @@ class _Reader:
         """Bytes a fusion reads of one parameter: the slices when every use slices it (through views and per-element
         conversions), 0 for a buffer only updated in place, else all of it."""
         total, todo = 0.0, [param]
-        per_element = type_bytes(param.shape) / max(1, sum(math.prod(d) for _, d in arrays(param.shape)))
+        per_element = type_bytes(param.shape) / max(1, elements(param.shape))
         while todo:
             v = todo.pop()
             for u in users.get(v.name, []):
@@ -249,7 +254,7 @@ class _Reader:
                     todo.append(u)
                 elif u.op in _SLICES and u.operands and u.operands[0] == v.name:
                     # the slice's elements, at the parameter's width (a conversion before it reads no more)
-                    total += per_element * sum(math.prod(d) for _, d in arrays(u.shape))
+                    total += per_element * elements(u.shape)
                 elif u.op == "dynamic-update-slice" and u.operands and u.operands[0] == v.name:
                     continue
                 else:

@@ -71,7 +71,7 @@ def _sums_bwd(res, g):
     logits_NxV, targets_N, mask_N, lse_N, target_N = res
     g_nll, g_z = g
     keep_N = mask_N != 0
-    m_N = jnp.where(keep_N, mask_N, 0.0).astype(jnp.float32)
+    m_N = mask_N.astype(jnp.float32)  # 0 where not kept; the last `where` keeps those rows' gradient at exactly 0
     g_lse_N = m_N * (g_nll + 2.0 * g_z * lse_N)
     p_NxV = jnp.exp(logits_NxV.astype(jnp.float32) - lse_N[:, None])
     hot_NxV = jnp.arange(logits_NxV.shape[-1])[None, :] == targets_N[:, None]
