@@ -19,6 +19,7 @@ one JSON line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -28,8 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-ROW_KERNELS = ("fused_ce_fwd", "fused_ce_fwd_dx", "fused_ce_dx")  # grid over tokens, each walking the vocabulary
-TILES_OF = {"fused_ce_fwd": "fwd", "fused_ce_fwd_dx": "dx", "fused_ce_dx": "dx", "fused_ce_dw": "dw"}
+ROW_KERNELS = ("fused_ce_fwd", "fused_ce_fwd_dx", "fused_ce_dx", "fused_ce_fwd_dx_ws")  # grid over tokens, each walking the vocabulary
+TILES_OF = {"fused_ce_fwd": "fwd", "fused_ce_fwd_dx": "dx", "fused_ce_dx": "dx", "fused_ce_dw": "dw", "fused_ce_fwd_dx_ws": "dx"}
 
 
 def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
@@ -40,7 +41,7 @@ def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
     import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
-    from yxanul_jax.analysis.kernel_census import kernel_ptx
+    from yxanul_jax.analysis.kernel_census import kernel_ptx, mosaic_ptx
     from yxanul_jax.core.tiles import parse_tiles
     from yxanul_jax.model import fused_ce
 
@@ -58,19 +59,25 @@ def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
         return jax.grad(lambda x, w: jnp.sum(lse(x, w, t)), argnums=(0, 1))(x, w)
 
     out = kernel_ptx(jax.jit(lse).lower(*args))
-    out.update(kernel_ptx(jax.jit(grads).lower(*args)))
+    # a mosaic training forward (`model.fused_ce_ws`) is compiled by the CUDA plugin, which writes its own PTX
+    out.update(mosaic_ptx(lambda: out.update(kernel_ptx(jax.jit(grads).lower(*args)))))
     return {name: ptx for name, ptx in out.items() if name.startswith("fused_ce_")}
 
 
 def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sms: int, clock_hz: float) -> dict:
     """One kernel's census and its predicted time at `tokens` x `v_real` (module docstring)."""
-    from yxanul_jax.analysis.kernel_census import assemble, inner_loop, load_bytes, tile_cycles
+    from yxanul_jax.analysis.kernel_census import assemble, inner_loop, load_bytes, pingpong_cycles, tile_cycles
     from yxanul_jax.core.tiles import parse_tiles
+    from yxanul_jax.model.fused_ce_ws import CONSUMERS
 
     t = getattr(parse_tiles(spec), TILES_OF[name])
     code, regs, spilled = assemble(ptx)
     loop = inner_loop(code)
-    cyc = tile_cycles(loop, t.warps)
+    if t.kernel == "mosaic":  # consumer warpgroups of 4 warps taking turns at the tensor cores
+        t = dataclasses.replace(t, warps=4 * CONSUMERS)
+        cyc = pingpong_cycles(loop, CONSUMERS)
+    else:
+        cyc = tile_cycles(loop, t.warps)
     t_blocks, v_blocks = math.ceil(tokens / t.bt), math.ceil(v_real / t.bv)
     programs, iters = (t_blocks, v_blocks) if name in ROW_KERNELS else (v_blocks, t_blocks)
     waves = math.ceil(programs / sms)
@@ -79,7 +86,8 @@ def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sm
             "mufu": loop.count("MUFU"), "hgmma": loop.count("HGMMA"),
             "fp32_alu": loop.count("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL"),
             "cycles": {key: round(v, 1) for key, v in cyc.items()}, "share": round(cyc["tensor"] / cyc["total"], 4),
-            "load_bytes": (loaded := load_bytes(loop, t.warps)),
+            # a mosaic kernel's producer copies one block of w per iteration with TMA (no LDGSTS to count)
+            "load_bytes": (loaded := t.bv * k * 2 if t.kernel == "mosaic" else load_bytes(loop, t.warps)),
             "load_bytes_per_clock": round(loaded / cyc["total"], 1),
             "ms": waves * iters * cyc["total"] / clock_hz * 1e3}
 
@@ -148,7 +156,7 @@ def main() -> int:
         mine = [r for r in rows if r["tiles"] == spec]
         fwd = sum(r["ms"] for r in mine if r["kernel"] == "fused_ce_fwd")
         train = sum(r["ms"] for r in mine if r["kernel"] != "fused_ce_fwd")
-        if "fused_ce_fwd_dx" not in {r["kernel"] for r in mine}:  # the old design: the lse forward, then dx and dw
+        if not {"fused_ce_fwd_dx", "fused_ce_fwd_dx_ws"} & {r["kernel"] for r in mine}:  # the old design: lse, dx, dw
             train += fwd
         row = {"tiles": spec, "fwd_ms": round(fwd, 2), "fwd+bwd_ms": round(train, 2)}
         for mode in ("fwd", "fwd+bwd"):

@@ -56,6 +56,34 @@ def test_a_wait_that_allows_one_group_lets_the_older_gemm_run_on():
     assert c["total"] == 262
 
 
+def _consumer(exps: int) -> list[str]:
+    """One consumer warpgroup's iteration of a warp-specialized kernel: its logits GEMM, waited for, `exps` exps,
+    the softmax packed and read by its second GEMM, waited for."""
+    return ["WARPGROUP.ARRIVE", G1, WAIT, *[f"MUFU.EX2 R{40 + i}, R{24 + i}" for i in range(exps)],
+            "F2FP.BF16.F32.PACK_AB R60, R41, R40", "WARPGROUP.ARRIVE",
+            "HGMMA.64x128x16.F32.BF16 R88, R60, gdesc[UR16].tnspB, R88, gsb0", WAIT]
+
+
+def test_consumers_taking_turns_at_the_tensor_cores():
+    # one consumer (4 warps) alone: G1 64 clocks from clock 1, 4 exps (8 clocks each) after its wait, G2 from the
+    # exps' end (98) to 162, its wait and the branch: 164 clocks, 1 idle before, 33 between, 2 after
+    loop = kc.inner_loop(_sass(_consumer(4)))
+    one = kc.tile_cycles(loop, warps=4)
+    assert (one["tensor"], one["total"], one["idle_before"], one["idle_between"], one["idle_after"]) == (
+        128, 164, 1, 33, 2)
+    # two consumers: each one's turn (its GEMMs and the 3 clocks around them) in a row, the exps under the other's
+    c = kc.pingpong_cycles(loop, consumers=2)
+    assert (c["tensor"], c["total"], c["issue"], c["mufu"]) == (256, 262, 24, 64)
+    assert (c["idle_before"], c["idle_between"], c["idle_after"]) == (2, 0, 4)
+    assert kc.pingpong_cycles(loop, consumers=3)["total"] == 393
+    # one consumer's own walk bounds the iteration where its exps outlast the other's turn (20 exps: 292 > 262)
+    # and the shared special-function units where both consumers' exps outlast that (2 x 160 = 320 > 292)
+    long = kc.inner_loop(_sass(_consumer(20)))
+    assert kc.tile_cycles(long, warps=4)["total"] == 292
+    assert kc.pingpong_cycles(long, consumers=2)["total"] == 320
+    assert kc.pingpong_cycles(long, consumers=1)["total"] == 292
+
+
 def test_loads_and_registers_read_from_sass():
     body = ["LDGSTS.E.BYPASS.128 [R5], desc[UR20][R12.64]", "@!P0 LDGSTS.E [R29], desc[UR20][R2.64]",
             "WARPGROUP.ARRIVE", G1, WAIT, *EXPS]

@@ -55,6 +55,27 @@ def kernel_ptx(lowered) -> dict[str, str]:
         return out
 
 
+def mosaic_ptx(compile_fn) -> dict[str, str]:
+    """{kernel name: PTX} of every Mosaic GPU kernel that `compile_fn()` (a deviceless compile) builds. The CUDA
+    plugin compiles those itself, not XLA's dump, and writes their PTX where MOSAIC_GPU_DUMP_TO names (read at each
+    compile); the name is the kernel's body function (`model.fused_ce_ws`). The plugin writes the PTX version of
+    the first ptxas on PATH (without one, a newer version than jaxlib's CUDA 12 ptxas reads), so `tool("ptxas")`
+    goes first on PATH meanwhile, with nvdisasm (which the plugin otherwise reports missing)."""
+    keys = ("MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_TO", "PATH")
+    saved = {k: os.environ.get(k) for k in keys}
+    with tempfile.TemporaryDirectory() as d:
+        os.environ.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_TO=d)
+        first = [os.path.dirname(p) for p in (tool("ptxas"), tool("nvdisasm")) if p]
+        os.environ["PATH"] = os.pathsep.join(first + [os.environ.get("PATH", "")])
+        try:
+            compile_fn()
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        return {os.path.basename(p).rsplit("_", 1)[0]: open(p).read()
+                for p in sorted(glob.glob(os.path.join(d, "*.ptx")))}
+
+
 def tool(name: str) -> str | None:
     """A CUDA tool (`ptxas`, `nvdisasm`): from an NVIDIA wheel of this Python's environment (nvidia/*/bin: the
     ptxas of jaxlib's CUDA), else on PATH, else None."""
@@ -223,6 +244,26 @@ def tile_cycles(loop: Loop, warps: int, iterations: int = 4) -> dict[str, float]
             "mufu": per_mufu * loop.count("MUFU"), "total": per_iter,
             "idle_before": max(0.0, busy[0][0] - first) if busy else last - first,
             "idle_between": gaps, "idle_after": max(0.0, last - busy[-1][1]) if busy else 0.0}
+
+
+def pingpong_cycles(loop: Loop, consumers: int, warps: int = 4) -> dict[str, float]:
+    """Clocks per iteration of all `consumers` warpgroups of a warp-specialized kernel (`model.fused_ce_ws`), each
+    running `loop` (`warps` warps) and taking turns at the tensor cores: one's GEMMs run while the others form
+    their exps. One consumer's walk alone (`tile_cycles`) splits its iteration into its GEMMs, the clocks before
+    and after them (`idle_before`, `idle_after`: while its turn holds the tensor cores, nothing else feeds them)
+    and between them (its exps). The iteration then takes the longest of:
+      * every consumer's turn in a row: consumers x (tensor + idle_before + idle_after);
+      * one consumer's own walk (its exps cannot run under its own turn);
+      * every consumer's issue slots, or exps, in a row (both shared by the SM).
+    The producer's few instructions per block (a wait and a TMA copy) are not counted. Returns `tile_cycles`' keys
+    for the whole iteration, the idle clocks being the tensor cores' per iteration."""
+    one = tile_cycles(loop, warps)
+    turn = one["tensor"] + one["idle_before"] + one["idle_after"]
+    total = max(consumers * turn, one["total"], consumers * one["issue"], consumers * one["mufu"])
+    tensor = consumers * one["tensor"]
+    return {"tensor": tensor, "issue": consumers * one["issue"], "mufu": consumers * one["mufu"], "total": total,
+            "idle_before": consumers * one["idle_before"], "idle_between": total - tensor - consumers * (
+                one["idle_before"] + one["idle_after"]), "idle_after": consumers * one["idle_after"]}
 
 
 def _registers(text: str) -> tuple[str | None, set[str]]:

@@ -24,7 +24,7 @@ from typing import Literal, Optional, Union
 from yxanul_jax.core.coerce import apply_overrides, from_dict, read_yaml, suggest
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.names import safe_name
-from yxanul_jax.core.tiles import parse_tiles
+from yxanul_jax.core.tiles import MOSAIC_WIDTHS, parse_tiles
 
 FP8_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "head")
 FUSED_TARGETS = ("q", "k", "v", "gate", "up", "down")  # what `fp8.te_layers` runs inside TE's fused layers
@@ -727,14 +727,18 @@ def validate(cfg: Config) -> Config:
         raise UserError(f"fp8.gemm_form=dequant needs Triton GEMMs off, but train.xla_options.{TRITON_GEMM_OPTION} is "
                         f"{cfg.train.xla_options[TRITON_GEMM_OPTION]}: its FP8 GEMMs would run in BF16; drop that option "
                         "or set fp8.gemm_form=auto")
+    head_k = cfg.model.head_width
     if cfg.train.loss_kernel == "fused":  # the kernels' limits, named before anything runs
-        head_k = cfg.model.head_width
         if cfg.fp8.active and "head" in cfg.fp8.targets:
             raise UserError("train.loss_kernel=fused runs the head in BF16, but fp8.targets has 'head'; remove "
                             "'head' from fp8.targets or set train.loss_kernel=chunked")
         if not fused_ce_takes(head_k):
             raise UserError(f"train.loss_kernel=fused takes a head width that is {FUSED_CE_WIDTHS} (this head is "
                             f"{head_k} wide); set train.loss_kernel=chunked or auto")
+    fused_possible = cfg.train.loss_kernel != "chunked" and fused_ce_takes(head_k)
+    if fused_possible and parse_tiles(cfg.train.fused_ce_tiles).dx.kernel == "mosaic" and head_k not in MOSAIC_WIDTHS:
+        raise UserError(f"train.fused_ce_tiles asks for the mosaic training forward, which takes a head width in "
+                        f"{MOSAIC_WIDTHS} (this head is {head_k} wide); drop ':mosaic' from dx")
     return cfg
 
 

@@ -8,17 +8,24 @@ import re
 
 
 KERNELS = ("fwd", "dx", "dw")  # forward, training forward (lse and the input gradient), table gradient
+MOSAIC_WIDTHS = (64, 128)
+"""Head input widths the warp-specialized training forward takes (`model.fused_ce_ws`): whole 128-byte swizzled rows
+of BF16, and a consumer's 64 x K float32 accumulator in its registers."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 of at least 16
-    (Triton's dot), and Triton's warps and software-pipeline stages."""
+    (Triton's dot), and Triton's warps and software-pipeline stages. `kernel`: `triton` (Pallas's Triton lowering),
+    or for the training forward `mosaic`, the warp-specialized Mosaic GPU kernel (`model.fused_ce_ws`: two
+    consumer warpgroups of 64 rows and a loading one, so bt 128; bv 64 or 128; `stages` blocks of w in flight;
+    `warps` unused)."""
 
     bt: int = 128
     bv: int = 128
     warps: int = 8
     stages: int = 3
+    kernel: str = "triton"
 
     def __post_init__(self):
         for name in ("bt", "bv"):
@@ -28,6 +35,12 @@ class Tiles:
         if self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
             raise ValueError(f"fused cross-entropy tiles: warps {self.warps} (1, 2, 4, 8 or 16), stages "
                              f"{self.stages} (>= 1)")
+        if self.kernel not in ("triton", "mosaic"):
+            raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: triton or mosaic")
+        # shared memory (227 KB): x, w's ring of `stages` blocks, the softmax and the float32 output of 2 x 64 rows
+        if self.kernel == "mosaic" and (self.bt != 128 or self.bv not in (64, 128) or self.stages > 256 // self.bv):
+            raise ValueError(f"the mosaic training forward takes bt 128 and bv 128 with 1-2 stages or bv 64 with 1-4, "
+                             f"got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,21 +69,25 @@ class KernelTiles:
         return max(getattr(self, k).bv for k in KERNELS)
 
     def replace(self, spec: str) -> "KernelTiles":
-        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES]` (`dx=64x256w4s3`;
-        warps and stages default to that kernel's); ValueError naming the form otherwise."""
-        m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?", spec.strip())
+        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic]`
+        (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic` only for dx, `Tiles.kernel`);
+        ValueError naming the form otherwise."""
+        m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(:mosaic)?", spec.strip())
         if not m:
-            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES] with KERNEL "
-                             "fwd, dx or dw, e.g. dx=64x256w4s3")
-        name, bt, bv, warps, stages = m.groups()
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic] with "
+                             "KERNEL fwd, dx or dw, e.g. dx=64x256w4s3 or dx=128x128s2:mosaic")
+        name, bt, bv, warps, stages, mosaic = m.groups()
+        if mosaic and name != "dx":
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: only the training forward (dx) has a mosaic kernel")
         old = getattr(self, name)
-        new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages)
+        new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages,
+                    "mosaic" if mosaic else "triton")
         return dataclasses.replace(self, **{name: new})
 
     def spec(self) -> str:
         """The spec `parse_tiles` reads back as these tiles: each kernel that differs from the default, in full."""
-        parts = [f"{k}={t.bt}x{t.bv}w{t.warps}s{t.stages}" for k in KERNELS
-                 if (t := getattr(self, k)) != getattr(DEFAULT_TILES, k)]
+        parts = [f"{k}={t.bt}x{t.bv}w{t.warps}s{t.stages}" + (":mosaic" if t.kernel == "mosaic" else "")
+                 for k in KERNELS if (t := getattr(self, k)) != getattr(DEFAULT_TILES, k)]
         return ",".join(parts) or "default"
 
 

@@ -88,12 +88,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from yxanul_jax.core.config import FUSED_CE_WIDTHS, fused_ce_takes
-from yxanul_jax.core.tiles import DEFAULT_TILES, KernelTiles, Tiles
+from yxanul_jax.core.tiles import DEFAULT_TILES, MOSAIC_WIDTHS, KernelTiles, Tiles
 
 # kernel name -> multiple of 2 T K V (T, K from operand 0, V from operand 1) it executes: read by
 # analysis/perf.py. Forward (evaluation): one GEMM; the training forward (the logits and softmax @ w) and dw
 # (the recomputed logits and the gradient GEMM): two.
-KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2}
+KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_fwd_dx_ws": 2}
 
 # kernel name -> the share of an inner-loop iteration its tensor cores work, by the sm_90 SASS census at the default
 # tiles (`analysis.kernel_census.tile_cycles`: the loop's instructions walked in order, tensor clocks / all clocks):
@@ -103,7 +103,7 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2}
 # dlogits^T @ x); before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721
 # and 0.713; with jnp.exp (libdevice's expf) 954 and 1,121, shares 0.560 and 0.515 (2026-11-27, jax 0.10.2,
 # ptxas 12.9).
-TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845}
+TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845, "fused_ce_fwd_dx_ws": 0.974}
 
 
 def supported(k: int) -> bool:
@@ -356,11 +356,16 @@ def _forward(x, w, *, v_real, tiles, interpret, fast):
 
 def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
     """(lse2 [T], a [T, K]) in float32 by `fused_ce_fwd_dx` (tiles.dx), the training forward that also forms the
-    input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchors`)."""
+    input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchors`). With `tiles.dx.kernel`
+    mosaic, on a GPU (`fast`), the warp-specialized kernel instead (`model.fused_ce_ws`: no anchor, an online max)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V, t = w.shape[0], tiles.dx
+    if t.kernel == "mosaic" and fast:
+        from yxanul_jax.model import fused_ce_ws
+
+        return fused_ce_ws.forward_dx(x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
     rows = pl.BlockSpec((t.bt,), lambda i: (i,))
     return pl.pallas_call(
         functools.partial(_dx_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast),
@@ -488,6 +493,8 @@ def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool =
     T, K = x_TxK.shape
     if not supported(K):
         raise ValueError(f"fused cross-entropy takes a head input width that is {FUSED_CE_WIDTHS}, got {K}")
+    if tiles.dx.kernel == "mosaic" and K not in MOSAIC_WIDTHS:
+        raise ValueError(f"the mosaic training forward takes a head input width in {MOSAIC_WIDTHS}, got {K}")
     if not 0 < v_real <= w_VxK.shape[0]:
         raise ValueError(f"v_real {v_real} must be in 1..{w_VxK.shape[0]} (the table's rows)")
     x = _pad(x_TxK, tiles.t_multiple)

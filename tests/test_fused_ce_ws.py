@@ -1,0 +1,55 @@
+"""The warp-specialized training forward (`model.fused_ce_ws`) in Pallas's GPU interpret mode on a CPU (its
+producer, two consumers, barriers and TMA copies simulated), against float32. Its sm_90 compile and census are
+tests/test_gpu_target.py's."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from yxanul_jax.model import fused_ce_ws
+
+# a = softmax @ w is formed from the softmax rounded to BF16 for the GEMM (as the Triton kernel's): relative to the
+# largest |a|, within 2^-8; lse (base 2) from float32 sums, within 1e-5
+A_RTOL, LSE_ATOL = 2.0 ** -8, 1e-5
+
+
+def _inputs(T, V, K, seed=0, scale=1.0):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = (scale * jax.random.normal(kx, (T, K))).astype(jnp.bfloat16)
+    w = (0.3 * jax.random.normal(kw, (V, K))).astype(jnp.bfloat16)
+    return x, w
+
+
+def _check(x, w, v_real, **kw):
+    lse2, a = fused_ce_ws.forward_dx(x, w, v_real, interpret=True, **kw)
+    lse_r, a_r = fused_ce_ws.reference(x, w, v_real)
+    assert np.abs(np.asarray(lse2) - np.asarray(lse_r)).max() < LSE_ATOL
+    assert np.abs(np.asarray(a) - np.asarray(a_r)).max() < A_RTOL * np.abs(np.asarray(a_r)).max()
+
+
+@pytest.mark.parametrize("T,V,K,v_real,bv,stages", [
+    (128, 384, 128, 300, 128, 2),  # a padded vocabulary: two whole blocks, one straddling v_real; the ring wraps
+    (256, 256, 64, 256, 64, 3),  # two programs, no padding, K 64, three blocks in flight
+    (128, 512, 128, 129, 128, 2),  # one real column in the straddling block; the padded block after it never loads
+    (128, 128, 128, 128, 128, 2),  # one block: fewer blocks than stages
+])
+def test_the_warp_specialized_forward_equals_float32(T, V, K, v_real, bv, stages):
+    _check(*_inputs(T, V, K), v_real, bv=bv, stages=stages)
+
+
+def test_a_row_far_above_its_other_logits_needs_no_fallback():
+    # the Triton kernel's anchor overflows where a logit is ~88 nats over the target's and walks such blocks again;
+    # this kernel keeps flash attention's online max, so the same rows come out right in its one walk
+    x, w = _inputs(128, 256, 128)
+    x = x.at[:8].set(0).at[:8, 0].set(10.0)
+    w = w.at[:, 0].set(0).at[5, 0].set(10.0).at[200, 0].set(-10.0)  # column 5: +100 nats (2^144: no float32), 200: -100
+    _check(x, w, 250)
+
+
+def test_shapes_it_cannot_take_are_refused():
+    x, w = _inputs(128, 256, 32)
+    with pytest.raises(ValueError, match="K in"):
+        fused_ce_ws.forward_dx(x, w, 256, interpret=True)
+    x, w = _inputs(96, 256, 128)
+    with pytest.raises(ValueError, match="multiple of bt"):
+        fused_ce_ws.forward_dx(x, w, 256, interpret=True)
