@@ -30,7 +30,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 ROW_KERNELS = ("fused_ce_fwd", "fused_ce_fwd_dx", "fused_ce_dx", "fused_ce_fwd_dx_ws")  # grid over tokens, each walking the vocabulary
-TILES_OF = {"fused_ce_fwd": "fwd", "fused_ce_fwd_dx": "dx", "fused_ce_dx": "dx", "fused_ce_dw": "dw", "fused_ce_fwd_dx_ws": "dx"}
+TILES_OF = {"fused_ce_fwd": "fwd", "fused_ce_fwd_dx": "dx", "fused_ce_dx": "dx", "fused_ce_dw": "dw",
+            "fused_ce_fwd_dx_ws": "dx", "fused_ce_dw_ws": "dw"}
 
 
 def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
@@ -86,10 +87,15 @@ def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sm
             "mufu": loop.count("MUFU"), "hgmma": loop.count("HGMMA"),
             "fp32_alu": loop.count("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL"),
             "cycles": {key: round(v, 1) for key, v in cyc.items()}, "share": round(cyc["tensor"] / cyc["total"], 4),
-            # a mosaic kernel's producer copies one block of w per iteration with TMA (no LDGSTS to count)
-            "load_bytes": (loaded := t.bv * k * 2 if t.kernel == "mosaic" else load_bytes(loop, t.warps)),
+            "load_bytes": (loaded := mosaic_bytes(name, t, k) if t.kernel == "mosaic" else load_bytes(loop, t.warps)),
             "load_bytes_per_clock": round(loaded / cyc["total"], 1),
             "ms": waves * iters * cyc["total"] / clock_hz * 1e3}
+
+
+def mosaic_bytes(name: str, t, k: int) -> int:
+    """Bytes a mosaic kernel's producer copies per iteration with TMA (no LDGSTS to count): one walked block of w
+    (the forward) or of x with its tokens' four float32 values (dw)."""
+    return t.bv * k * 2 if name in ROW_KERNELS else t.bt * (k * 2 + 4 * 4)
 
 
 def measured_ms(path: str, tokens: int) -> dict[tuple[str, str], float]:
@@ -143,12 +149,13 @@ def main() -> int:
         for name, ptx in sorted(kernels.items()):
             rows.append(predict(name, ptx, spec, args.tokens, args.v_real, args.k, gpu.sms, clock))
     measured = measured_ms(args.measured, args.tokens) if args.measured else {}
-    print(f"{'tiles':<22}{'kernel':<17}{'regs':>5}{'spill':>6}{'instr':>6}{'mufu':>5}{'hgmma':>6}{'tensor':>8}"
+    tw = max([22] + [len(spec) + 2 for spec in args.tiles])  # the tiles column
+    print(f"{'tiles':<{tw}}{'kernel':<19}{'regs':>5}{'spill':>6}{'instr':>6}{'mufu':>5}{'hgmma':>6}{'tensor':>8}"
           f"{'issue':>7}{'mufu':>6}{'clk/it':>7}{'idle b/m/a':>13}{'share':>7}{'B/clk':>6}{'ms':>8}")
     for r in rows:
         c = r["cycles"]
         idle = f"{c['idle_before']:.0f}/{c['idle_between']:.0f}/{c['idle_after']:.0f}"
-        print(f"{r['tiles']:<22}{r['kernel']:<17}{r['registers']:>5}{r['spill_bytes']:>6}{r['instructions']:>6}"
+        print(f"{r['tiles']:<{tw}}{r['kernel']:<19}{r['registers']:>5}{r['spill_bytes']:>6}{r['instructions']:>6}"
               f"{r['mufu']:>5}{r['hgmma']:>6}{c['tensor']:>8.0f}{c['issue']:>7.0f}{c['mufu']:>6.0f}{c['total']:>7.0f}"
               f"{idle:>13}{r['share']:>7.3f}{r['load_bytes_per_clock']:>6.1f}{r['ms']:>8.2f}")
     sets = []
@@ -164,9 +171,9 @@ def main() -> int:
                 row[f"measured_{mode}_ms"] = round(measured[(spec, mode)], 2)
                 row[f"ratio_{mode}"] = round(measured[(spec, mode)] / row[f"{mode}_ms"], 3)
         sets.append(row)
-    print(f"\n{'tiles':<22}{'fwd ms':>9}{'measured':>10}{'ratio':>7}{'fwd+bwd ms':>12}{'measured':>10}{'ratio':>7}")
+    print(f"\n{'tiles':<{tw}}{'fwd ms':>9}{'measured':>10}{'ratio':>7}{'fwd+bwd ms':>12}{'measured':>10}{'ratio':>7}")
     for s in sets:
-        print(f"{s['tiles']:<22}{s['fwd_ms']:>9.2f}{s.get('measured_fwd_ms', float('nan')):>10.2f}"
+        print(f"{s['tiles']:<{tw}}{s['fwd_ms']:>9.2f}{s.get('measured_fwd_ms', float('nan')):>10.2f}"
               f"{s.get('ratio_fwd', float('nan')):>7.3f}{s['fwd+bwd_ms']:>12.2f}"
               f"{s.get('measured_fwd+bwd_ms', float('nan')):>10.2f}{s.get('ratio_fwd+bwd', float('nan')):>7.3f}")
     result = {"date": datetime.date.today().isoformat(), "machine": platform.node(), "target": args.gpu,

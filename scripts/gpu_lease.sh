@@ -30,9 +30,9 @@
 # configured (no loop over the layers; remat auto then saves everything at stage 0) and with the loop, then, with
 # the loop, stage 9 BF16 with gate and up fused (model.fuse_mlp) and in two GEMMs, stage 9 FP8 with o in FP8.
 # Plan split (the eighth session's changes): the fused head + loss kernels (one forward walk of the logits forms lse and
-# the input gradient together; since the thirteenth session also the warp-specialized Mosaic GPU training forward,
-# dx=128x128s2:mosaic, model/fused_ce_ws.py) checked against float32 and timed, then stage 9 FP8 as configured, and
-# with that Mosaic forward (train.fused_ce_tiles), then as configured (remat auto: `none` with each
+# the input gradient together; since the thirteenth session also the warp-specialized Mosaic GPU training kernels,
+# $MOSAIC, model/fused_ce_ws.py) checked against float32 and timed, then stage 9 FP8 as configured, and with
+# those kernels (train.fused_ce_tiles), then as configured (remat auto: `none` with each
 # micro-batch in 2 on an H100, train.micro_split; since the ninth session FP8 weight gradients and one FP8 cast for
 # gate and up) against BF16 weight gradients (fp8.wgrad=bf16, the eighth session's config) and against the whole
 # micro-batch with `attention` (the seventh session's choice), then stage 1 likewise against `full`.
@@ -91,7 +91,7 @@ fi
 "$PY" -c "import yxanul_jax.training.stages, yxanul_jax.model.fused_ce" || { echo "import failed: stop"; exit 1; }
 
 BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
-MOSAIC="dx=128x128s2:mosaic"  # the warp-specialized training forward of the fused loss (model/fused_ce_ws.py)
+MOSAIC="dx=128x128s2:mosaic,dw=128x128s2:mosaic"  # the fused loss, warp-specialized (model/fused_ce_ws.py)
 LOOP="model.scan_unroll=1"  # the 197m config's layers with a loop: the layout every plan but bench and proj was written for
 case "$PLAN" in ab | tiles | short | calibrate | fp8 | wgrad) BENCH+=("$LOOP") ;; esac  # their limits fit its compile
 case "$PLAN" in
@@ -130,7 +130,7 @@ case "$PLAN" in
       SETS+=("$k=$((bt / 2))x$bv" "$k=$((bt * 2))x$bv" "$k=${bt}x$((bv / 2))" "$k=${bt}x$((bv * 2))"
              "$k=${bt}x${bv}w4" "$k=${bt}x${bv}s$st")
     done
-    SETS+=("$MOSAIC" "dx=128x64s2:mosaic" "dx=128x64s4:mosaic")  # the Mosaic training forward (model/fused_ce_ws.py)
+    SETS+=("dx=128x128s2:mosaic" "dx=128x64s4:mosaic" "dw=128x128s2:mosaic" "dw=64x128s4:mosaic" "$MOSAIC")  # Mosaic
     step tiles_sweep 240 90 "$PY" scripts/fused_ce_check.py --check-tokens 0 --time-tokens 131072 --iters 5 \
       --tiles "${SETS[@]}" --json-out "$RES/fused_ce_tiles.json"
     # the fastest set in the canonical form (`KernelTiles.spec`): `default` when it is today's default tiles

@@ -150,20 +150,21 @@ def test_tiles_are_read_from_a_spec_and_checked():
             DEFAULT_TILES.replace(bad)
 
 
-def test_the_mosaic_training_forward_is_a_dx_spec_with_its_own_limits():
-    # model.fused_ce_ws: two consumers of 64 rows (bt 128), bv 64 or 128, its ring in sm_90's 227 KB of shared memory
-    tiles = parse_tiles("dx=128x128s2:mosaic")
-    assert tiles.dx == Tiles(128, 128, 8, 2, "mosaic") and parse_tiles(tiles.spec()) == tiles
-    assert tiles.fwd == DEFAULT_TILES.fwd and tiles.dw == DEFAULT_TILES.dw
-    assert parse_tiles("dx=128x64s4:mosaic").dx.stages == 4
-    for bad in ("dw=128x128:mosaic", "fwd=128x64:mosaic", "dx=64x128:mosaic", "dx=128x256:mosaic",
-                "dx=128x128s3:mosaic", "dx=128x64s5:mosaic", "dx=128x128:triton"):
-        with pytest.raises(ValueError, match="fused cross-entropy tiles|mosaic training forward"):
+def test_the_mosaic_training_kernels_are_tile_specs_with_their_own_limits():
+    # model.fused_ce_ws: two consumers of 64 rows (128 held: bt for dx, bv for dw), walked blocks of 64 or 128, the
+    # ring in sm_90's 227 KB of shared memory
+    tiles = parse_tiles("dx=128x128s2:mosaic,dw=128x128s2:mosaic")
+    assert tiles.dx == tiles.dw == Tiles(128, 128, 8, 2, "mosaic") and parse_tiles(tiles.spec()) == tiles
+    assert tiles.fwd == DEFAULT_TILES.fwd and tiles.mosaic and not DEFAULT_TILES.mosaic
+    assert parse_tiles("dx=128x64s4:mosaic").dx.stages == 4 and parse_tiles("dw=64x128s4:mosaic").dw.bt == 64
+    for bad in ("fwd=128x64:mosaic", "dx=64x128:mosaic", "dx=128x256:mosaic", "dx=128x128s3:mosaic",
+                "dx=128x64s5:mosaic", "dw=128x64:mosaic", "dw=128x128s3:mosaic", "dx=128x128:triton"):
+        with pytest.raises(ValueError, match="fused cross-entropy tiles|mosaic kernel takes"):
             parse_tiles(bad)
     x, w, t = jnp.zeros((8, 32), jnp.bfloat16), jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
-    with pytest.raises(ValueError, match="mosaic training forward takes a head input width in .64, 128.*got 32"):
-        fused_ce.linear_cross_entropy(x, w, t, 32, tiles=tiles)
-    with pytest.raises(UserError, match="mosaic training forward.*this head is 32 wide.*drop ':mosaic'"):
+    with pytest.raises(ValueError, match="mosaic training kernels take a head input width in .64, 128.*got 32"):
+        fused_ce.linear_cross_entropy(x, w, t, 32, tiles=parse_tiles("dw=128x128s2:mosaic"))
+    with pytest.raises(UserError, match="mosaic training kernel.*this head is 32 wide.*drop ':mosaic'"):
         load_config("configs/yxanul_197m.yaml", ["model.embed_rank=32", "train.fused_ce_tiles=dx=128x128s2:mosaic"])
     # where the fused kernels do not run (an untied 768-wide head: the chunked loss), the spec is harmless
     load_config("configs/yxanul_197m.yaml", ["model.head=untied", "train.fused_ce_tiles=dx=128x128s2:mosaic"])

@@ -295,19 +295,22 @@ def test_yxanul_197m_compiles_with_muon_for_h100():
     assert r["categories"]["optimizer"]["flops"] > 1e12 and r["predicted_step_ms"] > 0
 
 
-def test_the_mosaic_training_forward_compiles_into_the_step_and_is_charged_by_its_census(tmp_path):
-    # model.fused_ce_ws in the tiny step (head width 128) for sm_90: a Mosaic GPU custom call (the CUDA plugin
-    # builds its PTX; the census test below reads it), the same FLOPs as the Triton training forward, and the
-    # model charges it by its census share: the head + loss take less time than with the default tiles
+MOSAIC = "dx=128x128s2:mosaic,dw=128x128s2:mosaic"  # both training kernels warp-specialized (model.fused_ce_ws)
+
+
+def test_the_mosaic_training_kernels_compile_into_the_step_and_are_charged_by_their_census(tmp_path):
+    # model.fused_ce_ws in the tiny step (head width 128) for sm_90: Mosaic GPU custom calls (the CUDA plugin
+    # builds their PTX; the census test below reads it), the same FLOPs as the Triton kernels, and the model
+    # charges them by their census shares: the head + loss take less time than with the default tiles
     hlo_path = tmp_path / "step.hlo"
-    r = inspect_h100("--config", "configs/tiny.yaml", "train.fused_ce_tiles=dx=128x128s2:mosaic", "--hlo-out",
+    r = inspect_h100("--config", "configs/tiny.yaml", f"train.fused_ce_tiles={MOSAIC}", "--hlo-out",
                      str(hlo_path), "--compare", "train.fused_ce_tiles=default")
     from yxanul_jax.analysis import perf
 
     hlo = hlo_path.read_text()
-    assert 'custom_call_target="mosaic_gpu_v2"' in hlo
+    assert hlo.count('custom_call_target="mosaic_gpu_v2"') == 2
     assert sorted(n for k in perf.kernels(hlo) if (n := perf._pallas_kernel(k.op_name))) == [
-        "fused_ce_dw", "fused_ce_fwd_dx_ws"]
+        "fused_ce_dw_ws", "fused_ce_fwd_dx_ws"]
     mine, default = r["categories"]["output head + loss"], r["compare"]["categories"]["output head + loss"]
     assert mine["flops"] == pytest.approx(default["flops"], rel=1e-3) and mine["ms"] < default["ms"]
 
@@ -316,11 +319,11 @@ def test_fused_loss_kernels_sass_census_is_what_the_model_charges(tmp_path):
     """The fused head + loss kernels' inner loops in SASS (ptxas + nvdisasm of the sm_90 compile): one ex2 per
     logit with at most 5 float32 instructions around it (libdevice's expf put 8 more around each), no spills,
     and the tensor share the performance model charges (`fused_ce.TENSOR_SHARE`) is today's code's. With the
-    default tiles, and the warp-specialized training forward's (`model.fused_ce_ws`, two consumers taking turns)."""
+    default tiles, and the warp-specialized training kernels' (`model.fused_ce_ws`, two consumers taking turns)."""
     from yxanul_jax.model.fused_ce import KERNELS, TENSOR_SHARE
 
     out = tmp_path / "sass.json"
-    proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--tiles", "default", "dx=128x128s2:mosaic",
+    proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--tiles", "default", MOSAIC,
                            "--json-out", str(out)], capture_output=True, text=True, cwd=REPO, env=gpu_env(), timeout=600)
     if proc.returncode == 2 and "nvdisasm" in proc.stderr:
         pytest.skip("the gpu-check environment predates nvdisasm: rerun scripts/gpu_check_env.sh")

@@ -736,9 +736,9 @@ def validate(cfg: Config) -> Config:
             raise UserError(f"train.loss_kernel=fused takes a head width that is {FUSED_CE_WIDTHS} (this head is "
                             f"{head_k} wide); set train.loss_kernel=chunked or auto")
     fused_possible = cfg.train.loss_kernel != "chunked" and fused_ce_takes(head_k)
-    if fused_possible and parse_tiles(cfg.train.fused_ce_tiles).dx.kernel == "mosaic" and head_k not in MOSAIC_WIDTHS:
-        raise UserError(f"train.fused_ce_tiles asks for the mosaic training forward, which takes a head width in "
-                        f"{MOSAIC_WIDTHS} (this head is {head_k} wide); drop ':mosaic' from dx")
+    if fused_possible and parse_tiles(cfg.train.fused_ce_tiles).mosaic and head_k not in MOSAIC_WIDTHS:
+        raise UserError(f"train.fused_ce_tiles asks for a mosaic training kernel, which takes a head width in "
+                        f"{MOSAIC_WIDTHS} (this head is {head_k} wide); drop ':mosaic' from the tiles")
     return cfg
 
 

@@ -8,18 +8,18 @@ import re
 
 
 KERNELS = ("fwd", "dx", "dw")  # forward, training forward (lse and the input gradient), table gradient
+MOSAIC_WALKS = {"dx": "bv", "dw": "bt"}  # the kernels with a mosaic form (`model.fused_ce_ws`), the blocks each walks
 MOSAIC_WIDTHS = (64, 128)
-"""Head input widths the warp-specialized training forward takes (`model.fused_ce_ws`): whole 128-byte swizzled rows
-of BF16, and a consumer's 64 x K float32 accumulator in its registers."""
+"""Head input widths the warp-specialized kernels take (`model.fused_ce_ws`): whole 128-byte swizzled rows of BF16,
+and a consumer's 64 x K float32 accumulator in its registers."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:
     """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 of at least 16
     (Triton's dot), and Triton's warps and software-pipeline stages. `kernel`: `triton` (Pallas's Triton lowering),
-    or for the training forward `mosaic`, the warp-specialized Mosaic GPU kernel (`model.fused_ce_ws`: two
-    consumer warpgroups of 64 rows and a loading one, so bt 128; bv 64 or 128; `stages` blocks of w in flight;
-    `warps` unused)."""
+    or for the training kernels `mosaic`, the warp-specialized Mosaic GPU kernels (`model.fused_ce_ws`: two consumer
+    warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused)."""
 
     bt: int = 128
     bv: int = 128
@@ -37,10 +37,16 @@ class Tiles:
                              f"{self.stages} (>= 1)")
         if self.kernel not in ("triton", "mosaic"):
             raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: triton or mosaic")
-        # shared memory (227 KB): x, w's ring of `stages` blocks, the softmax and the float32 output of 2 x 64 rows
-        if self.kernel == "mosaic" and (self.bt != 128 or self.bv not in (64, 128) or self.stages > 256 // self.bv):
-            raise ValueError(f"the mosaic training forward takes bt 128 and bv 128 with 1-2 stages or bv 64 with 1-4, "
-                             f"got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic")
+
+    def check_mosaic(self, walked: str) -> None:
+        """ValueError unless these tiles fit a mosaic kernel that walks blocks of `walked` (bt or bv): 128 of the
+        other (2 consumers x 64 rows), 64 or 128 walked, and, in sm_90's 227 KB of shared memory beside the held
+        rows, the exps and the float32 output, at most 2 walked blocks of 128 in flight, or 4 of 64."""
+        held = "bv" if walked == "bt" else "bt"
+        n = getattr(self, walked)
+        if getattr(self, held) != 128 or n not in (64, 128) or self.stages > 256 // n:
+            raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 1-2 stages or {walked} 64 with "
+                             f"1-4, got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic or dw=128x128s2:mosaic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +65,11 @@ class KernelTiles:
     dw: Tiles = Tiles(stages=2)
 
     @property
+    def mosaic(self) -> bool:
+        """Whether a training kernel is a mosaic one (`Tiles.kernel`)."""
+        return any(getattr(self, k).kernel == "mosaic" for k in MOSAIC_WALKS)
+
+    @property
     def t_multiple(self) -> int:
         """Tokens are padded to a multiple of every kernel's bt (powers of 2: the largest)."""
         return max(getattr(self, k).bt for k in KERNELS)
@@ -70,18 +81,20 @@ class KernelTiles:
 
     def replace(self, spec: str) -> "KernelTiles":
         """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic]`
-        (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic` only for dx, `Tiles.kernel`);
+        (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic` for dx and dw, `Tiles.kernel`);
         ValueError naming the form otherwise."""
         m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(:mosaic)?", spec.strip())
         if not m:
             raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic] with "
-                             "KERNEL fwd, dx or dw, e.g. dx=64x256w4s3 or dx=128x128s2:mosaic")
+                             "KERNEL fwd, dx or dw, e.g. dx=64x256w4s3 or dw=128x128s2:mosaic")
         name, bt, bv, warps, stages, mosaic = m.groups()
-        if mosaic and name != "dx":
-            raise ValueError(f"fused cross-entropy tiles {spec!r}: only the training forward (dx) has a mosaic kernel")
+        if mosaic and name not in MOSAIC_WALKS:
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: only the training kernels (dx, dw) have mosaic ones")
         old = getattr(self, name)
         new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages,
                     "mosaic" if mosaic else "triton")
+        if mosaic:
+            new.check_mosaic(MOSAIC_WALKS[name])
         return dataclasses.replace(self, **{name: new})
 
     def spec(self) -> str:

@@ -93,7 +93,7 @@ from yxanul_jax.core.tiles import DEFAULT_TILES, MOSAIC_WIDTHS, KernelTiles, Til
 # kernel name -> multiple of 2 T K V (T, K from operand 0, V from operand 1) it executes: read by
 # analysis/perf.py. Forward (evaluation): one GEMM; the training forward (the logits and softmax @ w) and dw
 # (the recomputed logits and the gradient GEMM): two.
-KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_fwd_dx_ws": 2}
+KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_fwd_dx_ws": 2, "fused_ce_dw_ws": 2}
 
 # kernel name -> the share of an inner-loop iteration its tensor cores work, by the sm_90 SASS census at the default
 # tiles (`analysis.kernel_census.tile_cycles`: the loop's instructions walked in order, tensor clocks / all clocks):
@@ -102,8 +102,11 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_
 # per iteration (34 exps), the training forward 395 (64, all under the softmax @ w GEMM), dw 589 (64, all under
 # dlogits^T @ x); before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721
 # and 0.713; with jnp.exp (libdevice's expf) 954 and 1,121, shares 0.560 and 0.515 (2026-11-27, jax 0.10.2,
-# ptxas 12.9).
-TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845, "fused_ce_fwd_dx_ws": 0.974}
+# ptxas 12.9). The warp-specialized kernels (`model.fused_ce_ws`, tiles dx=128x128s2:mosaic, dw=128x128s2:mosaic):
+# 501 and 555 instructions per consumer and iteration, two consumers taking turns at the tensor cores
+# (`kernel_census.pingpong_cycles`): 2,102 and 2,112 clocks per 128 x 128 tile.
+TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845, "fused_ce_fwd_dx_ws": 0.974,
+                "fused_ce_dw_ws": 0.970}
 
 
 def supported(k: int) -> bool:
@@ -379,12 +382,17 @@ def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
 
 def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, fast):
     """dw (float32 [V, K]) by `fused_ce_dw`, only for the vocabulary blocks that hold real rows (the blocks of
-    padded rows alone get zeros without a program)."""
+    padded rows alone get zeros without a program); with `tiles.dw.kernel` mosaic, on a GPU (`fast`), the
+    warp-specialized kernel instead (`model.fused_ce_ws`)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V = w.shape[0]
     t = tiles.dw
+    if t.kernel == "mosaic" and fast:  # on a GPU: the warp-specialized kernel (`model.fused_ce_ws`)
+        from yxanul_jax.model import fused_ce_ws
+
+        return fused_ce_ws.table_grad(x, w, targets, lse2, g_lse, g_tl, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
     full, partial = _vocab_blocks(V, v_real, t.bv)
     real = (full + partial) * t.bv
     whole_t = pl.BlockSpec((T,), lambda i: (0,))
@@ -493,8 +501,8 @@ def linear_cross_entropy(x_TxK, w_VxK, targets_T, v_real: int, interpret: bool =
     T, K = x_TxK.shape
     if not supported(K):
         raise ValueError(f"fused cross-entropy takes a head input width that is {FUSED_CE_WIDTHS}, got {K}")
-    if tiles.dx.kernel == "mosaic" and K not in MOSAIC_WIDTHS:
-        raise ValueError(f"the mosaic training forward takes a head input width in {MOSAIC_WIDTHS}, got {K}")
+    if tiles.mosaic and K not in MOSAIC_WIDTHS:
+        raise ValueError(f"the mosaic training kernels take a head input width in {MOSAIC_WIDTHS}, got {K}")
     if not 0 < v_real <= w_VxK.shape[0]:
         raise ValueError(f"v_real {v_real} must be in 1..{w_VxK.shape[0]} (the table's rows)")
     x = _pad(x_TxK, tiles.t_multiple)

@@ -1,35 +1,43 @@
-"""The fused loss's training forward as a warp-specialized Mosaic GPU kernel (Hopper): lse and softmax @ w with
-one warpgroup's GEMMs running under the other's exps.
+"""The fused loss's training kernels as warp-specialized Mosaic GPU kernels (Hopper): one warpgroup's GEMMs run
+under the other's exps.
 
-    lse2_T, a_TxK = forward_dx(x_TxK, w_VxK, v_real)     # on an sm_90 GPU (or interpret=True on a CPU)
+    lse2_T, a_TxK = forward_dx(x_TxK, w_VxK, v_real)                               # the training forward
+    dw_VxK = table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real)  # the table gradient
 
-The same outputs as `model.fused_ce`'s Triton training forward (`fused_ce_fwd_dx`): lse2 = logsumexp over the first
-v_real rows of w of x . w, in base 2 (lse / ln 2), and a = softmax @ w in float32, the input gradient's softmax
-part. Chosen by the tile spec `dx=128x128s2:mosaic` (`core.tiles`, `train.fused_ce_tiles`); the CPU keeps the
-Triton kernels in interpret mode.
+The same outputs as `model.fused_ce`'s Triton kernels `fused_ce_fwd_dx` and `fused_ce_dw`: lse2 = logsumexp over
+the first v_real rows of w of x . w in base 2 (lse / ln 2), a = softmax @ w in float32 (the input gradient's softmax
+part), and dw = dlogits^T @ x in float32 with dlogits = softmax x g_lse + onehot(target) x g_target. Chosen per
+kernel by the tile specs `dx=128x128s2:mosaic` and `dw=128x128s2:mosaic` (`core.tiles`, `train.fused_ce_tiles`) on
+a GPU; a CPU keeps the Triton kernels in interpret mode.
 
-Why: Triton issues a tile's two GEMMs and its exps from one instruction stream. Its census (`analysis.kernel_census`)
-leaves the tensor cores ~350 of each tile's 2,400 clocks idle, while the loop stores the carried operands and
-waits for the accumulating GEMM. Here, as in FlashAttention-3, each program (128 rows of x) has three warpgroups:
-  * a producer (`_producer`, few registers) streams blocks of w through a ring of `stages` shared-memory slots
-    with TMA, each slot freed by both consumers (`w_free`);
-  * two consumers (`_consumer`, 64 rows of x each) walk the vocabulary with flash attention's online max: the
-    logits GEMM x @ w_j^T, the tile's max, exps and sum, then the accumulating GEMM softmax @ w_j from the same
-    slot (w is both keys and values, so one load serves both GEMMs).
-A schedule barrier (`sched`) makes the two consumers take turns: one's two GEMMs run while the other forms its
+Why: Triton issues a tile's two GEMMs and its exps from one instruction stream. Its census
+(`analysis.kernel_census`) leaves the tensor cores ~350 of each tile's 2,400 clocks idle, while the loop stores the
+carried operands and waits for the accumulating GEMM. Here, as in FlashAttention-3, each program has three
+warpgroups:
+  * a producer (`_produce`, few registers) streams the walked blocks (of w for the forward, of x and its tokens'
+    lse, gradients and targets for dw) through a ring of `stages` shared-memory slots with TMA; both consumers free
+    each slot;
+  * two consumers (64 rows each: of x for the forward, of w for dw) walk the other operand. Each block gets a
+    first GEMM (the logits, or their transpose), its exps and then the accumulating GEMM from the same slot: w is
+    both keys and values in the forward, x both in dw, so one load serves both GEMMs.
+A schedule barrier (`_take_turn`) makes the two consumers take turns: one's two GEMMs run while the other forms its
 exps, so by the census the tensor cores wait only for the few instructions between one consumer's GEMMs
 (`kernel_census.pingpong_cycles`).
 
-The online max (not the Triton kernel's anchor) costs a max, a rescale and one more exp per row per tile. Those
-run in the exps' turn, under the other consumer's GEMMs. It needs no fallback walk: no sum can overflow.
+The forward keeps flash attention's online max, not the Triton kernel's anchor. That costs a max, a rescale and one
+more exp per row per block, in the exps' turn, under the other consumer's GEMMs. It needs no fallback walk: no sum
+can overflow. dw uses the forward's lse, as the Triton dw does, and sums both parts of dlogits in float32 before the
+one rounding to BF16 for its GEMM.
 
-`interpret=True` runs the kernel in Pallas's GPU interpret mode on a CPU (threads, barriers and TMA simulated):
-how the tests check it against float32. That mode cannot transpose a wgmma operand or run `run_state`, so there
-the logits come from a plain dot and softmax @ w from a fresh accumulator added to the carried one: the same
-arithmetic, in a different order of float32 additions. Everything else (the ring, its barriers, the turns, the
-online max and the padded-vocabulary mask) is the code the GPU runs.
+`interpret=True` runs the kernels in Pallas's GPU interpret mode on a CPU (threads, barriers and TMA simulated):
+how the tests check them against float32. That mode cannot transpose a wgmma operand, run `run_state` or lay out
+registers. So there the first GEMM is a plain dot, and the accumulating one a fresh accumulator added to the
+carried one: the same arithmetic, in a different order of float32 additions. Everything else is the code the GPU
+runs: the ring, its barriers, the turns, the online max, the masks.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -37,82 +45,159 @@ from jax import lax
 
 from yxanul_jax.core.tiles import MOSAIC_WIDTHS
 
-NAME = "fused_ce_fwd_dx_ws"  # the kernel's body: its name in the HLO's op_name and in the PTX the plugin writes
+FORWARD = "fused_ce_fwd_dx_ws"  # the kernels' bodies: their names in the HLO's op_name and the PTX the plugin writes
+TABLE_GRAD = "fused_ce_dw_ws"
 LOG2E = 1.4426950408889634
 CONSUMERS = 2  # warpgroups that compute; one more loads
+ROWS = 64  # a consumer's rows: one wgmma's M
 PRODUCER_REGISTERS = 40  # per thread, released to the consumers (`setmaxnreg`)
 CONSUMER_REGISTERS = 232
 
 
+def _check(name, K, own, walked, own_n, walked_n):
+    """ValueError unless a kernel's blocks fit: CONSUMERS x ROWS of its own operand per program, walked blocks of 64
+    or 128, both operands whole blocks, K in MOSAIC_WIDTHS."""
+    if own != CONSUMERS * ROWS or walked not in (64, 128) or K not in MOSAIC_WIDTHS or own_n % own or walked_n % walked:
+        raise ValueError(f"{name} takes blocks of {CONSUMERS * ROWS} own rows and 64 or 128 walked ones, K in "
+                         f"{MOSAIC_WIDTHS}, whole blocks of both; got {own} of {own_n} rows, {walked} of {walked_n}, "
+                         f"K {K}")
+
+
+def _run(body, name, out_type, grid, interpret, *args):
+    """`body` as a Mosaic GPU kernel of CONSUMERS + 1 warpgroups (axis "wg") over `grid` (axis "blocks"), named
+    `name` (the performance model and `kernel_census.mosaic_ptx` find it by that); GPU interpret mode on a CPU."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    extra = {}
+    if interpret:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+        extra["interpret"] = InterpretGPUParams()
+    body.__name__ = name
+    with jax.named_scope(name):
+        return plgpu.kernel(body, out_type=out_type, grid=(grid,), grid_names=("blocks",), num_threads=CONSUMERS + 1,
+                            thread_name="wg", compiler_params=plgpu.CompilerParams(approx_math=True), **extra)(*args)
+
+
+def _take_turn(sched):
+    """Arrive at the consumers' schedule barrier and wait for its phase: the consumers alternate."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    plgpu.barrier_arrive(sched)
+    plgpu.barrier_wait(sched)
+
+
+def _produce(rings, free, blocks: int, stages: int):
+    """The producer warpgroup: block j of every ring (`(copy(j, slot), ready)` pairs: `copy` issues the TMA copies
+    of block j into `slot`, signalling `ready.at[slot]`) into slot j % stages, once both consumers freed it."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+    for j in range(min(stages, blocks)):
+        for copy, ready in rings:
+            copy(j, j, ready.at[j])
+
+    @pl.loop(stages, blocks)
+    def _(j):
+        slot = lax.rem(j, stages)
+        plgpu.barrier_wait(free.at[slot])  # both consumers are done with block j - stages
+        for copy, ready in rings:
+            copy(j, slot, ready.at[slot])
+
+    for j in range(max(0, blocks - stages), blocks):  # every release observed before the barriers go
+        plgpu.barrier_wait(free.at[j % stages])
+
+
+def _gemm_nt(a_smem, b_smem, sched, interpret: bool):
+    """a @ b^T in float32 ([ROWS, N]) from shared memory, the consumer's turn handed on while it runs."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    if interpret:  # no transposed wgmma operand there
+        s = lax.dot_general(a_smem[...], b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        _take_turn(sched)
+        return s
+
+    def gemm(s_ref):
+        plgpu.wgmma(s_ref, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+        _take_turn(sched)  # the other consumer's GEMMs go next, under this one's exps
+        return s_ref[...]
+    return pl.run_scoped(gemm, plgpu.ACC((a_smem.shape[0], b_smem.shape[0]), jnp.float32))
+
+
+def _gemm_acc(acc, a_smem, b_smem, interpret: bool):
+    """acc + a @ b in float32 from shared memory, waited for."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    def gemm(acc_ref):
+        plgpu.wgmma(acc_ref, a_smem, b_smem)
+    if interpret:  # no run_state there: a fresh accumulator, added
+        def fresh(acc_ref):
+            gemm(acc_ref)
+            return acc_ref[...]
+        return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
+    return pl.run_state(gemm)(plgpu.ACC.init(acc))
+
+
+def _lay(v, layout, interpret: bool):
+    """`v` in a register layout (GPU interpret mode has none)."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return v if interpret else plgpu.layout_cast(v, layout)
+
+
+def _load(ref, layout, interpret: bool):
+    """A vector from shared memory in a register layout (GPU interpret mode has no `plgpu.load`)."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+
+def _swizzled():
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)
+
+
 def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stages: int = 2,
                interpret: bool = False):
-    """(lse2 [T], a [T, K]) in float32 (module docstring). T must be a multiple of bt (= 2 x 64: two consumers
-    of 64 rows), V of bv (64 or 128); K in `core.tiles.MOSAIC_WIDTHS`."""
+    """(lse2 [T], a [T, K]) in float32 (module docstring): each program 2 x 64 rows of x, walking the vocabulary
+    blocks that hold real rows, bv at a time."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     T, K = x_TxK.shape
     V = w_VxK.shape[0]
-    rows = bt // CONSUMERS
-    if rows != 64 or bv not in (64, 128) or K not in MOSAIC_WIDTHS or T % bt or V % bv or not 0 < v_real <= V:
-        raise ValueError(f"fused_ce_ws takes bt 128, bv 64 or 128, K in {MOSAIC_WIDTHS}, T a multiple of bt and V of bv; "
-                         f"got bt {bt}, bv {bv}, x {x_TxK.shape}, w {w_VxK.shape}, v_real {v_real}")
+    _check("the mosaic training forward", K, bt, bv, T, V)
+    if not 0 < v_real <= V:
+        raise ValueError(f"v_real {v_real} must be in 1..{V}")
     full, partial = v_real // bv, v_real % bv != 0
     blocks = full + int(partial)  # blocks of padded rows alone are never loaded
     stages = max(1, min(stages, blocks))
     dtype = x_TxK.dtype
-    wgmma_layout = plgpu.Layout.WGMMA
-
-    def lay(v, layout):  # GPU interpret mode has no layouts
-        return v if interpret else plgpu.layout_cast(v, layout)
+    wgmma = plgpu.Layout.WGMMA
 
     def kernel(x_ref, w_ref, a_ref, lse_ref, scoped):
         (x_smem2, w_smem, p_smem2, a_smem2, lse_smem2), x_ready, w_ready, w_free, sched = scoped
         wg = lax.axis_index("wg")
 
-        def take_turn():  # the consumers alternate between the barrier's phases
-            plgpu.barrier_arrive(sched)
-            plgpu.barrier_wait(sched)
-
         @pl.when(wg < CONSUMERS)
         def _consumer():
             plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
             x_smem, p_smem, a_smem, lse_smem = (b.at[wg] for b in (x_smem2, p_smem2, a_smem2, lse_smem2))
-            mine = pl.ds(lax.axis_index("rows") * bt + wg * rows, rows)
+            mine = pl.ds(lax.axis_index("blocks") * bt + wg * ROWS, ROWS)
             plgpu.copy_gmem_to_smem(x_ref.at[mine], x_smem, x_ready.at[wg])
             plgpu.barrier_wait(x_ready.at[wg])
-            pl.when(wg == 1)(take_turn)  # consumer 0 goes first
-
-            def logits(slot):
-                if interpret:  # no transposed wgmma operand there
-                    s = lax.dot_general(x_smem[...], w_smem.at[slot][...], (((1,), (1,)), ((), ())),
-                                        preferred_element_type=jnp.float32)
-                    take_turn()
-                    return s
-
-                def gemm(s_ref):
-                    plgpu.wgmma(s_ref, x_smem, plgpu.transpose_ref(w_smem.at[slot], (1, 0)))
-                    take_turn()  # the other consumer's GEMMs go next, under this one's exps
-                    return s_ref[...]
-                return pl.run_scoped(gemm, plgpu.ACC((rows, bv), jnp.float32))
-
-            def softmax_w(acc_RxK, slot):
-                def gemm(acc_ref):
-                    plgpu.wgmma(acc_ref, p_smem, w_smem.at[slot])
-                if interpret:  # no run_state there: a fresh accumulator, added
-                    def fresh(acc_ref):
-                        gemm(acc_ref)
-                        return acc_ref[...]
-                    return acc_RxK + pl.run_scoped(fresh, plgpu.ACC((rows, K), jnp.float32))
-                return pl.run_state(gemm)(plgpu.ACC.init(acc_RxK))  # waits for the GEMM
+            pl.when(wg == 1)(lambda: _take_turn(sched))  # consumer 0 goes first
 
             def step(j, carry, masked: bool):
                 acc_RxK, m_R, l_R = carry  # base 2: the running max and the sum of exps below it
                 slot = lax.rem(j, stages)
                 plgpu.barrier_wait(w_ready.at[slot])
-                s_RxN = logits(slot)
+                s_RxN = _gemm_nt(x_smem, w_smem.at[slot], sched, interpret)
                 if masked:  # the one block that straddles v_real
-                    cols = lay(lax.broadcasted_iota(jnp.int32, (rows, bv), 1), wgmma_layout)
+                    cols = _lay(lax.broadcasted_iota(jnp.int32, (ROWS, bv), 1), wgmma, interpret)
                     s_RxN = jnp.where(cols < v_real - j * bv, s_RxN, -jnp.inf)
                 m_new = jnp.maximum(m_R, s_RxN.max(axis=1) * LOG2E)
                 alpha = jnp.exp2(m_R - m_new)
@@ -121,19 +206,19 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
                 acc_RxK = acc_RxK * lax.broadcast_in_dim(alpha, acc_RxK.shape, [0])
                 p_smem[...] = p_RxN.astype(dtype)
                 plgpu.commit_smem()  # visible to the tensor cores
-                take_turn()  # wait for the tensor cores' turn
-                acc_RxK = softmax_w(acc_RxK, slot)
+                _take_turn(sched)  # wait for the tensor cores' turn
+                acc_RxK = _gemm_acc(acc_RxK, p_smem, w_smem.at[slot], interpret)
                 plgpu.barrier_arrive(w_free.at[slot])
                 return acc_RxK, m_new, l_R
 
-            carry = (lay(jnp.zeros((rows, K), jnp.float32), wgmma_layout),
-                     lay(jnp.full((rows,), -jnp.inf, jnp.float32), wgmma_layout.reduce(1)),
-                     lay(jnp.zeros((rows,), jnp.float32), wgmma_layout.reduce(1)))
+            carry = (_lay(jnp.zeros((ROWS, K), jnp.float32), wgmma, interpret),
+                     _lay(jnp.full((ROWS,), -jnp.inf, jnp.float32), wgmma.reduce(1), interpret),
+                     _lay(jnp.zeros((ROWS,), jnp.float32), wgmma.reduce(1), interpret))
             carry = lax.fori_loop(0, full, lambda j, c: step(j, c, False), carry)
             if partial:
                 carry = step(full, carry, True)
             acc_RxK, m_R, l_R = carry
-            pl.when(wg == 0)(take_turn)  # both consumers have taken as many turns
+            pl.when(wg == 0)(lambda: _take_turn(sched))  # both consumers have taken as many turns
             a_smem[...] = acc_RxK / lax.broadcast_in_dim(l_R, acc_RxK.shape, [0])
             lse_smem[...] = m_R + jnp.log2(l_R)
             plgpu.commit_smem()
@@ -143,47 +228,122 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
 
         @pl.when(wg == CONSUMERS)
         def _producer():
-            plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-            for j in range(stages):
-                plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(j * bv, bv)], w_smem.at[j], w_ready.at[j])
-
-            @pl.loop(stages, blocks)
-            def _(j):
-                slot = lax.rem(j, stages)
-                plgpu.barrier_wait(w_free.at[slot])  # both consumers are done with block j - stages
-                plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(j * bv, bv)], w_smem.at[slot], w_ready.at[slot])
-
-            for j in range(blocks - stages, blocks):  # every release observed before the barriers go
-                plgpu.barrier_wait(w_free.at[j % stages])
+            def copy_w(j, slot, ready):
+                plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(j * bv, bv)], w_smem.at[slot], ready)
+            _produce([(copy_w, w_ready)], w_free, blocks, stages)
 
     def body(x_ref, w_ref, a_ref, lse_ref):
-        swizzled = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-        smem = (plgpu.SMEM((CONSUMERS, rows, K), dtype, transforms=swizzled),
-                plgpu.SMEM((stages, bv, K), dtype, transforms=swizzled),
-                plgpu.SMEM((CONSUMERS, rows, bv), dtype, transforms=swizzled),
-                plgpu.SMEM((CONSUMERS, rows, K), jnp.float32),
-                plgpu.SMEM((CONSUMERS, rows), jnp.float32))
+        smem = (plgpu.SMEM((CONSUMERS, ROWS, K), dtype, transforms=_swizzled()),
+                plgpu.SMEM((stages, bv, K), dtype, transforms=_swizzled()),
+                plgpu.SMEM((CONSUMERS, ROWS, bv), dtype, transforms=_swizzled()),
+                plgpu.SMEM((CONSUMERS, ROWS, K), jnp.float32),
+                plgpu.SMEM((CONSUMERS, ROWS), jnp.float32))
         pl.run_scoped(lambda *scoped: kernel(x_ref, w_ref, a_ref, lse_ref, scoped), smem,
-                      plgpu.Barrier(num_barriers=CONSUMERS),
-                      plgpu.Barrier(num_barriers=stages),
-                      plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=stages),
-                      plgpu.Barrier(num_arrivals=CONSUMERS),
+                      plgpu.Barrier(num_barriers=CONSUMERS), plgpu.Barrier(num_barriers=stages),
+                      plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=stages), plgpu.Barrier(num_arrivals=CONSUMERS),
                       collective_axes="wg")
 
-    extra = {}
-    if interpret:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-        extra["interpret"] = InterpretGPUParams()
-    body.__name__ = NAME
-    with jax.named_scope(NAME):  # the performance model finds the kernel by this name
-        a_TxK, lse2_T = plgpu.kernel(
-            body, out_type=(jax.ShapeDtypeStruct((T, K), jnp.float32), jax.ShapeDtypeStruct((T,), jnp.float32)),
-            grid=(T // bt,), grid_names=("rows",), num_threads=CONSUMERS + 1, thread_name="wg",
-            compiler_params=plgpu.CompilerParams(approx_math=True), **extra)(x_TxK, w_VxK)
+    out = (jax.ShapeDtypeStruct((T, K), jnp.float32), jax.ShapeDtypeStruct((T,), jnp.float32))
+    a_TxK, lse2_T = _run(body, FORWARD, out, T // bt, interpret, x_TxK, w_VxK)
     return lse2_T, a_TxK
+
+
+def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *, bt: int = 128, bv: int = 128,
+               stages: int = 2, interpret: bool = False):
+    """dw [V, K] in float32 (module docstring): each program 2 x 64 rows of w (the blocks that hold real rows;
+    the rows of padded blocks are zeros), walking the tokens bt at a time with their lse2 (base 2), g_lse, g_target
+    and target; a target outside [0, v_real) matches no row."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    T, K = x_TxK.shape
+    V = w_VxK.shape[0]
+    _check("the mosaic table gradient", K, bv, bt, V, T)
+    if not 0 < v_real <= V:
+        raise ValueError(f"v_real {v_real} must be in 1..{V}")
+    programs = math.ceil(v_real / bv)
+    blocks = T // bt
+    stages = max(1, min(stages, blocks))
+    dtype = x_TxK.dtype
+    wgmma = plgpu.Layout.WGMMA
+    # each token's lse2, g_lse, g_target and target (exact in float32 below 2^24) as rows, copied with its block of x
+    tokens_4xT = jnp.stack([lse2_T, g_lse_T, g_tl_T, targets_T.astype(jnp.float32)]).astype(jnp.float32)
+
+    def kernel(x_ref, w_ref, tok_ref, dw_ref, scoped):
+        (w_smem2, x_smem, tok_smem, d_smem2, dw_smem2), w_ready, x_ready, tok_ready, x_free, sched = scoped
+        wg = lax.axis_index("wg")
+
+        @pl.when(wg < CONSUMERS)
+        def _consumer():
+            plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+            w_smem, d_smem, dw_smem = (b.at[wg] for b in (w_smem2, d_smem2, dw_smem2))
+            v0 = lax.axis_index("blocks") * bv + wg * ROWS
+            plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(v0, ROWS)], w_smem, w_ready.at[wg])
+            plgpu.barrier_wait(w_ready.at[wg])
+            pl.when(wg == 1)(lambda: _take_turn(sched))  # consumer 0 goes first
+            vocab_RxN = _lay(lax.broadcasted_iota(jnp.int32, (ROWS, bt), 0), wgmma, interpret).astype(jnp.float32)
+            vocab_RxN = vocab_RxN + v0.astype(jnp.float32)
+
+            def step(i, acc_RxK):
+                slot = lax.rem(i, stages)
+                plgpu.barrier_wait(x_ready.at[slot])
+                plgpu.barrier_wait(tok_ready.at[slot])
+                sT_RxN = _gemm_nt(w_smem, x_smem.at[slot], sched, interpret)  # the logits, transposed
+                lse2, g_lse, g_tl, tgt = (lax.broadcast_in_dim(
+                    _load(tok_smem.at[slot, r], wgmma.reduce(0), interpret), sT_RxN.shape, [1]) for r in range(4))
+                hot = jnp.where(vocab_RxN == tgt, g_tl, 0.0)
+                d_RxN = jnp.exp2(sT_RxN * LOG2E - lse2) * g_lse + hot  # both parts in float32, then one rounding
+                d_smem[...] = d_RxN.astype(dtype)
+                plgpu.commit_smem()
+                _take_turn(sched)
+                acc_RxK = _gemm_acc(acc_RxK, d_smem, x_smem.at[slot], interpret)
+                plgpu.barrier_arrive(x_free.at[slot])
+                return acc_RxK
+
+            acc_RxK = lax.fori_loop(0, blocks, step, _lay(jnp.zeros((ROWS, K), jnp.float32), wgmma, interpret))
+            pl.when(wg == 0)(lambda: _take_turn(sched))
+            # a padded row's dlogits (its softmax term) reach only its own row of dw: zeroed once here
+            real = _lay(lax.broadcasted_iota(jnp.int32, (ROWS, K), 0), wgmma, interpret) + v0 < v_real
+            dw_smem[...] = jnp.where(real, acc_RxK, 0.0)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(dw_smem, dw_ref.at[pl.ds(v0, ROWS)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == CONSUMERS)
+        def _producer():
+            def copy_x(i, slot, ready):
+                plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(i * bt, bt)], x_smem.at[slot], ready)
+
+            def copy_tokens(i, slot, ready):
+                plgpu.copy_gmem_to_smem(tok_ref.at[:, pl.ds(i * bt, bt)], tok_smem.at[slot], ready)
+            _produce([(copy_x, x_ready), (copy_tokens, tok_ready)], x_free, blocks, stages)
+
+    def body(x_ref, w_ref, tok_ref, dw_ref):
+        smem = (plgpu.SMEM((CONSUMERS, ROWS, K), dtype, transforms=_swizzled()),
+                plgpu.SMEM((stages, bt, K), dtype, transforms=_swizzled()),
+                plgpu.SMEM((stages, 4, bt), jnp.float32),
+                plgpu.SMEM((CONSUMERS, ROWS, bt), dtype, transforms=_swizzled()),
+                plgpu.SMEM((CONSUMERS, ROWS, K), jnp.float32))
+        pl.run_scoped(lambda *scoped: kernel(x_ref, w_ref, tok_ref, dw_ref, scoped), smem,
+                      plgpu.Barrier(num_barriers=CONSUMERS), plgpu.Barrier(num_barriers=stages),
+                      plgpu.Barrier(num_barriers=stages), plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=stages),
+                      plgpu.Barrier(num_arrivals=CONSUMERS), collective_axes="wg")
+
+    dw = _run(body, TABLE_GRAD, jax.ShapeDtypeStruct((programs * bv, K), jnp.float32), programs, interpret,
+              x_TxK, w_VxK, tokens_4xT)
+    return jnp.pad(dw, ((0, V - programs * bv), (0, 0))) if programs * bv < V else dw
 
 
 def reference(x_TxK, w_VxK, v_real: int):
     """(lse2, a) in float32 from all logits at once: what `forward_dx` computes."""
     logits = x_TxK.astype(jnp.float32) @ w_VxK[:v_real].astype(jnp.float32).T
     return jax.nn.logsumexp(logits, axis=1) * LOG2E, jax.nn.softmax(logits, axis=1) @ w_VxK[:v_real].astype(jnp.float32)
+
+
+def table_grad_reference(x_TxK, w_VxK, targets_T, g_lse_T, g_tl_T, v_real: int):
+    """dw in float32 from all logits at once (the lse too): what `table_grad` computes."""
+    x = x_TxK.astype(jnp.float32)
+    logits = x @ w_VxK[:v_real].astype(jnp.float32).T
+    d = jax.nn.softmax(logits, axis=1) * g_lse_T[:, None]
+    d = d + jnp.where(jnp.arange(v_real)[None, :] == targets_T[:, None], g_tl_T[:, None], 0.0)
+    return jnp.pad(d.T @ x, ((0, w_VxK.shape[0] - v_real), (0, 0)))
