@@ -1,12 +1,16 @@
 """The warp-specialized training forward (`model.fused_ce_ws`) in Pallas's GPU interpret mode on a CPU (its
 producer, two consumers, barriers and TMA copies simulated), against float32. Its sm_90 compile and census are
 tests/test_gpu_target.py's."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.model import fused_ce_ws
+from yxanul_jax.core.tiles import parse_tiles
+from yxanul_jax.model import fused_ce, fused_ce_ws
+from yxanul_jax.model.loss import masked_sums
 
 # a = softmax @ w is formed from the softmax rounded to BF16 for the GEMM (as the Triton kernel's): relative to the
 # largest |a|, within 2^-8; lse (base 2) from float32 sums, within 1e-5
@@ -66,6 +70,35 @@ def _table_grad_check(T, V, K, v_real, bt, stages, seed=0):
 ])
 def test_the_warp_specialized_table_gradient_equals_float32(T, V, K, v_real, bt, stages):
     _table_grad_check(T, V, K, v_real, bt, stages)
+
+
+def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(monkeypatch):
+    # the GPU's path through model.fused_ce (its custom gradient, padding, the lse handed from the forward to dw, the
+    # input gradient formed in XLA) with both mosaic kernels, run here in GPU interpret mode
+    monkeypatch.setattr(fused_ce, "_on_platform", lambda fn, interpret, *args: fn(*args, interpret=False, fast=True))
+    for name in ("forward_dx", "table_grad"):
+        monkeypatch.setattr(fused_ce_ws, name, functools.partial(getattr(fused_ce_ws, name), interpret=True))
+    tiles = parse_tiles("dx=128x128s2:mosaic,dw=128x128s2:mosaic")
+    T, V, v_real, K = 200, 300, 290, 64  # tokens padded to 256, rows to 384: a straddling block, a padded one
+    k = jax.random.split(jax.random.key(5), 4)
+    x = jax.random.normal(k[0], (T, K)).astype(jnp.bfloat16)
+    w = (0.5 * jax.random.normal(k[1], (V, K))).astype(jnp.bfloat16)
+    mask = (jax.random.uniform(k[3], (T,)) > 0.2).astype(jnp.float32)
+    targets = jnp.where(mask > 0, jax.random.randint(k[2], (T,), 0, v_real), -1)
+
+    def loss(fn, x, w):
+        nll, z = masked_sums(*fn(x, w, targets), mask)
+        return nll + 1e-3 * z
+
+    fused = functools.partial(fused_ce.linear_cross_entropy, v_real=v_real, tiles=tiles)
+    ref = lambda x, w, t: fused_ce.reference(x.astype(jnp.float32), w.astype(jnp.float32), t, v_real)  # noqa: E731
+    v, g = jax.value_and_grad(loss, argnums=(1, 2))(fused, x, w)
+    v_r, g_r = jax.value_and_grad(loss, argnums=(1, 2))(ref, x, w)
+    np.testing.assert_allclose(v, v_r, rtol=2e-6)
+    for a, b in zip(g, g_r):  # the softmax and dlogits rounded to BF16 for their GEMMs, the gradients BF16
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert a.shape == b.shape and np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(b))
+    assert not np.any(np.asarray(g[1][v_real:], np.float32))  # padded rows: no gradient
 
 
 def test_shapes_it_cannot_take_are_refused():
