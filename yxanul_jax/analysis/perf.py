@@ -42,7 +42,9 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
     their sm_90 SASS census (`analysis.kernel_census`) gives the tensor cores 49.2 % of the loops' clocks
     (FUSED_CE_MEASURED_SHARE: their tensor clocks over all their clocks, the FLOP-weighted harmonic mean of
     the kernels' shares); each kernel is charged FUSED_CE_EFFICIENCY x its own census
-    share (`fused_ce.TENSOR_SHARE`) / that one, so fewer instructions per logit are a faster kernel;
+    share (`fused_ce.TENSOR_SHARE`) / that one, so fewer instructions per logit are a faster kernel (the
+    warp-specialized Mosaic GPU ones, `model.fused_ce_ws`, by the census of consumers taking turns at the
+    tensor cores, `kernel_census.pingpong_cycles`: the same calibration, not measured on their own);
   * HBM_EFFICIENCY: the share of the spec bandwidth a streaming kernel reaches (~90 %);
   * LAUNCH_S: the fixed cost of one kernel (launch and ramp, with XLA's CUDA graphs).
 

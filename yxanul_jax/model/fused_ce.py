@@ -70,6 +70,11 @@ operands also take shared memory; at 3 ptxas spills), which at K <= 128 fits sm_
 would not); `supported(K)` says when the fused path applies (`core.config.FUSED_CE_WIDTHS`).
 `scripts/fused_ce_check.py --tiles` times other tiles on a GPU.
 
+The training kernels also exist warp-specialized in Mosaic GPU (`model.fused_ce_ws`: a loading warpgroup and two
+computing ones taking turns, so one's GEMMs run under the other's exps; 2,102 and 2,112 census clocks per tile),
+chosen per kernel by a tile spec ending `:mosaic` (`dx=128x128s2:mosaic,dw=128x128s2:mosaic`), on a GPU only:
+`_forward_dx` and `_table_grad` hand over to them there. Opt-in until a GPU has checked and timed them.
+
 Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
 their inputs onto every device, so `loss.loss_kernel`'s `auto` keeps the chunked loss there (a
 shard_map over the data axes, with the table gradient summed across it, is the way to add it).
