@@ -158,7 +158,8 @@ def test_the_mosaic_training_kernels_are_tile_specs_with_their_own_limits():
     assert tiles.fwd == DEFAULT_TILES.fwd and tiles.mosaic and not DEFAULT_TILES.mosaic
     assert parse_tiles("dx=128x64s4:mosaic").dx.stages == 4 and parse_tiles("dw=64x128s4:mosaic").dw.bt == 64
     for bad in ("fwd=128x64:mosaic", "dx=64x128:mosaic", "dx=128x256:mosaic", "dx=128x128s3:mosaic",
-                "dx=128x64s5:mosaic", "dw=128x64:mosaic", "dw=128x128s3:mosaic", "dx=128x128:triton"):
+                "dx=128x64s5:mosaic", "dw=128x64:mosaic", "dw=128x128s3:mosaic", "dx=128x128s1:mosaic",
+                "dw=64x128s1:mosaic", "dx=128x128:triton"):
         with pytest.raises(ValueError, match="fused cross-entropy tiles|mosaic kernel takes"):
             parse_tiles(bad)
     x, w, t = jnp.zeros((8, 32), jnp.bfloat16), jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((8,), jnp.int32)

@@ -40,13 +40,14 @@ class Tiles:
 
     def check_mosaic(self, walked: str) -> None:
         """ValueError unless these tiles fit a mosaic kernel that walks blocks of `walked` (bt or bv): 128 of the
-        other (2 consumers x 64 rows), 64 or 128 walked, and, in sm_90's 227 KB of shared memory beside the held
-        rows, the exps and the float32 output, at most 2 walked blocks of 128 in flight, or 4 of 64."""
+        other (2 consumers x 64 rows), 64 or 128 walked, and at least 2 walked blocks in flight (one would deadlock
+        the consumers' turns: `fused_ce_ws._ring`), at most 2 of 128 or 4 of 64 in sm_90's 227 KB of shared memory
+        beside the held rows, the exps and the float32 output."""
         held = "bv" if walked == "bt" else "bt"
         n = getattr(self, walked)
-        if getattr(self, held) != 128 or n not in (64, 128) or self.stages > 256 // n:
-            raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 1-2 stages or {walked} 64 with "
-                             f"1-4, got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic or dw=128x128s2:mosaic")
+        if getattr(self, held) != 128 or n not in (64, 128) or not 2 <= self.stages <= 256 // n:
+            raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 2 stages or {walked} 64 with "
+                             f"2-4, got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic or dw=128x128s2:mosaic")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,6 +63,12 @@ def _check(name, K, own, walked, own_n, walked_n):
                          f"K {K}")
 
 
+def _ring(stages: int, blocks: int) -> int:
+    """Slots of the ring: at least 2 (with one, consumer 1 frees a block only after its second GEMM, which waits for
+    consumer 0's turn on the next block, which waits for that slot: a deadlock), at most the blocks."""
+    return min(max(2, stages), blocks)
+
+
 def _run(body, name, out_type, grid, interpret, *args):
     """`body` as a Mosaic GPU kernel of CONSUMERS + 1 warpgroups (axis "wg") over `grid` (axis "blocks"), named
     `name` (the performance model and `kernel_census.mosaic_ptx` find it by that); GPU interpret mode on a CPU."""
@@ -174,7 +180,7 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
         raise ValueError(f"v_real {v_real} must be in 1..{V}")
     full, partial = v_real // bv, v_real % bv != 0
     blocks = full + int(partial)  # blocks of padded rows alone are never loaded
-    stages = max(1, min(stages, blocks))
+    stages = _ring(stages, blocks)
     dtype = x_TxK.dtype
     wgmma = plgpu.Layout.WGMMA
 
@@ -263,7 +269,7 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
         raise ValueError(f"v_real {v_real} must be in 1..{V}")
     programs = math.ceil(v_real / bv)
     blocks = T // bt
-    stages = max(1, min(stages, blocks))
+    stages = _ring(stages, blocks)
     dtype = x_TxK.dtype
     wgmma = plgpu.Layout.WGMMA
     # each token's lse2, g_lse, g_target and target (exact in float32 below 2^24) as rows, copied with its block of x
