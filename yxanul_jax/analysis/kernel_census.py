@@ -60,18 +60,22 @@ def mosaic_ptx(compile_fn) -> dict[str, str]:
     plugin compiles those itself, not XLA's dump, and writes their PTX where MOSAIC_GPU_DUMP_TO names (read at each
     compile); the name is the kernel's body function (`model.fused_ce_ws`). The plugin writes the PTX version of
     the first ptxas on PATH (without one, a newer version than jaxlib's CUDA 12 ptxas reads), so `tool("ptxas")`
-    goes first on PATH meanwhile, with nvdisasm (which the plugin otherwise reports missing)."""
+    goes first on PATH meanwhile. In this mode the plugin also prints "nvdisasm invocation failed" (here even with
+    nvdisasm on PATH): harmless, `assemble` makes the SASS from the PTX."""
     keys = ("MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_TO", "PATH")
     saved = {k: os.environ.get(k) for k in keys}
     with tempfile.TemporaryDirectory() as d:
         os.environ.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_TO=d)
-        first = [os.path.dirname(p) for p in (tool("ptxas"), tool("nvdisasm")) if p]
-        os.environ["PATH"] = os.pathsep.join(first + [os.environ.get("PATH", "")])
+        if ptxas := tool("ptxas"):
+            os.environ["PATH"] = os.path.dirname(ptxas) + os.pathsep + os.environ.get("PATH", "")
         try:
             compile_fn()
         finally:
             for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         return {os.path.basename(p).rsplit("_", 1)[0]: open(p).read()
                 for p in sorted(glob.glob(os.path.join(d, "*.ptx")))}
 

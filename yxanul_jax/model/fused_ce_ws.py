@@ -76,7 +76,7 @@ def _run(body, name, out_type, grid, interpret, *args):
 
     extra = {}
     if interpret:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # no public name in jax 0.10
         extra["interpret"] = InterpretGPUParams()
     body.__name__ = name
     with jax.named_scope(name):
