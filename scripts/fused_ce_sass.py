@@ -29,7 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-ROW_KERNELS = ("fused_ce_fwd", "fused_ce_fwd_dx", "fused_ce_dx", "fused_ce_fwd_dx_ws")  # grid over tokens, each walking the vocabulary
+# grid over tokens, each walking the vocabulary
+ROW_KERNELS = ("fused_ce_fwd", "fused_ce_fwd_dx", "fused_ce_dx", "fused_ce_fwd_dx_ws")
 TILES_OF = {"fused_ce_fwd": "fwd", "fused_ce_fwd_dx": "dx", "fused_ce_dx": "dx", "fused_ce_dw": "dw",
             "fused_ce_fwd_dx_ws": "dx", "fused_ce_dw_ws": "dw"}
 

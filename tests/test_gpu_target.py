@@ -323,8 +323,8 @@ def test_fused_loss_kernels_sass_census_is_what_the_model_charges(tmp_path):
     from yxanul_jax.model.fused_ce import KERNELS, TENSOR_SHARE
 
     out = tmp_path / "sass.json"
-    proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--tiles", "default", MOSAIC,
-                           "--json-out", str(out)], capture_output=True, text=True, cwd=REPO, env=gpu_env(), timeout=600)
+    proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--tiles", "default", MOSAIC, "--json-out",
+                           str(out)], capture_output=True, text=True, cwd=REPO, env=gpu_env(), timeout=600)
     if proc.returncode == 2 and "nvdisasm" in proc.stderr:
         pytest.skip("the gpu-check environment predates nvdisasm: rerun scripts/gpu_check_env.sh")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -47,7 +47,8 @@ class Tiles:
         n = getattr(self, walked)
         if getattr(self, held) != 128 or n not in (64, 128) or not 2 <= self.stages <= 256 // n:
             raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 2 stages or {walked} 64 with "
-                             f"2-4, got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic or dw=128x128s2:mosaic")
+                             f"2-4, got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic, "
+                             "dw=128x128s2:mosaic")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,7 +57,8 @@ CONSUMER_REGISTERS = 232
 def _check(name, K, own, walked, own_n, walked_n):
     """ValueError unless a kernel's blocks fit: CONSUMERS x ROWS of its own operand per program, walked blocks of 64
     or 128, both operands whole blocks, K in MOSAIC_WIDTHS."""
-    if own != CONSUMERS * ROWS or walked not in (64, 128) or K not in MOSAIC_WIDTHS or own_n % own or walked_n % walked:
+    if (own != CONSUMERS * ROWS or walked not in (64, 128) or K not in MOSAIC_WIDTHS
+            or own_n % own or walked_n % walked):
         raise ValueError(f"{name} takes blocks of {CONSUMERS * ROWS} own rows and 64 or 128 walked ones, K in "
                          f"{MOSAIC_WIDTHS}, whole blocks of both; got {own} of {own_n} rows, {walked} of {walked_n}, "
                          f"K {K}")
@@ -99,7 +100,7 @@ def _produce(rings, free, blocks: int, stages: int):
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
-    for j in range(min(stages, blocks)):
+    for j in range(stages):  # stages <= blocks (`_ring`)
         for copy, ready in rings:
             copy(j, j, ready.at[j])
 
@@ -110,7 +111,7 @@ def _produce(rings, free, blocks: int, stages: int):
         for copy, ready in rings:
             copy(j, slot, ready.at[slot])
 
-    for j in range(max(0, blocks - stages), blocks):  # every release observed before the barriers go
+    for j in range(blocks - stages, blocks):  # every release observed before the barriers go
         plgpu.barrier_wait(free.at[j % stages])
 
 
