@@ -61,7 +61,7 @@ def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
         return jax.grad(lambda x, w: jnp.sum(lse(x, w, t)), argnums=(0, 1))(x, w)
 
     out = kernel_ptx(jax.jit(lse).lower(*args))
-    # a mosaic training forward (`model.fused_ce_ws`) is compiled by the CUDA plugin, which writes its own PTX
+    # mosaic training kernels (`model.fused_ce_ws`) are compiled by the CUDA plugin, which writes their own PTX
     out.update(mosaic_ptx(lambda: out.update(kernel_ptx(jax.jit(grads).lower(*args)))))
     return {name: ptx for name, ptx in out.items() if name.startswith("fused_ce_")}
 
