@@ -27,8 +27,10 @@ measured on an H200 (2026-11-26); the model scales it per kernel by the SASS cen
 `scripts/fused_ce_sass.py`), and a new measurement of today's kernels checks that scaling.
 
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
-`KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default (`core.tiles.KernelTiles.replace`); each set is checked
-on the small ragged case and timed (fused rows carry its name). A set that fails to compile (too much
+`KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic]` changes to the default (`core.tiles.KernelTiles.replace`); each set is
+checked on the small ragged case (at K 64 for a set with a mosaic kernel, `model.fused_ce_ws`, with the overflow
+rows too) and timed (fused rows carry its name). On a CPU a mosaic set runs the Triton kernels in interpret mode:
+only a GPU checks the mosaic ones. A set that fails to compile (too much
 shared memory, say), or whose check fails, is recorded as such, never timed and never chosen; the sweep goes
 on, and the JSON is rewritten after each set. Then each kernel's fastest tiles among the sets that change
 only it are put together (`combined_spec`), checked and timed too, and the fastest set is named last.
@@ -148,10 +150,10 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
             "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
 
 
-def guarded_check(*args, tiles: str) -> dict:
+def guarded_check(*args, tiles: str, **kw) -> dict:
     """`check` of a set of tiles; a set the device cannot compile or run is a failed check with its error."""
     try:
-        return check(*args, tiles=tiles)
+        return check(*args, tiles=tiles, **kw)
     except Exception as e:  # a Triton compile or launch error (shared memory): recorded, the sweep goes on
         return {"tiles": tiles, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
 
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiles", nargs="+", default=["default"], metavar="SET",
                    help="sets of kernel tiles to check and time: default, or e.g. fwd=256x64,dx=64x128w4")
     args = p.parse_args(argv)
-    from yxanul_jax.core.tiles import bad_tiles
+    from yxanul_jax.core.tiles import MOSAIC_WIDTHS, bad_tiles
 
     if bad := bad_tiles(args.tiles):
         print(f"error: {bad}", file=sys.stderr)
@@ -269,10 +271,19 @@ def main(argv: list[str] | None = None) -> int:
             atomic_write(args.json_out, json.dumps({**record, "ok": all(c["ok"] for c in record["checks"])}) + "\n")
 
     def checked(spec: str) -> bool:  # a set of tiles is timed only once it matches float32
-        c = guarded_check(200, 300, 32, 290, args.seed, tiles=spec)
-        record["checks"].append(c)
-        print_check(c)
-        return c["ok"]
+        # the small ragged case at the narrowest head the set's kernels take (the mosaic ones: 64), and for a mosaic
+        # set the overflow rows too (its forward keeps an online max where the Triton one falls back)
+        mosaic = tiles_of(spec).mosaic
+        cases = [((200, 300, MOSAIC_WIDTHS[0] if mosaic else 32, 290), {})]
+        if mosaic:
+            cases.append(((256, 640, 128, 600), {"overflow": True}))
+        ok = True
+        for shape, kw in cases:
+            c = guarded_check(*shape, args.seed, tiles=spec, **kw)
+            record["checks"].append(c)
+            print_check(c)
+            ok = ok and c["ok"]
+        return ok
 
     good = [spec for spec in args.tiles if spec == "default" or checked(spec)]
     for T in args.time_tokens:

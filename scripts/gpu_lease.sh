@@ -161,7 +161,7 @@ print(parse_tiles(json.load(open(sys.argv[1]))["fastest_tiles"]["131072"]).spec(
       --out "$RES/s9_fp8_loop_o_fp8"
     ;;
   split)  # remat auto's split micro-batches against the whole ones with the policy it took before
-    step fused_ce 80 40 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
+    step fused_ce 120 60 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
       --tiles default "$MOSAIC" --json-out "$RES/fused_ce.json"
     step s9_fp8 140 60 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
     step s9_fp8_mosaic 140 60 "${BENCH[@]}" "train.fused_ce_tiles=$MOSAIC" --stages 9 --precisions fp8-xla --no-torch \

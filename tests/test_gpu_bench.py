@@ -136,11 +136,15 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     out = tmp_path / "fused_ce.json"
     rc, stdout, _ = run_cli(load_script("fused_ce_check").main,
                             ["--config", REPO / "configs/tiny.yaml", "--check-tokens", "130", "--time-tokens", "128",
-                             "--iters", "1", "--json-out", out, "--tiles", "default", "fwd=64x32,dw=32x64w4"])
+                             "--iters", "1", "--json-out", out, "--tiles", "default", "fwd=64x32,dw=32x64w4",
+                             "dx=128x128s2:mosaic"])
     assert rc == 0, stdout
     record = json.loads(stdout.strip().splitlines()[-1])
     assert record == json.loads(out.read_text()) and record["ok"]
-    small, overflow, full, tiled = record["checks"]
+    small, overflow, full, tiled, mosaic_small, mosaic_overflow = record["checks"]
+    # a set with a mosaic kernel: its small case at K 64 (the narrowest it takes) and the overflow rows as well
+    assert (mosaic_small["tiles"], mosaic_small["k"]) == ("dx=128x128s2:mosaic", 64)
+    assert (mosaic_overflow["tiles"], mosaic_overflow["inputs"]) == ("dx=128x128s2:mosaic", "overflow")
     assert (small["tokens"], small["vocab_rows"], small["v_real"], small["k"]) == (200, 300, 290, 32)
     assert overflow["inputs"] == "overflow" and small["inputs"] == full["inputs"] == "random"  # the fallback walk
     assert full["tokens"] == 130 and full["k"] == record["k"] == 128
@@ -150,8 +154,9 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
         assert all(0 <= e <= c["bounds"][n] for n, e in c["rel_err"].items())
     assert {(r["kernel"], r["tiles"], r["mode"]) for r in record["timing"]} == {
         ("fused", "default", "fwd"), ("fused", "default", "fwd+bwd"), ("fused", "fwd=64x32,dw=32x64w4", "fwd"),
-        ("fused", "fwd=64x32,dw=32x64w4", "fwd+bwd"), ("chunked", "", "fwd"), ("chunked", "", "fwd+bwd")}
-    assert record["fastest_tiles"]["128"] in ("default", "fwd=64x32,dw=32x64w4")
+        ("fused", "fwd=64x32,dw=32x64w4", "fwd+bwd"), ("fused", "dx=128x128s2:mosaic", "fwd"),
+        ("fused", "dx=128x128s2:mosaic", "fwd+bwd"), ("chunked", "", "fwd"), ("chunked", "", "fwd+bwd")}
+    assert record["fastest_tiles"]["128"] in ("default", "fwd=64x32,dw=32x64w4", "dx=128x128s2:mosaic")
     assert all(r["ms"] > 0 and r["of_peak"] is None for r in record["timing"])  # a CPU has no BF16 peak
     import math
 
