@@ -101,6 +101,20 @@ def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(mo
     assert not np.any(np.asarray(g[1][v_real:], np.float32))  # padded rows: no gradient
 
 
+def test_a_jax_whose_mosaic_api_differs_is_one_line_naming_the_way_back(monkeypatch):
+    # the kernels use an experimental API: where this JAX cannot build them, the step's trace stops with a UserError
+    # (exit 2 from a command) that says to drop ':mosaic', not a traceback from inside Pallas
+    from yxanul_jax.core.errors import UserError
+
+    def renamed(*args, **kw):
+        raise AttributeError("module 'jax.experimental.pallas.mosaic_gpu' has no attribute 'ACC'")
+    monkeypatch.setattr(fused_ce_ws, "forward_dx", renamed)
+    x, w = _inputs(128, 256, 64)
+    tiles = parse_tiles("dx=128x128s2:mosaic")
+    with pytest.raises(UserError, match=r"mosaic kernels do not build with jax .*no attribute 'ACC'.*drop ':mosaic'"):
+        fused_ce._forward_dx(x, w, None, v_real=256, tiles=tiles, interpret=False, fast=True)
+
+
 def test_a_ring_of_one_slot_is_raised_to_two():
     # with one slot the consumers' turns deadlock once there are two blocks (`fused_ce_ws._ring`; found by review:
     # interpret mode hung): asked for 1, the kernels take 2, and never more than the blocks

@@ -93,6 +93,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from yxanul_jax.core.config import FUSED_CE_WIDTHS, fused_ce_takes
+from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.tiles import DEFAULT_TILES, MOSAIC_WIDTHS, KernelTiles, Tiles
 
 # kernel name -> multiple of 2 T K V (T, K from operand 0, V from operand 1) it executes: read by
@@ -362,6 +363,16 @@ def _forward(x, w, *, v_real, tiles, interpret, fast):
     )(x, w)
 
 
+def _mosaic(kernel, *args, **kw):
+    """A `model.fused_ce_ws` kernel, where this JAX's Mosaic GPU API cannot build it (an experimental API: written
+    for jax 0.10.2) one UserError line naming the way back to the Triton kernels."""
+    try:
+        return kernel(*args, **kw)
+    except (ImportError, AttributeError, TypeError, NotImplementedError) as e:
+        raise UserError(f"train.fused_ce_tiles: the mosaic kernels do not build with jax {jax.__version__} "
+                        f"({type(e).__name__}: {one_line(e, 160)}); drop ':mosaic' from the tiles") from e
+
+
 def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
     """(lse2 [T], a [T, K]) in float32 by `fused_ce_fwd_dx` (tiles.dx), the training forward that also forms the
     input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchors`). With `tiles.dx.kernel`
@@ -373,7 +384,7 @@ def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
     if t.kernel == "mosaic" and fast:
         from yxanul_jax.model import fused_ce_ws
 
-        return fused_ce_ws.forward_dx(x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
+        return _mosaic(fused_ce_ws.forward_dx, x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
     rows = pl.BlockSpec((t.bt,), lambda i: (i,))
     return pl.pallas_call(
         functools.partial(_dx_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast),
@@ -397,7 +408,8 @@ def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, f
     if t.kernel == "mosaic" and fast:  # on a GPU: the warp-specialized kernel (`model.fused_ce_ws`)
         from yxanul_jax.model import fused_ce_ws
 
-        return fused_ce_ws.table_grad(x, w, targets, lse2, g_lse, g_tl, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
+        return _mosaic(fused_ce_ws.table_grad, x, w, targets, lse2, g_lse, g_tl, v_real, bt=t.bt, bv=t.bv,
+                       stages=t.stages)
     full, partial = _vocab_blocks(V, v_real, t.bv)
     real = (full + partial) * t.bv
     whole_t = pl.BlockSpec((T,), lambda i: (0,))
