@@ -9,6 +9,9 @@ import re
 
 KERNELS = ("fwd", "dx", "dw")  # forward, training forward (lse and the input gradient), table gradient
 MOSAIC_WALKS = {"dx": "bv", "dw": "bt"}  # the kernels with a mosaic form (`model.fused_ce_ws`), the blocks each walks
+MOSAIC_HELD = 128  # rows of its own operand a mosaic program holds: 2 consumer warpgroups x 64 (one wgmma's M)
+MOSAIC_WALKED = (64, 128)  # the blocks it walks, through its ring
+MOSAIC_MIN_STAGES = 2  # slots of that ring: with one the consumers' turns deadlock (`model.fused_ce_ws._ring`)
 MOSAIC_WIDTHS = (64, 128)
 """Head input widths the warp-specialized kernels take (`model.fused_ce_ws`): whole 128-byte swizzled rows of BF16,
 and a consumer's 64 x K float32 accumulator in its registers."""
@@ -45,7 +48,8 @@ class Tiles:
         beside the held rows, the exps and the float32 output."""
         held = "bv" if walked == "bt" else "bt"
         n = getattr(self, walked)
-        if getattr(self, held) != 128 or n not in (64, 128) or not 2 <= self.stages <= 256 // n:
+        fits = MOSAIC_MIN_STAGES <= self.stages <= 256 // n
+        if getattr(self, held) != MOSAIC_HELD or n not in MOSAIC_WALKED or not fits:
             raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 2 stages or {walked} 64 with "
                              f"2-4, got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic, "
                              "dw=128x128s2:mosaic")

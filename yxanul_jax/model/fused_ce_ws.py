@@ -43,23 +43,23 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from yxanul_jax.core.tiles import MOSAIC_WIDTHS
+from yxanul_jax.core.tiles import MOSAIC_HELD, MOSAIC_MIN_STAGES, MOSAIC_WALKED, MOSAIC_WIDTHS
+from yxanul_jax.model.fused_ce import LOG2E
 
 FORWARD = "fused_ce_fwd_dx_ws"  # the kernels' bodies: their names in the HLO's op_name and the PTX the plugin writes
 TABLE_GRAD = "fused_ce_dw_ws"
-LOG2E = 1.4426950408889634
 CONSUMERS = 2  # warpgroups that compute; one more loads
-ROWS = 64  # a consumer's rows: one wgmma's M
+ROWS = MOSAIC_HELD // CONSUMERS  # a consumer's rows: one wgmma's M
 PRODUCER_REGISTERS = 40  # per thread, released to the consumers (`setmaxnreg`)
 CONSUMER_REGISTERS = 232
 
 
 def _check(name, K, own, walked, own_n, walked_n):
-    """ValueError unless a kernel's blocks fit: CONSUMERS x ROWS of its own operand per program, walked blocks of 64
-    or 128, both operands whole blocks, K in MOSAIC_WIDTHS."""
-    if (own != CONSUMERS * ROWS or walked not in (64, 128) or K not in MOSAIC_WIDTHS
+    """ValueError unless a kernel's blocks fit: MOSAIC_HELD rows of its own operand per program, walked blocks in
+    MOSAIC_WALKED, both operands whole blocks, K in MOSAIC_WIDTHS."""
+    if (own != MOSAIC_HELD or walked not in MOSAIC_WALKED or K not in MOSAIC_WIDTHS
             or own_n % own or walked_n % walked):
-        raise ValueError(f"{name} takes blocks of {CONSUMERS * ROWS} own rows and 64 or 128 walked ones, K in "
+        raise ValueError(f"{name} takes blocks of {MOSAIC_HELD} own rows and {MOSAIC_WALKED} walked ones, K in "
                          f"{MOSAIC_WIDTHS}, whole blocks of both; got {own} of {own_n} rows, {walked} of {walked_n}, "
                          f"K {K}")
 
@@ -67,7 +67,7 @@ def _check(name, K, own, walked, own_n, walked_n):
 def _ring(stages: int, blocks: int) -> int:
     """Slots of the ring: at least 2 (with one, consumer 1 frees a block only after its second GEMM, which waits for
     consumer 0's turn on the next block, which waits for that slot: a deadlock), at most the blocks."""
-    return min(max(2, stages), blocks)
+    return min(max(MOSAIC_MIN_STAGES, stages), blocks)
 
 
 def _run(body, name, out_type, grid, interpret, *args):
