@@ -315,6 +315,18 @@ def test_the_mosaic_training_kernels_compile_into_the_step_and_are_charged_by_th
     assert mine["flops"] == pytest.approx(default["flops"], rel=1e-3) and mine["ms"] < default["ms"]
 
 
+def test_fused_loss_tiles_beyond_sm90_shared_memory_are_one_line():
+    # Triton's limit shows only in the GPU compile (interpret mode on a CPU has none): XLA's error becomes one line
+    # naming the key and the fix, in analyze as in train (`stages.compile_stage`)
+    proc = subprocess.run([gpu_python(), "-m", "yxanul_jax.analyze", "--target", "h100", "--config", "configs/tiny.yaml",
+                           "train.fused_ce_tiles=dw=256x256s4"], capture_output=True, text=True, cwd=REPO,
+                          env=gpu_env(), timeout=600)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[0].startswith("error: train.fused_ce_tiles=dw=256x256s4: a kernel asks more shared memory than this "
+                               "GPU has (") and "232,448 there" in lines[0] and "fused_ce_tiles=default" in lines[0]
+
+
 def test_fused_loss_kernels_sass_census_is_what_the_model_charges(tmp_path):
     """The fused head + loss kernels' inner loops in SASS (ptxas + nvdisasm of the sm_90 compile): one ex2 per
     logit with at most 5 float32 instructions around it (libdevice's expf put 8 more around each), no spills,

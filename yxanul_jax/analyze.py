@@ -39,7 +39,7 @@ import sys
 from yxanul_jax.analysis.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
 from yxanul_jax.core.args import ArgumentParser, Ranged, add_config_args, cli_entry
 from yxanul_jax.core.coerce import apply_overrides
-from yxanul_jax.core.config import Config, load_config
+from yxanul_jax.core.config import Config, load_config, validate
 from yxanul_jax.core.errors import UserError
 
 REQUIREMENTS = ("fp8-expected", "cudnn-attention")
@@ -96,7 +96,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     from yxanul_jax.analysis import perf
     from yxanul_jax.analysis.accounting import flops_per_token
     from yxanul_jax.analysis.memory import estimate_stage, with_stage_remat
-    from yxanul_jax.model.transformer import attention_implementation
+    from yxanul_jax.model.transformer import attention_implementation, check_attention_platform
     from yxanul_jax.training.stages import compile_stage, compiled_memory
     from yxanul_jax.training.steps import fp8_summary, step_xla_options
 
@@ -122,9 +122,8 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
                             f"{INSTALL_HINT}, or pass model.attention=xla")
     else:
         platform = jax.devices()[0].platform
-        if cfg.model.attention == "cudnn" and platform != "gpu":
-            raise UserError(f"model.attention=cudnn needs an NVIDIA GPU with cuDNN (this machine runs {platform}); "
-                            "inspect with model.attention=auto or xla here, or compile for one with --target h100")
+        check_attention_platform(cfg.model, platform, "inspect with model.attention=auto or xla here, or compile for "
+                                 "one with --target h100")
     cfg = with_stage_remat(cfg, stage, device)  # `remat: auto` as this device's step runs it, for every report below
     compiled = compile_stage(cfg, stage, device=device)
     text = compiled.as_text()
@@ -245,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _variant(args, args.config)
     other = None
     if args.compare:
-        other = apply_overrides(cfg, args.compare)  # checked (unknown keys, bad values) before any compile
+        other = validate(apply_overrides(cfg, args.compare))  # checked (keys, values, rules) before any compile
+        check_xla_options(other)
     elif args.compare_config:
         other = _variant(args, args.compare_config)
     report = inspect_stage(cfg, args.stage, args.hlo_out, args.target)
@@ -269,14 +269,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def check_xla_options(cfg: Config) -> None:
+    """`training.steps.check_xla_options`, imported when asked (it brings jax)."""
+    from yxanul_jax.training.steps import check_xla_options as check
+
+    check(cfg)
+
+
 def _variant(args, config: str | None) -> Config:
-    """The config to compile: `config` with the command line's overrides, --xla-option and --disable-fp8."""
-    cfg = load_config(config, args.overrides)
+    """The config to compile: `config` with the command line's overrides, --xla-option and --disable-fp8, checked
+    as `train` checks it (an --xla-option is the same as train.xla_options.K=V)."""
+    items = []
     for item in args.xla_option:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"--xla-option '{item}' is not of the form NAME=VALUE, e.g. xla_gpu_enable_triton_gemm=false")
-        cfg = apply_overrides(cfg, [f"train.xla_options.{key}={value}"])
+        items.append(f"train.xla_options.{key}={value}")
+    cfg = load_config(config, list(args.overrides) + items)
+    check_xla_options(cfg)  # a name or value XLA refuses: one line before any compile
     if args.disable_fp8:
         cfg = dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, enabled=False))
     return cfg

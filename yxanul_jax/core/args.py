@@ -129,5 +129,22 @@ def cli_entry(main: F) -> F:
             console.error("interrupted (Ctrl-C); finished files and checkpoints are intact, temporary ones "
                           "are removed on the next run")
             return EXIT_INTERRUPTED
+        except RuntimeError as e:
+            if not out_of_memory(e):
+                raise
+            _quiet_at_exit()
+            console.error(f"out of memory ({one_line(e).removeprefix('RESOURCE_EXHAUSTED: ')}): run a smaller batch "
+                          "(a stage's batch_size with more grad_accum_steps holds the same tokens, or train.micro_split) "
+                          "or save memory (model.remat=full); `python -m yxanul_jax.plan --config FILE --gpu GPU` "
+                          "checks a config against a GPU's memory")
+            return EXIT_USER_ERROR
 
     return wrapper  # type: ignore[return-value]
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is JAX's report of a device (or host) allocation it could not make: a batch or model too large
+    for the machine, which the user fixes (`cli_entry`), unlike XLA's other runtime errors."""
+    text = str(e)
+    return type(e).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and text.startswith("RESOURCE_EXHAUSTED") \
+        and "Out of memory" in text

@@ -256,6 +256,15 @@ def to_yaml(obj) -> str:
     return yaml.safe_dump(to_dict(obj), sort_keys=False)
 
 
+def yaml_problem(e: Exception) -> str:
+    """A YAML parse error in one line with where it is: PyYAML's problem and its line and column (1-based), e.g.
+    "found character '\\t' that cannot start any token (line 3, column 1)"; other errors as `one_line`."""
+    mark = getattr(e, "problem_mark", None)
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem and mark is not None:
+        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return one_line(e)
+
+
 def read_yaml(path: str) -> dict:
     """The mapping in a YAML config file ({} for an empty one); UserError naming the file otherwise."""
     if not os.path.exists(path):
@@ -266,7 +275,7 @@ def read_yaml(path: str) -> dict:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"config file '{path}' is not valid YAML: {one_line(e)}")
+        raise UserError(f"config file '{path}' is not valid YAML: {yaml_problem(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -12,6 +12,8 @@ MOSAIC_WALKS = {"dx": "bv", "dw": "bt"}  # the kernels with a mosaic form (`mode
 MOSAIC_HELD = 128  # rows of its own operand a mosaic program holds: 2 consumer warpgroups x 64 (one wgmma's M)
 MOSAIC_WALKED = (64, 128)  # the blocks it walks, through its ring
 MOSAIC_MIN_STAGES = 2  # slots of that ring: with one the consumers' turns deadlock (`model.fused_ce_ws._ring`)
+MAX_BLOCK = 256  # the largest block of tokens or vocabulary rows: a kernel's float32 logits tile lives in registers
+MAX_STAGES = 8
 MOSAIC_WIDTHS = (64, 128)
 """Head input widths the warp-specialized kernels take (`model.fused_ce_ws`): whole 128-byte swizzled rows of BF16,
 and a consumer's 64 x K float32 accumulator in its registers."""
@@ -33,11 +35,11 @@ class Tiles:
     def __post_init__(self):
         for name in ("bt", "bv"):
             n = getattr(self, name)
-            if n < 16 or n & (n - 1):
-                raise ValueError(f"fused cross-entropy tile {name}={n}: a power of 2 of at least 16, e.g. 128")
-        if self.warps not in (1, 2, 4, 8, 16) or self.stages < 1:
+            if n < 16 or n > MAX_BLOCK or n & (n - 1):
+                raise ValueError(f"fused cross-entropy tile {name}={n}: a power of 2 from 16 to {MAX_BLOCK}, e.g. 128")
+        if self.warps not in (1, 2, 4, 8, 16) or not 1 <= self.stages <= MAX_STAGES:
             raise ValueError(f"fused cross-entropy tiles: warps {self.warps} (1, 2, 4, 8 or 16), stages "
-                             f"{self.stages} (>= 1)")
+                             f"{self.stages} (1 to {MAX_STAGES})")
         if self.kernel not in ("triton", "mosaic"):
             raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: triton or mosaic")
 
@@ -116,8 +118,17 @@ DEFAULT_TILES = KernelTiles()
 def parse_tiles(spec: str) -> KernelTiles:
     """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default tiles
     (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
-    tiles = DEFAULT_TILES
+    tiles, seen = DEFAULT_TILES, set()
     for part in ([] if spec.strip() == "default" else spec.split(",")):
+        if not part.strip():
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: an empty part (a comma too many); write 'default' "
+                             "alone or KERNEL=BTxBV changes joined by commas, e.g. fwd=128x64,dx=128x128s2")
+        if part.strip() == "default":
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: 'default' stands alone; the changes start from it")
+        kernel = part.strip().partition("=")[0]
+        if kernel in seen:
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: {kernel} given twice; give each kernel once")
+        seen.add(kernel)
         tiles = tiles.replace(part)
     return tiles
 

@@ -108,8 +108,9 @@ def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, ma
     then rename) and serialized by a lock file, so concurrent callers build it once.
     """
     from yxanul_jax.data.prepare import prepare_documents
-    from yxanul_jax.data.tokenizer import pad_vocabulary, train_bpe
+    from yxanul_jax.data.tokenizer import check_bpe_args, pad_vocabulary, train_bpe
 
+    check_bpe_args(vocab_size, 2, flag="model.vocab_size (the demo corpus trains its own BPE):")  # before its lock file
     out = Path(cache_dir).expanduser() if cache_dir else cache_root() / f"{DEMO_VERSION}-{vocab_size}"
     if _ready(out, vocab_size):
         return str(out)

@@ -204,12 +204,17 @@ def _is_superbpe(tok: Tokenizer) -> bool:
 MIN_BPE_VOCAB = 258
 """The smallest byte-level BPE: 256 bytes + the end-of-text token + one merge."""
 BPE_VOCAB_WHY = "too small otherwise: a byte-level BPE needs 256 bytes + the end-of-text token + one merge"
+MAX_BPE_VOCAB = 2**21
+"""The largest BPE trained here (2,097,152 entries; the largest vocabularies in use hold 256k-1M): the trainer
+reserves memory per entry up front, and at 10^10 it aborted the process (a Rust out-of-memory abort, exit 134)."""
 
 
-def check_bpe_args(vocab_size: int, min_frequency: int) -> None:
-    """UserError unless a byte-level BPE can be trained with these settings."""
-    if vocab_size < MIN_BPE_VOCAB:
-        raise UserError(f"--vocab-size {vocab_size} must be >= {MIN_BPE_VOCAB} ({BPE_VOCAB_WHY})")
+def check_bpe_args(vocab_size: int, min_frequency: int, flag: str = "--vocab-size") -> None:
+    """UserError unless a byte-level BPE can be trained with these settings; `flag` names the vocabulary size as
+    the user gave it (`model.vocab_size` for the demo corpus's BPE)."""
+    if not MIN_BPE_VOCAB <= vocab_size <= MAX_BPE_VOCAB:
+        raise UserError(f"{flag} {vocab_size} must be in [{MIN_BPE_VOCAB}, {MAX_BPE_VOCAB:,}] for a byte-level BPE "
+                        f"({BPE_VOCAB_WHY if vocab_size < MIN_BPE_VOCAB else 'the trainer reserves memory per entry'})")
     if min_frequency < 1:
         raise UserError(f"--min-frequency {min_frequency} must be >= 1 (the least count of a pair worth a merge)")
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from yxanul_jax.core import scopes
 from yxanul_jax.core.config import FP8Config, ModelConfig
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import PLAIN, dense_backend
 
@@ -239,6 +240,13 @@ def attention_implementation(cfg: ModelConfig, platform: str | None = None, seq_
     if seq_len is not None and seq_len <= SHORT_ATTENTION_MAX_SEQ:
         return "short"
     return "cudnn" if cfg.dtype == "bfloat16" and cfg.resolved_head_dim <= 128 else "xla"
+
+
+def check_attention_platform(cfg: ModelConfig, platform: str, fix: str = "use model.attention=auto or xla here") -> None:
+    """UserError when `model.attention: cudnn` is forced on a machine without an NVIDIA GPU (`platform`, jax's):
+    found before a run writes anything, where jax would fail deep in the first compile."""
+    if cfg.attention == "cudnn" and platform != "gpu":
+        raise UserError(f"model.attention=cudnn needs an NVIDIA GPU with cuDNN (this machine runs {platform}); {fix}")
 
 
 @jax.custom_vjp

@@ -23,12 +23,13 @@ from yxanul_jax.data.dataset import PreparedDataset, open_dataset
 from yxanul_jax.data.loader import BatchStream, TrainStream
 from yxanul_jax.data.mixture import MixtureStream
 from yxanul_jax.model import fp8 as fp8_lib
+from yxanul_jax.model.transformer import check_attention_platform
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.checkpoint import (Checkpointer, none_usable, quarantined, read_checkpoint,
                                             read_checkpoint_meta)
 from yxanul_jax.training.evaluate import Domain, evaluate, resolve_domains
 from yxanul_jax.training.stages import enable_compilation_cache, stage_index
-from yxanul_jax.training.steps import init_train_state, make_eval_step, step_xla_options
+from yxanul_jax.training.steps import check_xla_options, init_train_state, make_eval_step, step_xla_options
 
 
 def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
@@ -92,8 +93,9 @@ def open_train_stream(cfg: Config, train_sets: dict[str, PreparedDataset]) -> Ba
 
 def _check_training(cfg: Config, train_sets: dict[str, PreparedDataset], mesh) -> None:
     """The checks only training needs, on this machine's devices and data: batches divide over the mesh,
-    the stream has tokens for its lanes, evaluation batches divide over the processes."""
+    the stream has tokens for its lanes, evaluation batches divide over the processes, XLA takes the step's options."""
     sh.check_divisible(cfg, mesh)
+    check_xla_options(cfg)
     open_train_stream(cfg, train_sets).close()  # enough tokens for the lanes, in every dataset
     if cfg.eval.batch_size % jax.process_count():
         raise UserError(f"config key 'eval.batch_size' ({cfg.eval.batch_size}) must divide evenly over "
@@ -115,6 +117,7 @@ class RunContext:
     @classmethod
     def open(cls, cfg: Config, mesh=None, *, training: bool = True) -> "RunContext":
         """Open the data and check everything a run (`training`) or a validation needs; writes nothing."""
+        check_attention_platform(cfg.model, jax.default_backend())  # training and validation alike
         mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
         train_sets = open_training_sets(cfg)
         ds = next(iter(train_sets.values()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
@@ -16,6 +17,7 @@ from typing import Callable
 import jax
 
 from yxanul_jax.core.config import Config, StageConfig
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import HLO_DIR, cache_root
 from yxanul_jax.training.batch import BatchSpec
 from yxanul_jax.training.steps import (abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step,
@@ -34,6 +36,9 @@ def synthetic_inputs(cfg: Config, stage: StageConfig) -> tuple:
     return jax.jit(lambda k: init_train_state(cfg, k))(jax.random.key(0)), BatchSpec.of(stage).synthetic(cfg.model.vocab_size)
 
 
+SHARED_MEMORY_EXCEEDED = "Shared memory size limit exceeded"  # how XLA's GPU compile reports a Pallas kernel's excess
+
+
 def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     """The compiled train step of one stage (donates the incoming state's buffers), compiled with
     `steps.step_xla_options` (the config's `train.xla_options` and what its FP8 GEMMs need).
@@ -43,7 +48,17 @@ def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
     `gpu_target.compile_device`), everything is placed on it; with neither, everything sits on the
     default device.
     """
-    return lower_stage(cfg, stage, layout, device).compile(compiler_options=step_xla_options(cfg))
+    lowered = lower_stage(cfg, stage, layout, device)
+    try:
+        return lowered.compile(compiler_options=step_xla_options(cfg))
+    except jax.errors.JaxRuntimeError as e:
+        if SHARED_MEMORY_EXCEEDED in str(e):  # a GPU compile of the fused loss's kernels with tiles too large for it
+            m = re.search(r"requested (\d+), available:? (\d+)", str(e))
+            sizes = f" ({int(m[1]):,} bytes asked, {int(m[2]):,} there)" if m else ""
+            raise UserError(f"train.fused_ce_tiles={cfg.train.fused_ce_tiles}: a kernel asks more shared memory than "
+                            f"this GPU has{sizes}; use smaller blocks or fewer stages, or train.fused_ce_tiles=default"
+                            ) from None
+        raise
 
 
 def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None):

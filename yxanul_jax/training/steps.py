@@ -20,6 +20,7 @@ from flax import struct
 from yxanul_jax.analysis import memory
 from yxanul_jax.core import scopes
 from yxanul_jax.core.config import Config, StageConfig
+from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import dense_backend
 from yxanul_jax.model.loss import chunked_cross_entropy, loss_kernel, masked_sums, n_chunks
@@ -84,6 +85,19 @@ def step_xla_options(cfg: Config) -> dict:
     """The XLA options the train step compiles with: `train.xla_options`, plus what its FP8 form needs
     (`fp8.required_xla_options`: Triton GEMMs off for `dequant`)."""
     return {**fp8_lib.required_xla_options(cfg.fp8, cfg.train.xla_options), **cfg.train.xla_options}
+
+
+def check_xla_options(cfg: Config) -> None:
+    """UserError when XLA refuses `train.xla_options` (an unknown name, a value of the wrong type): found by compiling
+    a trivial function with them, in well under a second, before a run writes anything or compiles its step."""
+    options = cfg.train.xla_options
+    if not options:
+        return
+    try:
+        jax.jit(lambda x: x + 1).lower(jnp.zeros((), jnp.float32)).compile(compiler_options=dict(options))
+    except jax.errors.JaxRuntimeError as e:
+        raise UserError(f"config key 'train.xla_options': XLA refused them ({one_line(e)}); fix the name or value "
+                        "(XLA's DebugOptions fields, e.g. xla_gpu_enable_triton_gemm=false) or drop it") from None
 
 
 def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):

@@ -1,0 +1,82 @@
+"""User mistakes an adversarial pass found ending in a traceback (2026-11-27): each is now one `error:` line, exit 2,
+found before a run writes anything where it can be (a compile-time or out-of-memory failure comes later)."""
+import os
+import re
+
+import pytest
+
+from yxanul_jax import analyze, train
+from yxanul_jax.core.coerce import read_yaml
+from yxanul_jax.core.config import load_config
+from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.tiles import MAX_BLOCK, parse_tiles
+
+from data_fixtures import run_cli
+
+
+def _one_line(rc: int, err: str, *words: str) -> str:
+    lines = err.strip().splitlines()
+    assert rc == 2 and lines and lines[-1].startswith("error: ") and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[-1], (w, lines[-1])
+    return lines[-1]
+
+
+@pytest.mark.parametrize("spec,why", [
+    (f"dx={2 * MAX_BLOCK}x16", f"a power of 2 from 16 to {MAX_BLOCK}"),  # 2**70 ran to an int64 overflow in jit
+    ("dx=65536x65536", f"a power of 2 from 16 to {MAX_BLOCK}"),  # a 34 GB allocation in interpret mode
+    ("dx=128x128s9", "stages 9 (1 to 8)"),
+    ("dx=64x64,", "an empty part"), (",dx=64x64", "an empty part"), ("", "an empty part"),
+    ("dx=64x64,dx=128x128", "dx given twice"),  # the last one won, silently
+    ("default,dx=64x64", "'default' stands alone"),
+])
+def test_fused_ce_tile_specs_out_of_range_or_malformed(spec, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        parse_tiles(spec)
+    with pytest.raises(UserError, match=f"^config key 'train.fused_ce_tiles': .*{re.escape(why)}"):
+        load_config(None, [f"train.fused_ce_tiles={spec}"])
+    assert parse_tiles("fwd=256x64,dx=128x64s3").dx.bv == 64  # what stays allowed
+
+
+def test_xla_options_and_forced_cudnn_refused_before_the_run_directory(tmp_path):
+    run = tmp_path / "run"
+    for override, words in [("train.xla_options.xla_no_such_flag=1", ("train.xla_options", "xla_no_such_flag")),
+                            ("train.xla_options.xla_gpu_enable_triton_gemm=notabool", ("notabool",)),
+                            ("model.attention=cudnn", ("model.attention=cudnn", "auto or xla"))]:
+        rc, _, err = run_cli(train.main, ["train.steps=1", "--run-dir", run, override])
+        _one_line(rc, err, *words)
+        assert not run.exists()  # checked before anything is written
+    # analyze checks the same, with --xla-option (the same as train.xla_options.K=V) and the --compare variant
+    rc, _, err = run_cli(analyze.main, ["--xla-option", "xla_no_such_flag=1"])
+    _one_line(rc, err, "xla_no_such_flag")
+    rc, _, err = run_cli(analyze.main, ["--xla-option", "xla_gpu_enable_triton_gemm=true", "fp8.gemm_form=dequant"])
+    _one_line(rc, err, "needs Triton GEMMs off")  # was accepted: the option was applied after the config's checks
+    rc, _, err = run_cli(analyze.main, ["--target", "h100", "--compare", "train.fused_ce_tiles=dx=64x"])
+    _one_line(rc, err, "train.fused_ce_tiles")  # was a ValueError traceback after the base config's compile
+
+
+def test_vocabulary_sizes_beyond_int32_or_a_trainable_bpe(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match=r"^config key 'model.vocab_size' \(10,000,000,000, .*int32"):
+        load_config(None, ["model.vocab_size=10000000000"])  # was an int32 OverflowError in plan, a Rust abort in train
+    from yxanul_jax.data.corpus import ensure_demo_dataset
+
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    for size in (100, 2**21 + 1):
+        with pytest.raises(UserError, match=rf"^model.vocab_size \(the demo corpus trains its own BPE\): {size} "):
+            ensure_demo_dataset(vocab_size=size)
+    assert not (tmp_path / "cache").exists()  # refused before its lock file
+
+
+def test_an_out_of_memory_step_is_one_line_naming_the_fixes(tmp_path):
+    # 65,536 rows of 64 tokens: XLA's CPU client cannot allocate the 235 GB the step asks for
+    rc, _, err = run_cli(train.main, ["train.steps=1", "--run-dir", tmp_path / "run", "curriculum.0.batch_size=65536",
+                                      "curriculum.1.batch_size=65536"])
+    _one_line(rc, err, "out of memory (Out of memory allocating", "grad_accum_steps", "yxanul_jax.plan")
+
+
+def test_a_yaml_error_names_its_line_and_column(tmp_path):
+    path = tmp_path / "tabs.yaml"
+    path.write_text("model:\n\td_model: 64\n")
+    with pytest.raises(UserError, match=r"not valid YAML: found character '\\t' .*\(line 2, column 1\)$"):
+        read_yaml(str(path))
+    assert os.path.exists(path)
