@@ -627,10 +627,11 @@ class TrainConfig:
     """Block sizes and launch of the fused head + loss kernels: `default` (`core.tiles.DEFAULT_TILES`: the
     forward 128 x 64 in 3 stages, the training forward (`dx`) and the table gradient 128 x 128 in 2, 8 warps each),
     or comma-separated changes, e.g. `fwd=256x64,dx=128x64s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or
-    dw; powers of 2 of at least 16). A `:mosaic` ending on dx or dw (`dx=128x128s2:mosaic,dw=128x128s2:mosaic`)
-    runs that training kernel warp-specialized in Mosaic GPU on a GPU (model/fused_ce_ws.py: predicted faster,
-    not yet measured; head widths 64 or 128). `scripts/fused_ce_check.py --tiles` checks and times them on a GPU.
-    Speed only: the loss is the same sum in another order."""
+    dw, each once; powers of 2 from 16 to 256, at most 8 stages). A `:mosaic` ending on dx or dw
+    (`dx=128x128s2:mosaic,dw=128x128s2:mosaic`) runs that training kernel warp-specialized in Mosaic GPU on a GPU
+    (model/fused_ce_ws.py: predicted faster, not yet measured; head widths 64 or 128).
+    `scripts/fused_ce_check.py --tiles` checks and times them on a GPU. Speed only: the loss is the same sum in
+    another order."""
     z_loss: float = 0.0
     """Weight of the z-loss (log(Z)^2) regularizer."""
     micro_split: int = field(default=1, metadata=RESUME)

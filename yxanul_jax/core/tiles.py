@@ -21,7 +21,7 @@ and a consumer's 64 x K float32 accumulator in its registers."""
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:
-    """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 of at least 16
+    """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 from 16 to MAX_BLOCK
     (Triton's dot), and Triton's warps and software-pipeline stages. `kernel`: `triton` (Pallas's Triton lowering),
     or for the training kernels `mosaic`, the warp-specialized Mosaic GPU kernels (`model.fused_ce_ws`: two consumer
     warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused)."""
