@@ -80,3 +80,13 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path):
     with pytest.raises(UserError, match=r"not valid YAML: found character '\\t' .*\(line 2, column 1\)$"):
         read_yaml(str(path))
     assert os.path.exists(path)
+
+
+def test_no_command_and_a_zero_memory_size_are_error_lines():
+    from yxanul_jax import cli, plan
+
+    rc, out, err = run_cli(cli.main, [])
+    assert "commands:" in out  # the usage, as before
+    _one_line(rc, err, "no command given")  # was exit 2 with nothing on stderr
+    rc, _, err = run_cli(plan.main, ["--gpu", "0GB"])
+    _one_line(rc, err, "--gpu 0GB: a memory size must be more than 0")  # was "unknown GPU ... or a size such as 24GB"

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: yxanul <command> [args]\n\ncommands:")
         for name, text in COMMANDS.items():
             print(f"  {name:<10} {text}")
+        if not argv:  # a mistake like any other: its one error line on stderr, exit 2
+            print("error: no command given; run 'yxanul <command> ...' with one of the commands above", file=sys.stderr)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name in RENAMED:

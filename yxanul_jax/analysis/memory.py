@@ -202,6 +202,8 @@ def parse_gpu(spec: str, headroom: float = DEFAULT_HEADROOM, mem_fraction: float
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(gb|gib|g)", key)
     if m and float(m.group(1)) > 0:
         return Gpu(f"{float(m.group(1)):g} GB", int(float(m.group(1)) * GiB), fraction, headroom)
+    if m:
+        raise UserError(f"--gpu {spec}: a memory size must be more than 0, e.g. 24GB")
     if re.fullmatch(r"\d+(?:\.\d+)?", key):
         raise UserError(f"--gpu {spec} is ambiguous: a GPU name or a memory size? Write {spec}GB for a size, or "
                         f"one of {', '.join(gpus.names())}")
