@@ -234,6 +234,34 @@ def test_a_forbidden_output_and_a_full_metrics_file_are_one_line(tmp_path, docs,
     assert str(e.value).startswith(f"cannot write '{tmp_path / 'run' / 'metrics.jsonl'}': File too large")
 
 
+def test_a_write_the_system_refuses_names_the_output_never_its_temp_path(tmp_path):
+    """/proc passes the permission check and refuses new files (ENOENT); a folder is not replaced by a file. The
+    writers' line names the path asked for, not the hidden temp sibling written first, and the output checks
+    find all of it (and an empty path) before any long work."""
+    from yxanul_jax.core.rundir import atomic_write, check_new_output, check_output_file, staged_dir
+
+    def stage(path):
+        with staged_dir(path) as tmp:
+            (tmp / "x").write_text("x")
+
+    folder = tmp_path / "d.json"
+    folder.mkdir()
+    for write, path in ((lambda p: atomic_write(p, "x"), "/proc/yxanul-test.json"), (stage, "/proc/yxanul-test"),
+                        (lambda p: atomic_write(p, "x"), str(folder))):
+        with pytest.raises(UserError) as e:
+            write(path)
+        assert str(e.value).startswith(f"cannot write '{path}': ") and ".tmp-" not in str(e.value), e.value
+    assert os.listdir(tmp_path) == ["d.json"] and not [p for p in os.listdir("/proc") if p.startswith(".yxanul")]
+    for check, needle in ((lambda: check_output_file(folder), "is a folder"),
+                          (lambda: check_new_output(folder, "never overwritten", file=True), "already exists"),
+                          (lambda: check_new_output("/proc/yxanul-test", "never overwritten"), "/proc"),
+                          (lambda: check_output_file(""), "--output is empty; --output must name a path")):
+        with pytest.raises(UserError, match=needle) as e:
+            check()
+        assert ".tmp-" not in str(e.value)
+    assert os.listdir(tmp_path) == ["d.json"] and not [p for p in os.listdir("/proc") if p.startswith(".yxanul")]
+
+
 # ---- (c) nothing logged below the error line by threads that fail as the process ends
 
 

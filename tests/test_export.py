@@ -123,6 +123,15 @@ def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_
     assert (taken / "x").read_text() == "keep me" and not (tmp_path / "new").exists()
 
 
+def test_export_cli_refuses_an_empty_or_unwritable_output_before_the_restore(tmp_path):
+    """Checked before anything is read: the --run-dir here is no run at all, so a later check would say so."""
+    for output, needle in (("", "--output is empty; --output must name a path"),
+                           ("/proc/yxanul-export", "'/proc/yxanul-export'")):
+        rc, _, err = run_cli(export_main, ["--run-dir", str(tmp_path), "--output", output])
+        assert rc == 2 and err.count("\n") == 1 and needle in err and ".tmp-" not in err, err
+    assert not [p for p in os.listdir("/proc") if p.startswith(".yxanul")]
+
+
 @pytest.mark.slow
 def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
     # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights

@@ -162,3 +162,12 @@ def test_a_run_samples_from_its_own_folder_when_its_dataset_is_gone(trained_run,
     assert trained.tokenizer_path == str(run / "tokenizer.json")
     rc, stdout, stderr = _cli("--run-dir", str(run), "--prompt", "def ", "--max-new-tokens", "4")
     assert rc == 0 and "--- sample 1" in stdout, stderr[-2000:]
+
+
+@pytest.mark.parametrize("content", [b"model: {d_model: [oops\n", b"\xff\xfe bad\n", b"- 1\n"],
+                         ids=["bad-yaml", "not-utf8", "a-list"])
+def test_a_damaged_run_config_is_one_line_naming_it(tmp_path, content):
+    (tmp_path / "config.yaml").write_bytes(content)
+    rc, _, stderr = _cli("--run-dir", str(tmp_path), "--prompt", "x")
+    assert rc == 2 and stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
+    assert f"'{tmp_path / 'config.yaml'}'" in stderr and "Traceback" not in stderr, stderr

@@ -156,3 +156,26 @@ def test_mistakes_end_in_one_line(trained_run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as where the extra is not installed
     rc, _, err = run_cli(evaluate_main, run + ["--heldout", str(text)])
     assert rc == 2 and err.count("error:") == 1 and 'pip install -e ".[lm-eval]"' in err, err
+
+
+def test_a_device_output_or_column_it_cannot_use_is_refused_before_the_evaluation(tmp_path):
+    """Checked before the model is read: the --run-dir here is no run at all, so a later check would say so.
+    lm-eval runs an unknown --device quietly on another one; a .txt has no column; an empty --output wrote nothing."""
+    text = tmp_path / "held.txt"
+    text.write_text("a paragraph of held-out text\n\nanother one\n", encoding="utf-8")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    run = ["--run-dir", str(tmp_path / "no-run"), "--heldout", str(text)]
+    cases = [
+        (run + ["--device", "quantum"], "--device quantum: 'quantum' is not a device lm-eval can run on here"),
+        (run + ["--device", "cuda:99"], "--device cuda:99"),
+        (run + ["--output", ""], "--output is empty; --output must name a path"),
+        (run + ["--output", str(folder)], "already exists"),
+        (run + ["--output", "/proc/yxanul-eval.json"], "'/proc/yxanul-eval.json'"),
+        (run + ["--text-column", "foo"], "--text-column applies to .jsonl / .parquet inputs only"),
+    ]
+    for args, needle in cases:
+        rc, _, err = run_cli(evaluate_main, args)
+        lines = [x for x in err.splitlines() if x.startswith("error:")]
+        assert rc == 2 and len(lines) == 1 and needle in lines[0] and ".tmp-" not in err, (args, err[-2000:])
+    assert os.listdir(folder) == [] and not [p for p in os.listdir("/proc") if p.startswith(".yxanul")]

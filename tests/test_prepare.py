@@ -233,3 +233,37 @@ def test_temp_dirs_of_dead_runs_are_removed_and_live_ones_kept(tmp_path, docs, t
                                         "--no-progress"])
     assert rc == 0, err
     assert not dead.exists() and live.exists() and (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_column_options_for_text_files_only_and_an_empty_output_are_refused(tmp_path, tiny_tok_path):
+    """--text-column / --text-template name columns: on .txt inputs alone they would be silently ignored, so
+    they are refused (next to a .jsonl they apply to it); an empty --output is not the working directory."""
+    txt = tmp_path / "a.txt"
+    txt.write_text("one paragraph\n\nanother one\n", encoding="utf-8")
+    for flag, value in (("--text-column", "nope"), ("--text-template", "{nope}")):
+        err = bad(tmp_path, tiny_tok_path, [txt], flag, value)
+        assert f"{flag} applies to .jsonl / .parquet inputs only" in err and "a.txt" in err and f"drop {flag}" in err
+    jl = write_jsonl(tmp_path / "b.jsonl", [{"body": "from a column"}])
+    out = tmp_path / "mixed"
+    rc, _, err = run_cli(prepare.main, ["--input", txt, jl, "--tokenizer", tiny_tok_path, "--output", out,
+                                        "--no-progress", "--text-column", "body", "--val-fraction", "0"])
+    assert rc == 0 and json.loads((out / "manifest.json").read_text())["documents"] == 3, err
+    rc, _, err = run_cli(prepare.main, ["--input", txt, "--tokenizer", tiny_tok_path, "--output", ""])
+    assert rc == 2 and err == "error: --output is empty; --output must name a path to write\n", err
+
+
+def test_an_output_the_system_refuses_is_one_line_naming_it_not_a_temp_path(tmp_path, tiny_tok_path):
+    txt = tmp_path / "a.txt"
+    txt.write_text("one paragraph\n", encoding="utf-8")
+    rc, _, err = run_cli(prepare.main, ["--input", txt, "--tokenizer", tiny_tok_path, "--output", "/proc/yxanul-x"])
+    assert rc == 2 and "'/proc/yxanul-x'" in err and err.count("\n") == 1, err  # as root: /proc refuses new files
+    assert ".tmp-" not in err and not [p for p in os.listdir("/proc") if p.startswith(".yxanul-x")]
+
+
+def test_a_bad_template_says_how_to_write_columns_and_braces():
+    from yxanul_jax.core.errors import UserError
+    from yxanul_jax.data.sources import template_fields
+
+    with pytest.raises(UserError) as e:
+        template_fields("{question")
+    assert str(e.value).endswith("write columns as {name} and literal braces as {{ }}"), e.value

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -39,6 +40,22 @@ def test_plot_command_draws_runs_and_refuses_mistakes(tmp_path):
         assert rc == 2 and words in stderr and len(stderr.strip().splitlines()) == 1
     rc, _, _ = run_cli(plot.main, [tmp_path / "a", "--output", tmp_path / "new" / "dir" / "x.png"])
     assert rc == 0 and (tmp_path / "new" / "dir" / "x.png").read_bytes().startswith(PNG)  # its folders made
+
+
+def test_plot_refuses_a_binary_metrics_file_and_outputs_it_cannot_write(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(b"\xff\xfe\x00 not text\n")
+    folder = tmp_path / "d.png"
+    folder.mkdir()
+    binary = f"'{run / 'metrics.jsonl'}' line 1 holds invalid UTF-8"
+    for argv, needle in (([run, "--output", tmp_path / "x.png"], binary),
+                         ([run, "--output", ""], "--output is empty; --output must name a path"),
+                         ([run, "--output", folder], f"--output '{folder}' is a folder"),
+                         ([run, "--output", "/proc/yxanul-plot.png"], "'/proc/yxanul-plot.png'")):
+        rc, _, stderr = run_cli(plot.main, argv)
+        assert rc == 2 and needle in stderr and stderr.count("\n") == 1 and ".tmp-" not in stderr, stderr
+    assert sorted(os.listdir(tmp_path)) == ["d.png", "run"] and os.listdir(folder) == []
 
 
 def test_tokens_to_target_interpolates_and_summary_compares_arms():

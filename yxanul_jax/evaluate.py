@@ -29,7 +29,7 @@ from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import atomic_write, cache_root, check_new_output
-from yxanul_jax.data.sources import DocumentSource
+from yxanul_jax.data.sources import TEXT_COLUMN, DocumentSource
 from yxanul_jax.inference.hf_export import DTYPES, export
 from yxanul_jax.inference.trained import add_source_args, load_trained
 
@@ -52,13 +52,14 @@ def heldout_task(jsonl: str, cache_dir: str) -> dict:
             "metadata": {"version": 1.0}}
 
 
-def write_heldout(path: str, text_column: str, limit: int | None, tasks_dir: str) -> int:
+def write_heldout(path: str, text_column: str | None, limit: int | None, tasks_dir: str) -> int:
     """Write the `yxanul_heldout` task into `tasks_dir`: its YAML there, its documents (the first `limit`
-    of `path`'s) as JSON lines in the cache (`core.rundir.cache_root()`), at a path named by their hash, so
-    that the `datasets` copy of an earlier evaluation of the same text is reused. Returns the number of
-    documents."""
-    source = DocumentSource([path], text_column=text_column,
+    of `path`'s, their text in `text_column`; None: no --text-column given, the default one) as JSON lines in
+    the cache (`core.rundir.cache_root()`), at a path named by their hash, so that the `datasets` copy of an
+    earlier evaluation of the same text is reused. Returns the number of documents."""
+    source = DocumentSource([path], text_column=TEXT_COLUMN if text_column is None else text_column,
                             fix="pass --text-column naming the column that holds the held-out text")
+    source.refuse_text_option(None if text_column is None else "--text-column")
     docs: list[str] = []
     for batch in source.batches():
         docs.extend(batch)
@@ -123,6 +124,20 @@ def _batch_size(text: str) -> int | str:
     return value
 
 
+def check_device(device: str, torch) -> str:
+    """`device` when lm-eval's "hf" model runs on it as asked (cpu, cuda, cuda:N of a GPU torch sees, mps on a Mac
+    that has it); UserError otherwise, where lm-eval would quietly run on another device."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    mps = getattr(torch.backends, "mps", None)
+    valid = ["cpu", *(["cuda", *(f"cuda:{i}" for i in range(gpus))] if gpus else []),
+             *(["mps", "mps:0"] if mps is not None and mps.is_available() else [])]
+    if device not in valid:
+        seen = ("torch sees no CUDA GPU here" if device.startswith("cuda") and not gpus
+                else f"'{device}' is not a device lm-eval can run on here")
+        raise UserError(f"--device {device}: {seen}; pass one of {', '.join(valid)}")
+    return device
+
+
 def run(args) -> dict:
     """Evaluate as the command line says; returns lm-eval's results dict (plus "yxanul": what was evaluated)."""
     lm_eval = _import_lm_eval()
@@ -139,14 +154,12 @@ def run(args) -> dict:
     if HELDOUT_TASK in tasks and not args.heldout:
         raise UserError(f"task {HELDOUT_TASK} scores your own text: pass --heldout FILE (parquet, jsonl or txt)")
     batch_size = _batch_size(args.batch_size)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: torch sees no CUDA GPU here; pass --device cpu")
+    device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch)
     for folder in args.include_path:
         if not os.path.isdir(folder):
             raise UserError(f"--include-path '{folder}' is not a folder; pass a folder of lm-eval task YAML files")
-    if args.output:
-        check_new_output(args.output, "results are never overwritten")
+    if args.output is not None:  # a file: an empty folder there is refused too, before the evaluation
+        check_new_output(args.output, "results are never overwritten", file=True)
     with tempfile.TemporaryDirectory(prefix="yxanul-evaluate-") as tmp:
         include = [os.path.abspath(p) for p in args.include_path]
         docs = None
@@ -195,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a folder of lm-eval task YAML files (repeatable)")
     p.add_argument("--heldout", default=None, metavar="FILE",
                    help=f"text to score as task {HELDOUT_TASK}: parquet, .jsonl[.gz] or .txt[.gz] (paragraphs)")
-    p.add_argument("--text-column", default="text", help="--heldout's text column (parquet / jsonl; default text)")
+    p.add_argument("--text-column", default=None,
+                   help=f"--heldout's text column (parquet / jsonl; default {TEXT_COLUMN})")
     p.add_argument("--limit", type=Ranged(int, 1), default=None, help="at most this many documents per task")
     p.add_argument("--num-fewshot", type=Ranged(int, 0), default=None,
                    help="few-shot examples (default: each task's own)")
@@ -211,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     # The GPU is torch's here: JAX only restores and exports host arrays, so it stays on the CPU rather than
     # taking 75% of the GPU's memory first (its default preallocation). No effect once JAX has started.
     jax.config.update("jax_platforms", "cpu")
-    if args.log_samples and not args.output:
+    if args.log_samples and args.output is None:
         raise UserError("--log-samples keeps each document's scores in the --output file; pass --output F.json")
     results = run(args)
     from lm_eval.utils import handle_non_serializable, make_table
 
-    if args.output:
+    if args.output is not None:
         atomic_write(args.output, json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
     console.info(make_table(results))
     done = results["yxanul"]

@@ -12,24 +12,30 @@ import sys
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, cli_entry
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import METRICS_FILE, atomic_write_bytes, check_output_parent
+from yxanul_jax.core.rundir import METRICS_FILE, atomic_write_bytes, check_output_file
 
 PANELS = (("loss", "training loss"), ("val/mean/loss", "validation loss"), ("tokens_per_sec", "tokens/s"),
           ("lr", "learning rate"))
 
 
 def read_metrics(run_dir: str) -> list[dict]:
-    """The rows of `run_dir/metrics.jsonl` (torn lines of a crash skipped); UserError if there are none."""
+    """The rows of `run_dir/metrics.jsonl` (torn lines of a crash skipped); UserError if there are none or the
+    file is not text."""
     path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.isfile(path):
         raise UserError(f"'{run_dir}' has no {METRICS_FILE}; pass a run directory of `python -m yxanul_jax.train`")
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
             try:
-                rows.append(json.loads(line))
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise UserError(f"'{path}' line {lineno} holds invalid UTF-8 at byte {e.start}, so it is no metrics "
+                                "file of `python -m yxanul_jax.train`; restore it or pass another run directory")
             except json.JSONDecodeError:
                 continue
+            if isinstance(row, dict):
+                rows.append(row)
     if not rows:
         raise UserError(f"'{path}' has no rows yet; plot it after the first logged step")
     return rows
@@ -99,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories with a metrics.jsonl")
     p.add_argument("--output", default="runs.png", help="PNG to write (default: runs.png)")
     args = p.parse_args(argv)
+    check_output_file(args.output)
     if not args.output.endswith(".png"):
         raise UserError(f"--output '{args.output}' must end in .png")
-    check_output_parent(args.output)
     runs = {}
     for d in args.run_dirs:
         name = os.path.basename(os.path.normpath(d)) or d

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -42,7 +43,7 @@ import yaml
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import from_dict, to_dict, to_yaml
 from yxanul_jax.core.config import Config, load_config, resumable
-from yxanul_jax.core.errors import UserError, writing
+from yxanul_jax.core.errors import UserError, one_line, write_error, writing
 
 CACHE_ENV = "YXANUL_CACHE"
 
@@ -91,27 +92,84 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def output_path(path: str | os.PathLike, flag: str = "--output") -> Path:
+    """`path` made absolute; UserError when it is empty (it would name the working directory)."""
+    if not os.fspath(path):
+        raise UserError(f"{flag} is empty; {flag} must name a path to write")
+    return Path(path).expanduser().absolute()
+
+
 def check_output_parent(path: str | os.PathLike, flag: str = "--output") -> None:
     """UserError unless `path`'s folder can be made: its nearest existing ancestor is a writable
-    directory (the missing folders are created when it is written)."""
-    final = Path(path).expanduser().absolute()
+    directory (the missing folders are created when it is written) where a file can be created now
+    (a hidden probe, removed at once: /proc passes the permission check and refuses new files)."""
+    final = output_path(path, flag)
     ancestor = final.parent
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
         what = "is a file" if not ancestor.is_dir() else "is not writable"
         raise UserError(f"{flag} '{path}': '{ancestor}' {what}; choose another {flag}")
+    probe = ancestor / _temp_sibling(final).name
+    try:
+        open(probe, "xb").close()
+        probe.unlink()
+    except OSError as e:
+        raise _cannot_write(e, final) from e
 
 
-def check_new_output(path: str | os.PathLike, why: str, flag: str = "--output") -> Path:
+def check_output_file(path: str | os.PathLike, flag: str = "--output") -> Path:
+    """The absolute path of a file output (an existing file is replaced), or UserError when it is a folder
+    or cannot be written (`check_output_parent`)."""
+    final = output_path(path, flag)
+    if final.is_dir():
+        raise UserError(f"{flag} '{path}' is a folder; pass the path of a file to write")
+    check_output_parent(final, flag)
+    return final
+
+
+def check_new_output(path: str | os.PathLike, why: str, flag: str = "--output", *, file: bool = False) -> Path:
     """The absolute path of a new output (a file or folder), or UserError when it exists (an empty
-    folder is allowed: the output replaces it) or cannot be written; `why` says why it is never
-    overwritten."""
-    final = Path(path).expanduser().absolute()
-    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+    folder is allowed: the output replaces it; not for a `file`) or cannot be written; `why` says why
+    it is never overwritten."""
+    final = output_path(path, flag)
+    if final.exists() and (file or not final.is_dir() or any(final.iterdir())):
         raise UserError(f"{flag} '{path}' already exists; choose another {flag} or delete it ({why})")
     check_output_parent(final, flag)
     return final
+
+
+def _cannot_write(e: OSError, final: Path) -> UserError:
+    """The one line for an operating-system error while writing `final`, naming `final` (never a temp path):
+    `writing`'s for a full or read-only disk, else the system's reason."""
+    err = write_error(e, final)
+    if err is not None:
+        return err
+    name = errno.errorcode.get(e.errno, e.errno) if e.errno is not None else type(e).__name__
+    return UserError(f"cannot write '{final}': {e.strerror or one_line(e)} ({name}); pass another path")
+
+
+def _of_output(name, final: Path) -> bool:
+    """Whether the path an OSError names (`filename`) is `final`, a folder made for it, or its temp sibling
+    (`.<name>.tmp-*`) or a path inside that: the write's own paths, not an input's."""
+    if not isinstance(name, (str, bytes, os.PathLike)):
+        return False
+    p = Path(os.fsdecode(name)).absolute()
+    temp = f".{final.name}.tmp-"
+    return p == final or p in final.parents or any(q.parent == final.parent and q.name.startswith(temp)
+                                                   for q in (p, *p.parents))
+
+
+@contextlib.contextmanager
+def _naming_output(final: Path) -> Iterator[None]:
+    """Inside, an operating-system error about the write's own paths (`_of_output`) is one UserError line naming
+    `final`, never the temp path; any other error (an input's) passes unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if _of_output(e.filename, final) or _of_output(e.filename2, final):
+            raise _cannot_write(e, final) from e
+        raise
 
 
 def atomic_write(path: str, text: str) -> None:
@@ -132,7 +190,7 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory and a rename (a full or read-only
     disk: one UserError line naming `path`, nothing left behind)."""
     final = Path(path).absolute()
-    with writing(final), _new_parents(final):
+    with writing(final), _naming_output(final), _new_parents(final):
         remove_stale_temps(final)
         tmp = _temp_sibling(final)
         try:
@@ -172,7 +230,7 @@ def staged_dir(final: str | os.PathLike) -> Iterator[Path]:
     leaves `final` untouched.
     """
     final = Path(final).expanduser().absolute()
-    with writing(final), _new_parents(final):  # a full or read-only disk: one line naming `final`
+    with writing(final), _naming_output(final), _new_parents(final):  # a write failure: one line naming `final`
         remove_stale_temps(final)
         tmp = _temp_sibling(final)
         tmp.mkdir()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from yxanul_jax.core.errors import UserError, one_line
-from yxanul_jax.data.sources import DocumentSource, template_fields, unescape_template
+from yxanul_jax.data.sources import DocumentSource, template_fields, text_args
 
 EXTRA = "hf"
 """The optional dependency group that installs `datasets` (pyproject.toml)."""
@@ -127,5 +127,4 @@ class HFDatasetSource(DocumentSource):
 
 def hf_source_from_args(args) -> HFDatasetSource:
     """The `prepare --hf-dataset REF [--split S] [--text-column C | --text-template T]` source."""
-    template = unescape_template(args.text_template) if args.text_template is not None else None
-    return HFDatasetSource([args.hf_dataset], text_column=args.text_column, text_template=template, split=args.split)
+    return HFDatasetSource([args.hf_dataset], **text_args(args), split=args.split)

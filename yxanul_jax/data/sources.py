@@ -36,6 +36,8 @@ from yxanul_jax.core import console
 from yxanul_jax.core.errors import UserError, one_line
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".txt", ".txt.gz")
+TEXT_COLUMN = "text"
+"""The column read when neither --text-column nor --text-template is given."""
 _REPLACEMENT_UTF8 = "\ufffd".encode()
 
 
@@ -90,7 +92,7 @@ def template_fields(template: str) -> list[str]:
         names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as e:
         raise UserError(f"--text-template {template!r} is not a valid format string ({e}); "
-                        "write columns as {{name}} and literal braces as {{{{ }}}}")
+                        f"write columns as {{name}} and literal braces as {{{{ }}}}")
     for name in names:
         if not name or not name.isidentifier():
             raise UserError(f"--text-template field {{{name}}} must be a plain column name like {{question}}")
@@ -109,7 +111,7 @@ class DocumentSource:
     """
 
     inputs: Sequence[str]
-    text_column: str = "text"
+    text_column: str = TEXT_COLUMN
     text_template: str | None = None
     bad_utf8: str = "fail"
     txt_docs: str = "paragraph"
@@ -176,6 +178,14 @@ class DocumentSource:
             elif kind == "jsonl":
                 for lineno, record in self._json_records(p, limit=1):
                     self._check_columns(p, list(record), lineno)
+
+    def refuse_text_option(self, flag: str | None) -> None:
+        """UserError when `flag` (the --text-column / --text-template given; None: neither) names columns but
+        every input is a .txt file, which has none: the option would be silently ignored."""
+        if flag and all(_kind(Path(p)) == "txt" for p in self.files):
+            what = f"input '{self.files[0]}' is" if len(self.files) == 1 else "every input is"
+            raise UserError(f"{flag} applies to .jsonl / .parquet inputs only, and {what} plain text (no columns); "
+                            f"drop {flag}")
 
     def _check_columns(self, path: Path, names: list[str], lineno: int | None = None) -> None:
         missing = [c for c in self._needed() if c not in names]
@@ -329,7 +339,7 @@ def add_source_args(parser: argparse.ArgumentParser, input_required: bool = True
     parser.add_argument("--input", nargs="+", required=input_required, metavar="PATH",
                         help="parquet / .jsonl[.gz] / .txt[.gz] files, directories or globs")
     text = parser.add_mutually_exclusive_group()
-    text.add_argument("--text-column", default="text", help="column holding the text (default: text)")
+    text.add_argument("--text-column", default=None, help=f"column holding the text (default: {TEXT_COLUMN})")
     text.add_argument("--text-template", default=None,
                       help=r"build the text from columns, e.g. '{question}\n{answer}' (\n, \t understood)")
     parser.add_argument("--bad-utf8", choices=("fail", "replace"), default="fail",
@@ -338,10 +348,18 @@ def add_source_args(parser: argparse.ArgumentParser, input_required: bool = True
                         help=".txt documents: blank-line separated paragraphs (default) or whole files")
 
 
-def source_from_args(args) -> DocumentSource:
+def text_args(args) -> dict:
+    """A source's `text_column` and `text_template` from --text-column / --text-template (neither: `TEXT_COLUMN`)."""
     template = unescape_template(args.text_template) if args.text_template is not None else None
-    return DocumentSource(args.input, text_column=args.text_column, text_template=template,
-                          bad_utf8=args.bad_utf8, txt_docs=args.txt_docs)
+    return {"text_column": TEXT_COLUMN if args.text_column is None else args.text_column, "text_template": template}
+
+
+def source_from_args(args) -> DocumentSource:
+    """The `--input ...` source of `tokenizer` and `prepare`; a column option for text files only is refused."""
+    source = DocumentSource(args.input, **text_args(args), bad_utf8=args.bad_utf8, txt_docs=args.txt_docs)
+    source.refuse_text_option("--text-template" if args.text_template is not None
+                              else "--text-column" if args.text_column is not None else None)
+    return source
 
 
 def warn_replaced(source: DocumentSource) -> None:

@@ -13,10 +13,9 @@ import dataclasses
 import os
 
 import jax
-import yaml
 
 from yxanul_jax.core.coerce import from_dict
-from yxanul_jax.core.config import Config, validate
+from yxanul_jax.core.config import Config, load_config, validate
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_FILE
 from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
@@ -39,11 +38,6 @@ class Trained:
 
     def tokenizer(self) -> LoadedTokenizer:
         return load_tokenizer(self.tokenizer_path)
-
-
-def _config_from_file(path: str) -> Config:
-    with open(path, encoding="utf-8") as fh:
-        return validate(from_dict(Config, yaml.safe_load(fh)))
 
 
 def tokenizer_path_of(cfg: Config, run_dir: str | None = None) -> str:
@@ -81,7 +75,7 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
         if not os.path.isfile(config_path):
             raise UserError(f"'{run_dir}' is not a run directory (no {CONFIG_FILE}); pass the --run-dir of a "
                             "training run, or --checkpoint PATH")
-        cfg = _config_from_file(config_path)
+        cfg = load_config(config_path)  # a damaged file: one line naming it (`core.coerce.read_yaml`)
         directory, step = os.path.join(run_dir, CHECKPOINT_DIR), None
     else:
         directory, step = resolve_checkpoint_path(checkpoint)
