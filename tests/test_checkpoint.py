@@ -154,7 +154,7 @@ def test_corrupt_latest_falls_back_with_warning(tmp_path, capsys):
     ckpt.close()
 
 
-def test_no_readable_checkpoint_is_a_user_error(tmp_path):
+def test_no_readable_checkpoint_is_a_user_error(tmp_path, capsys):
     directory = str(tmp_path / "ck")
     with Checkpointer(directory, _cfg()) as ckpt:
         with pytest.raises(UserError, match="no checkpoint in"):
@@ -164,8 +164,11 @@ def test_no_readable_checkpoint_is_a_user_error(tmp_path):
     for step in ("1", "2"):
         _corrupt(os.path.join(directory, step))
     with Checkpointer(directory, _cfg()) as ckpt:
+        capsys.readouterr()
         with pytest.raises(UserError, match="no usable checkpoint.*step 2: .*step 1: .*--overwrite.*--checkpoint"):
             ckpt.restore(_template(_small_state(0)))
+        # the error names every step and why: no warning line before it repeats them (a used fallback warns)
+        assert "cannot be used" not in capsys.readouterr().err
         with pytest.raises(UserError, match="step 5 not found"):
             ckpt.restore(_template(_small_state(0)), step=5)
     # asked again (the same command run twice): the same refusal, naming the damaged ones and why, never

@@ -323,7 +323,7 @@ class Checkpointer:
                                 "checkpoint directory or step directory")
             candidates = present[::-1]
         wanted = leaf_specs(abstract_state)
-        failures = []
+        failures, skipped = [], []  # skipped: the warnings of the steps passed over, shown once one is used
         for i, s in enumerate(candidates):
             meta, reason = self._verified_meta(s)
             if reason is None and expect is not None:
@@ -356,13 +356,15 @@ class Checkpointer:
                 else:
                     reason = verify(out["state"], meta)
                     if reason is None:
+                        for line in skipped:  # the newer ones that could not be used, now that one could
+                            console.warn(line)
                         return s, out["state"], _without_checksums(meta)
             failures.append(f"step {s}: {reason}")
             if step is None:
                 aside = self._quarantine(s, reason)
                 where = f"moved to {aside}" if aside else "left in place"
                 nxt = f"falling back to step {candidates[i + 1]}" if i + 1 < len(candidates) else "no earlier one"
-                console.warn(f"checkpoint step {s} in {self.directory} cannot be used ({reason}); {where}; {nxt}")
+                skipped.append(f"checkpoint step {s} in {self.directory} cannot be used ({reason}); {where}; {nxt}")
         if step is not None:
             raise UserError(f"checkpoint step {step} in '{self.directory}' cannot be used ({failures[0]}); "
                             "pass another step or the checkpoint directory to take the latest usable one")
