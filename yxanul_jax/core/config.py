@@ -485,7 +485,7 @@ class EvalConfig:
         if self.interval < 0:
             raise UserError(f"config key 'eval.interval' must be >= 0 (0: only at the end), got {self.interval}")
         for name in self.domains:  # the cache's eval/<name>-<hash>: a name, never a path
-            safe_name(f"config key 'eval.domains': domain", name, example="code")
+            safe_name("config key 'eval.domains': domain", name, example="code")
 
 
 @dataclass(frozen=True)

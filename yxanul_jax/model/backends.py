@@ -21,7 +21,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from yxanul_jax.core.config import FP8Config
 from yxanul_jax.model import fp8 as fp8_lib
