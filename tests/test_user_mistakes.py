@@ -90,3 +90,21 @@ def test_no_command_and_a_zero_memory_size_are_error_lines():
     _one_line(rc, err, "no command given")  # was exit 2 with nothing on stderr
     rc, _, err = run_cli(plan.main, ["--gpu", "0GB"])
     _one_line(rc, err, "--gpu 0GB: a memory size must be more than 0")  # was "unknown GPU ... or a size such as 24GB"
+
+
+def test_a_run_directory_whose_config_is_a_yaml_list_is_one_short_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("- 1\n")
+    rc, _, err = run_cli(train.main, ["train.steps=1", "--run-dir", run])
+    line = _one_line(rc, err, "does not hold a run's config (a YAML list")
+    assert len(line) < 300  # was 2,528 characters: the whole resolved config, as the value it differed from
+    assert sorted(os.listdir(run)) == ["config.yaml"]
+
+
+def test_a_sub_key_of_a_field_that_takes_a_mapping_says_to_give_it_whole():
+    with pytest.raises(UserError, match=r"^config key 'data.train' has no sub-keys while it holds ''; give the "
+                                        r"mapping whole, e.g. 'data.train=\{books: \.\.\.\}'$"):
+        load_config(None, ["data.train.books=prepared/books"])
+    with pytest.raises(UserError, match=r"^config key 'train.steps' has no sub-keys$"):  # no mapping to suggest
+        load_config(None, ["train.steps.x=1"])

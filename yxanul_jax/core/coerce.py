@@ -183,10 +183,20 @@ def _set_path(obj, path: list[str], raw: Any, done: str):
         value = _coerce(raw, tp, here)
     else:
         current = getattr(obj, key)
+        if not (dataclasses.is_dataclass(current) or isinstance(current, (tuple, dict))) and _takes_mapping(tp):
+            # e.g. data.train, a path or a mapping of them, holding a path: a mapping is given whole
+            raise UserError(f"config key '{here}' has no sub-keys while it holds {current!r}; give the mapping "
+                            f"whole, e.g. '{here}={{{path[1]}: ...}}'")
         value = _set_path(current, path[1:], raw, here)
         if isinstance(current, dict):
             value = _coerce(value, tp, here)
     return dataclasses.replace(obj, **{key: value})
+
+
+def _takes_mapping(tp) -> bool:
+    """Whether a field's type hint admits a dict (`dict[...]`, or a Union with one)."""
+    return typing.get_origin(tp) is dict or any(typing.get_origin(a) is dict or a is dict
+                                                 for a in typing.get_args(tp))
 
 
 def apply_overrides(obj, overrides: list[str]):
