@@ -8,7 +8,9 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import re
+import sys
 import threading
 from typing import Callable, TypeVar
 
@@ -89,6 +91,18 @@ def _silence_logging() -> None:
     logging.disable(logging.CRITICAL)
 
 
+def _stderr_off() -> None:
+    """Nothing more on this process's stderr (file descriptor 2 pointed at /dev/null), once a command's error line
+    is out: after a failed restore, TensorStore's callbacks print "RuntimeError: Event loop is closed" tracebacks
+    straight to it from their threads as Orbax's event loop closes, 4 to 28 lines below the error on most exits
+    (`export` of a truncated checkpoint, 2026-11-27). Only for a process run as the command (`cli_entry`)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+
+
 def _quiet_at_exit() -> None:
     """After a user error, nothing more is logged when the process ends: background threads that fail as the
     interpreter shuts down (Orbax's after a failed save: "ERROR:absl:... cannot schedule new futures after
@@ -113,18 +127,18 @@ def cli_entry(main: F) -> F:
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
         try:
-            return main(*args, **kwargs)
+            return _mistake_ends(main(*args, **kwargs), not args and not kwargs)
         except UserError as e:
             console.error(str(e))
             _quiet_at_exit()
-            return EXIT_USER_ERROR
+            return _mistake_ends(EXIT_USER_ERROR, not args and not kwargs)
         except OSError as e:
             _quiet_at_exit()
             where = f" '{e.filename}'" if getattr(e, "filename", None) else ""
             what = e.strerror or one_line(e)
             console.error(f"{what}{where} ({type(e).__name__}); free space, fix the permissions or pass "
                           "another path, then run the command again")
-            return EXIT_USER_ERROR
+            return _mistake_ends(EXIT_USER_ERROR, not args and not kwargs)
         except KeyboardInterrupt:
             console.error("interrupted (Ctrl-C); finished files and checkpoints are intact, temporary ones "
                           "are removed on the next run")
@@ -137,9 +151,18 @@ def cli_entry(main: F) -> F:
                           "(a stage's batch_size with more grad_accum_steps holds the same tokens, or train.micro_split) "
                           "or save memory (model.remat=full); `python -m yxanul_jax.plan --config FILE --gpu GPU` "
                           "checks a config against a GPU's memory")
-            return EXIT_USER_ERROR
+            return _mistake_ends(EXIT_USER_ERROR, not args and not kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _mistake_ends(rc: int, as_command: bool) -> int:
+    """`rc`; where it is a user mistake's (2) in a process run as the command (`main()` without arguments, as
+    `python -m ...` calls it), its error line is the last on stderr (`_stderr_off`). A library or test caller
+    passes argv and keeps its stderr."""
+    if rc == EXIT_USER_ERROR and as_command:
+        _stderr_off()
+    return rc
 
 
 def out_of_memory(e: BaseException) -> bool:
