@@ -6,9 +6,9 @@ import argparse
 import atexit
 import contextlib
 import functools
+import io
 import logging
 import math
-import os
 import re
 import sys
 import threading
@@ -91,16 +91,44 @@ def _silence_logging() -> None:
     logging.disable(logging.CRITICAL)
 
 
-def _stderr_off() -> None:
-    """Nothing more on this process's stderr (file descriptor 2 pointed at /dev/null), once a command's error line
-    is out: after a failed restore, TensorStore's callbacks print "RuntimeError: Event loop is closed" tracebacks
-    straight to it from their threads as Orbax's event loop closes, 4 to 28 lines below the error on most exits
-    (`export` of a truncated checkpoint, 2026-11-27). Only for a process run as the command (`cli_entry`)."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stderr.flush()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
+class _LoopClosedFilter(io.TextIOBase):
+    """This process's stderr without the tracebacks that end in "RuntimeError: Event loop is closed" and come from
+    threads other than the main one: after a failed restore, TensorStore's callbacks print them from their own
+    threads as Orbax's event loop closes (4 to 28 lines around the error line of `export` or `generate` on a
+    truncated checkpoint, 2026-11-27). Every other write passes unchanged. Installed by `cli_entry` for a process
+    run as the command only."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._held: dict[int, list[str]] = {}  # thread -> the traceback it is writing, until its exception line
+
+    def write(self, text: str) -> int:
+        ident = threading.get_ident()
+        if threading.current_thread() is threading.main_thread() or (
+                ident not in self._held and not text.startswith("Traceback (most recent call last)")):
+            return self.stream.write(text)
+        held = self._held.setdefault(ident, [])
+        held.append(text)
+        block = "".join(held)
+        last = block.rstrip("\n").rsplit("\n", 1)[-1]
+        if block.endswith("\n") and last and not last.startswith((" ", "Traceback")):  # its exception line: complete
+            del self._held[ident]
+            if last != "RuntimeError: Event loop is closed":
+                self.stream.write(block)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    @property
+    def encoding(self):
+        return getattr(self.stream, "encoding", "utf-8")
 
 
 def _quiet_at_exit() -> None:
@@ -126,19 +154,21 @@ def cli_entry(main: F) -> F:
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        if not args and not kwargs and not isinstance(sys.stderr, _LoopClosedFilter):  # run as the command
+            sys.stderr = _LoopClosedFilter(sys.stderr)
         try:
-            return _mistake_ends(main(*args, **kwargs), not args and not kwargs)
+            return main(*args, **kwargs)
         except UserError as e:
             console.error(str(e))
             _quiet_at_exit()
-            return _mistake_ends(EXIT_USER_ERROR, not args and not kwargs)
+            return EXIT_USER_ERROR
         except OSError as e:
             _quiet_at_exit()
             where = f" '{e.filename}'" if getattr(e, "filename", None) else ""
             what = e.strerror or one_line(e)
             console.error(f"{what}{where} ({type(e).__name__}); free space, fix the permissions or pass "
                           "another path, then run the command again")
-            return _mistake_ends(EXIT_USER_ERROR, not args and not kwargs)
+            return EXIT_USER_ERROR
         except KeyboardInterrupt:
             console.error("interrupted (Ctrl-C); finished files and checkpoints are intact, temporary ones "
                           "are removed on the next run")
@@ -151,18 +181,9 @@ def cli_entry(main: F) -> F:
                           "(a stage's batch_size with more grad_accum_steps holds the same tokens, or train.micro_split) "
                           "or save memory (model.remat=full); `python -m yxanul_jax.plan --config FILE --gpu GPU` "
                           "checks a config against a GPU's memory")
-            return _mistake_ends(EXIT_USER_ERROR, not args and not kwargs)
+            return EXIT_USER_ERROR
 
     return wrapper  # type: ignore[return-value]
-
-
-def _mistake_ends(rc: int, as_command: bool) -> int:
-    """`rc`; where it is a user mistake's (2) in a process run as the command (`main()` without arguments, as
-    `python -m ...` calls it), its error line is the last on stderr (`_stderr_off`). A library or test caller
-    passes argv and keeps its stderr."""
-    if rc == EXIT_USER_ERROR and as_command:
-        _stderr_off()
-    return rc
 
 
 def out_of_memory(e: BaseException) -> bool:

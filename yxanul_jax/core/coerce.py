@@ -271,7 +271,8 @@ def yaml_problem(e: Exception) -> str:
     "found character '\\t' that cannot start any token (line 3, column 1)"; other errors as `one_line`."""
     mark = getattr(e, "problem_mark", None)
     if isinstance(e, yaml.MarkedYAMLError) and e.problem and mark is not None:
-        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1})"
+        tab = "; YAML indents with spaces, not tabs" if "'\\t'" in e.problem else ""
+        return f"{e.problem} (line {mark.line + 1}, column {mark.column + 1}){tab}"
     return one_line(e)
 
 

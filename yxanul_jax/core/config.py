@@ -168,7 +168,7 @@ class ModelConfig:
             raise UserError(f"config key 'model.vocab_pad_to' must be >= 1, got {self.vocab_pad_to}")
         if self.padded_vocab > 2**31 - 1:
             raise UserError(f"config key 'model.vocab_size' ({self.vocab_size:,}, padded {self.padded_vocab:,}) is "
-                            "beyond int32 token ids (2,147,483,647); a tokenizer's vocabulary is far smaller")
+                            "beyond int32 token ids (2,147,483,647); set it to your tokenizer's vocabulary size")
         if self.head_dim < 0 or self.embed_rank < 0:
             raise UserError("config keys 'model.head_dim' and 'model.embed_rank' must be >= 0")
         if self.n_heads % self.n_kv_heads:

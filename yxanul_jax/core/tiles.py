@@ -13,7 +13,7 @@ MOSAIC_HELD = 128  # rows of its own operand a mosaic program holds: 2 consumer 
 MOSAIC_WALKED = (64, 128)  # the blocks it walks, through its ring
 MOSAIC_MIN_STAGES = 2  # slots of that ring: with one the consumers' turns deadlock (`model.fused_ce_ws._ring`)
 MAX_BLOCK = 256  # the largest block of tokens or vocabulary rows: a kernel's float32 logits tile lives in registers
-MAX_STAGES = 8
+MAX_STAGES = 8  # software-pipeline stages: each holds a block of both operands in shared memory (227 KB)
 MOSAIC_WIDTHS = (64, 128)
 """Head input widths the warp-specialized kernels take (`model.fused_ce_ws`): whole 128-byte swizzled rows of BF16,
 and a consumer's 64 x K float32 accumulator in its registers."""
@@ -37,9 +37,10 @@ class Tiles:
             n = getattr(self, name)
             if n < 16 or n > MAX_BLOCK or n & (n - 1):
                 raise ValueError(f"fused cross-entropy tile {name}={n}: a power of 2 from 16 to {MAX_BLOCK}, e.g. 128")
-        if self.warps not in (1, 2, 4, 8, 16) or not 1 <= self.stages <= MAX_STAGES:
-            raise ValueError(f"fused cross-entropy tiles: warps {self.warps} (1, 2, 4, 8 or 16), stages "
-                             f"{self.stages} (1 to {MAX_STAGES})")
+        if self.warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"fused cross-entropy tiles: warps {self.warps} must be 1, 2, 4, 8 or 16, e.g. w8")
+        if not 1 <= self.stages <= MAX_STAGES:
+            raise ValueError(f"fused cross-entropy tiles: stages {self.stages} must be 1 to {MAX_STAGES}, e.g. s2")
         if self.kernel not in ("triton", "mosaic"):
             raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: triton or mosaic")
 
