@@ -22,6 +22,10 @@ RENAMED = {"inspect": "analyze"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the `yxanul` command itself: its subcommands are called with their arguments
+        from yxanul_jax.core.args import command_stderr
+
+        command_stderr()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: yxanul <command> [args]\n\ncommands:")

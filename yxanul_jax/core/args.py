@@ -131,6 +131,13 @@ class _LoopClosedFilter(io.TextIOBase):
         return getattr(self.stream, "encoding", "utf-8")
 
 
+def command_stderr() -> None:
+    """This process is a command (`python -m yxanul_jax.X`, `yxanul X`): its stderr drops what `_LoopClosedFilter`
+    drops. Idempotent."""
+    if not isinstance(sys.stderr, _LoopClosedFilter):
+        sys.stderr = _LoopClosedFilter(sys.stderr)
+
+
 def _quiet_at_exit() -> None:
     """After a user error, nothing more is logged when the process ends: background threads that fail as the
     interpreter shuts down (Orbax's after a failed save: "ERROR:absl:... cannot schedule new futures after
@@ -154,8 +161,8 @@ def cli_entry(main: F) -> F:
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
-        if not args and not kwargs and not isinstance(sys.stderr, _LoopClosedFilter):  # run as the command
-            sys.stderr = _LoopClosedFilter(sys.stderr)
+        if not args and not kwargs:  # run as the command (`python -m ...`)
+            command_stderr()
         try:
             return main(*args, **kwargs)
         except UserError as e:
