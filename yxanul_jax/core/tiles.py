@@ -120,13 +120,13 @@ def parse_tiles(spec: str) -> KernelTiles:
     """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default tiles
     (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
     tiles, seen = DEFAULT_TILES, set()
-    for part in ([] if spec.strip() == "default" else spec.split(",")):
-        if not part.strip():
+    for part in ([] if spec.strip() == "default" else [p.strip() for p in spec.split(",")]):
+        if not part:
             raise ValueError(f"fused cross-entropy tiles {spec!r}: an empty part (a comma too many); write 'default' "
                              "alone or KERNEL=BTxBV changes joined by commas, e.g. fwd=128x64,dx=128x128s2")
-        if part.strip() == "default":
+        if part == "default":
             raise ValueError(f"fused cross-entropy tiles {spec!r}: 'default' stands alone; the changes start from it")
-        kernel = part.strip().partition("=")[0]
+        kernel = part.partition("=")[0]
         if kernel in seen:
             raise ValueError(f"fused cross-entropy tiles {spec!r}: {kernel} given twice; give each kernel once")
         seen.add(kernel)
