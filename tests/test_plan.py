@@ -21,3 +21,18 @@ def test_console_script_dispatch(capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["params_total"] > 0
     assert cli.main(["plna"]) == 2
     assert "did you mean 'plan'" in capsys.readouterr().err
+
+
+def test_an_absurd_depth_is_planned_at_once_and_says_why_nothing_fits(capsys):
+    # the parameters are counted from a scanned trace (one layer's time): 10^8 unscanned layers once took minutes
+    assert plan.main(["--config", str(REPO / "configs/tiny.yaml"), "model.n_layers=100000000", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    layer = 2 * 128 * 128 + 2 * 128 * 64 + 3 * 128 * 384 + 2 * 128  # tiny: q, o; k, v (2 of 4 heads); the MLP; 2 gains
+    assert data["params_by_component"]["mlp"] == 10**8 * 3 * 128 * 384 and not data["fits"]
+    assert data["params_total"] == 10**8 * layer + data["params_by_component"]["embedding"] + 128
+    # the reason names the depth, not the vocabulary (a 512-row table is no problem)
+    assert not data["suggestion"]["fits"] and "set a much smaller model.n_layers" in data["suggestion"]["changes"][-1]
+    # a vocabulary whose matrices alone outgrow the GPU: the reason names the tokenizer
+    assert plan.main(["--config", str(REPO / "configs/tiny.yaml"), "model.vocab_size=2000000000", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "use a smaller tokenizer" in data["suggestion"]["changes"][-1]

@@ -71,8 +71,10 @@ def _stage_report(cfg: Config, i: int, stage: StageConfig, gpu: memory.Gpu, stat
 def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True) -> dict:
     """Everything the plan reports, as plain JSON-ready values (bytes are ints)."""
     gpu = gpu or memory.parse_gpu(DEFAULT_GPU)
-    # Shapes do not depend on the attention kernel; tracing with cuDNN's would fail on a machine without it.
-    variables = abstract_variables(dataclasses.replace(cfg.model, attention="xla"), cfg.fp8)
+    # Counts do not depend on the attention kernel (tracing cuDNN's would fail on a machine without it), nor on
+    # whether the layers are scanned: traced scanned, in one layer's time, however many layers the config has.
+    variables = abstract_variables(dataclasses.replace(cfg.model, attention="xla", scan_layers=True, scan_unroll=1),
+                                   cfg.fp8)
     by_component = accounting.param_breakdown(variables["params"], cfg.model)
     total = sum(by_component.values())
     state = accounting.state_bytes(cfg)

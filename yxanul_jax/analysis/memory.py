@@ -610,8 +610,16 @@ def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: st
                          f"{f', embed rank {sm.embed_rank}' if sm.embed_rank != m.embed_rank else ''}): "
                          f"{param_count(cfg) / 1e6:.1f} M -> {param_count(out) / 1e6:.1f} M parameters")
             return out, notes + batch_notes(cfg, out), True
-    return saver, notes + ["no smaller model of this vocabulary fits either: the vocabulary-sized matrices and "
-                           "their optimizer state alone are too large; use a smaller tokenizer"], False
+    # Why not: the vocabulary-sized matrices' weights, gradients and AdamW state (16 bytes an element) alone, or
+    # the rest of a model at a quarter of its depth and width
+    if 16 * vocab_matrix_elements(cfg) > budget:
+        why = ("no smaller model of this vocabulary fits either: the vocabulary-sized matrices and their optimizer "
+               "state alone are too large; use a smaller tokenizer")
+    else:
+        why = (f"no model of this vocabulary down to a quarter of this depth and width fits either "
+               f"({param_count(_shrunk(saver, 0.25, 0.25)) / 1e6:,.1f} M parameters there); set a much smaller "
+               "model.n_layers or model.d_model")
+    return saver, notes + [why], False
 
 
 def batch_notes(before: Config, after: Config) -> list[str]:
