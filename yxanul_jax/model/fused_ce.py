@@ -103,12 +103,13 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_
 
 # kernel name -> the share of an inner-loop iteration its tensor cores work, by the sm_90 SASS census at the default
 # tiles (`analysis.kernel_census.tile_cycles`: the loop's instructions walked in order, tensor clocks / all clocks):
-# the performance model's rate for each kernel (`analysis.perf.fused_ce_efficiency`). scripts/fused_ce_sass.py
-# prints it; tests/test_gpu_target.py recompiles and checks it. Today's loops: the forward 241 SASS instructions
-# per iteration (34 exps), the training forward 395 (64, all under the softmax @ w GEMM), dw 589 (64, all under
-# dlogits^T @ x); before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721
+# the diagnostic of a loop before a GPU times it (the performance model charges the kernels at their measured rate,
+# `analysis.perf.FUSED_CE_MEASURED`: an H200 ran the training kernels ~2x slower than this census says, the forward
+# within 6 %; a kernel no GPU timed is charged by this share). scripts/fused_ce_sass.py prints it;
+# tests/test_gpu_target.py recompiles and checks it. Today's loops: the forward 241 SASS instructions per iteration
+# (34 exps), the training forward 395 (64, all under the softmax @ w GEMM), dw 589 (64, all under dlogits^T @ x); before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721
 # and 0.713; with jnp.exp (libdevice's expf) 954 and 1,121, shares 0.560 and 0.515 (2026-11-27, jax 0.10.2,
-# ptxas 12.9). The warp-specialized kernels (`model.fused_ce_ws`, tiles dx=128x128s2:mosaic, dw=128x128s2:mosaic):
+# ptxas 12.9). The warp-specialized kernels (`model.fused_ce_ws`, the default training kernels on a GPU at K 64, 128):
 # 501 and 555 instructions per consumer and iteration, two consumers taking turns at the tensor cores
 # (`kernel_census.pingpong_cycles`): 2,102 and 2,112 clocks per 128 x 128 tile.
 TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845, "fused_ce_fwd_dx_ws": 0.974,
