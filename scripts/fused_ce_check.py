@@ -27,10 +27,11 @@ measured on an H200 (2026-11-26); the model scales it per kernel by the SASS cen
 `scripts/fused_ce_sass.py`), and a new measurement of today's kernels checks that scaling.
 
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
-`KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic]` changes to the default (`core.tiles.KernelTiles.replace`); each set is
-checked on the small ragged case (at K 64 for a set with a mosaic kernel, `model.fused_ce_ws`, with the overflow
-rows too) and timed (fused rows carry its name). On a CPU a mosaic set runs the Triton kernels in interpret mode:
-only a GPU checks the mosaic ones. A set that fails to compile (too much
+`KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:auto]` changes to the default (`core.tiles.KernelTiles.replace`); each set
+is checked on the small ragged case (at K 64 for a set with a mosaic kernel, `model.fused_ce_ws`, with the overflow
+rows too) and timed (fused rows carry its name, and in `runs` the kernels it ran: the default's training kernels are
+the mosaic ones on a GPU at K 64 and 128, `core.tiles.Tiles.runs_mosaic`). On a CPU every set runs the Triton
+kernels in interpret mode: only a GPU checks the mosaic ones. A set that fails to compile (too much
 shared memory, say), or whose check fails, is recorded as such, never timed and never chosen; the sweep goes
 on, and the JSON is rewritten after each set. Then each kernel's fastest tiles among the sets that change
 only it are put together (`combined_spec`), checked and timed too, and the fastest set is named last.
@@ -91,6 +92,21 @@ def tiles_of(spec: str):
     return parse_tiles(spec)
 
 
+def runs(spec: str, k: int) -> str:
+    """The kernels a set of tiles runs at head width k on this machine, as a spec (`KernelTiles.resolved`): recorded
+    beside `tiles`, so that a row's `default` names what ran then, whatever the default is later."""
+    import jax
+
+    return tiles_of(spec).resolved(k, gpu=jax.default_backend() == "gpu").spec()
+
+
+def runs_mosaic(spec: str) -> bool:
+    """Whether a set runs a mosaic training kernel somewhere (asked for, or `auto`): checked at K 64 and on the
+    overflow rows too."""
+    t = tiles_of(spec)
+    return t.dx.kernel != "triton" or t.dw.kernel != "triton"
+
+
 def combined_spec(rows: list[dict], specs: list[str], T: int) -> str | None:
     """Each kernel's fastest tiles at T tokens among the sets that change only that kernel (the forward by its
     forward time, dx and dw by forward + backward), as one set; None where that set was timed already."""
@@ -146,7 +162,7 @@ def check(T: int, V: int, K: int, v_real: int, seed: int, z_weight: float = 1e-4
     padded_rows_zero = bool(not jnp.any(gw[v_real:]))
     ok = all(e <= bounds[n] for n, e in errs.items()) and padded_rows_zero  # NaN compares False
     return {"tokens": T, "vocab_rows": V, "v_real": v_real, "k": K, "seed": seed, "tiles": tiles,
-            "inputs": "overflow" if overflow else "random", "rel_err": errs, "bounds": bounds,
+            "runs": runs(tiles, K), "inputs": "overflow" if overflow else "random", "rel_err": errs, "bounds": bounds,
             "padded_rows_zero_grad": padded_rows_zero, "ok": ok}
 
 
@@ -212,6 +228,8 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
     for name, spec, f in cells + ([("chunked", "", chunked_loss)] if chunked else []):
         for mode, fn in (("fwd", jax.jit(f)), ("fwd+bwd", jax.jit(jax.value_and_grad(f, argnums=(0, 1))))):
             row = {"kernel": name, "tiles": spec, "mode": mode, "tokens": T}
+            if name == "fused":
+                row["runs"] = runs(spec, K)
             try:
                 s = median_s(fn, (x, w), iters)
             except Exception as e:  # a set of tiles the GPU cannot run (shared memory): recorded, the sweep goes on
@@ -256,9 +274,11 @@ def main(argv: list[str] | None = None) -> int:
               "platform": device.platform, "jax": jax.__version__, "config": cfg.model.name,
               "vocab_rows": V, "v_real": v_real, "k": K, "loss_chunk": chunk, "peak_bf16_tflops":
               None if peak is None else peak / 1e12}
-    # A small ragged case (a partial last block of tokens and of vocabulary rows, K 32), rows whose anchored sums
-    # overflow (the training forward's fallback walk, in the compiled kernel), then the config's shape.
-    record["checks"] = [check(200, 300, 32, 290, args.seed), check(256, 640, 128, 600, args.seed, overflow=True)]
+    # A small ragged case (a partial last block of tokens and of vocabulary rows) at K 32 (the Triton training
+    # kernels) and 64 (the default's mosaic ones on a GPU), rows whose anchored sums overflow (the Triton training
+    # forward's fallback walk; the mosaic one's online max), then the config's shape.
+    record["checks"] = [check(200, 300, 32, 290, args.seed), check(200, 300, MOSAIC_WIDTHS[0], 290, args.seed),
+                        check(256, 640, 128, 600, args.seed, overflow=True)]
     if args.check_tokens:
         record["checks"].append(check(args.check_tokens, V, K, v_real, args.seed))
     for c in record["checks"]:
@@ -273,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     def checked(spec: str) -> bool:  # a set of tiles is timed only once it matches float32
         # the small ragged case at the narrowest head the set's kernels take (the mosaic ones: 64), and for a mosaic
         # set the overflow rows too (its forward keeps an online max where the Triton one falls back)
-        mosaic = tiles_of(spec).mosaic
+        mosaic = runs_mosaic(spec)
         cases = [((200, 300, MOSAIC_WIDTHS[0] if mosaic else 32, 290), {})]
         if mosaic:
             cases.append(((256, 640, 128, 600), {"overflow": True}))

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 ROW_KERNELS = ("fused_ce_fwd", "fused_ce_fwd_dx", "fused_ce_dx", "fused_ce_fwd_dx_ws")
 TILES_OF = {"fused_ce_fwd": "fwd", "fused_ce_fwd_dx": "dx", "fused_ce_dx": "dx", "fused_ce_dw": "dw",
             "fused_ce_fwd_dx_ws": "dx", "fused_ce_dw_ws": "dw"}
+MOSAIC_KERNELS = ("fused_ce_fwd_dx_ws", "fused_ce_dw_ws")  # `model.fused_ce_ws`'s FORWARD and TABLE_GRAD
 
 
 def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
@@ -75,7 +76,8 @@ def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sm
     t = getattr(parse_tiles(spec), TILES_OF[name])
     code, regs, spilled = assemble(ptx)
     loop = inner_loop(code)
-    if t.kernel == "mosaic":  # consumer warpgroups of 4 warps taking turns at the tensor cores
+    mosaic = name in MOSAIC_KERNELS  # what compiled, whatever the spec asked (`auto` picks by head width)
+    if mosaic:  # consumer warpgroups of 4 warps taking turns at the tensor cores
         t = dataclasses.replace(t, warps=4 * CONSUMERS)
         cyc = pingpong_cycles(loop, CONSUMERS)
     else:
@@ -88,7 +90,7 @@ def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sm
             "mufu": loop.count("MUFU"), "hgmma": loop.count("HGMMA"),
             "fp32_alu": loop.count("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL"),
             "cycles": {key: round(v, 1) for key, v in cyc.items()}, "share": round(cyc["tensor"] / cyc["total"], 4),
-            "load_bytes": (loaded := mosaic_bytes(name, t, k) if t.kernel == "mosaic" else load_bytes(loop, t.warps)),
+            "load_bytes": (loaded := mosaic_bytes(name, t, k) if mosaic else load_bytes(loop, t.warps)),
             "load_bytes_per_clock": round(loaded / cyc["total"], 1),
             "ms": waves * iters * cyc["total"] / clock_hz * 1e3}
 
@@ -100,10 +102,20 @@ def mosaic_bytes(name: str, t, k: int) -> int:
 
 
 def measured_ms(path: str, tokens: int) -> dict[tuple[str, str], float]:
-    """{(tiles, mode): ms} of a `fused_ce_check.py --json-out` file's fused rows at `tokens`."""
+    """{(the kernels that ran, mode): ms} of a `fused_ce_check.py --json-out` file's fused rows at `tokens`, the
+    kernels as the spec `ran` writes: the row's `runs`, or in a file from before the default training kernels became
+    `auto` (2026-11-28) its `tiles` with every kernel Triton that gave no `:mosaic`."""
     rows = json.load(open(path)).get("timing", [])
-    return {(r["tiles"], r["mode"]): r["ms"] for r in rows
+    return {(r.get("runs") or ran(r["tiles"], 0), r["mode"]): r["ms"] for r in rows
             if r.get("kernel") == "fused" and r.get("tokens") == tokens and "ms" in r}
+
+
+def ran(spec: str, k: int) -> str:
+    """The kernels a set of tiles runs on a GPU at head width k, as a spec (`KernelTiles.resolved`: the default's
+    training kernels are mosaic at K 64 and 128); at k 0, Triton wherever no `:mosaic` asks otherwise."""
+    from yxanul_jax.core.tiles import parse_tiles
+
+    return parse_tiles(spec).resolved(k).spec()
 
 
 def main() -> int:
@@ -168,9 +180,9 @@ def main() -> int:
             train += fwd
         row = {"tiles": spec, "fwd_ms": round(fwd, 2), "fwd+bwd_ms": round(train, 2)}
         for mode in ("fwd", "fwd+bwd"):
-            if (spec, mode) in measured:
-                row[f"measured_{mode}_ms"] = round(measured[(spec, mode)], 2)
-                row[f"ratio_{mode}"] = round(measured[(spec, mode)] / row[f"{mode}_ms"], 3)
+            if (key := (ran(spec, args.k), mode)) in measured:
+                row[f"measured_{mode}_ms"] = round(measured[key], 2)
+                row[f"ratio_{mode}"] = round(measured[key] / row[f"{mode}_ms"], 3)
         sets.append(row)
     print(f"\n{'tiles':<{tw}}{'fwd ms':>9}{'measured':>10}{'ratio':>7}{'fwd+bwd ms':>12}{'measured':>10}{'ratio':>7}")
     for s in sets:

@@ -4,7 +4,7 @@
 # 15 minutes in all gets the most out of one call. Run there with `carry: [".whl"]`
 # (bash scripts/gpu_carry_kit.sh here first):
 #
-#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad;
+#   bash scripts/gpu_lease.sh [SECONDS] [PLAN]   # deadline (default 540), plan bench | mosaic | ab | tiles | short | proj | split | calibrate | fp8 | wgrad;
 #                                                # results under $OUT (else ./lease)
 #
 # Plan bench (the first call): the machine's facts; the fused head + loss kernels against float32 and timed beside the chunked
@@ -36,6 +36,10 @@
 # micro-batch in 2 on an H100, train.micro_split; since the ninth session FP8 weight gradients and one FP8 cast for
 # gate and up) against BF16 weight gradients (fp8.wgrad=bf16, the eighth session's config) and against the whole
 # micro-batch with `attention` (the seventh session's choice), then stage 1 likewise against `full`.
+# Plan mosaic (the fifteenth session's change: the default training kernels of the fused loss are the Mosaic GPU ones,
+# core/tiles.py `auto`): the fused loss checked against float32 and timed with the default tiles and with $TRITON (the
+# Triton kernels the default ran before), then the config as shipped (its layers unrolled: the step compiles for
+# minutes on a cold machine, hence limits of 200-260 s) at stage 9 FP8, stage 0 FP8 and stage 9 BF16.
 # A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
@@ -44,7 +48,7 @@ cd "$(dirname "$0")/.."
 DEADLINE=${1:-540}
 PLAN=${2:-bench}
 PY=${PYTHON:-python3}  # the Python that runs every step (python3 on the GPU machine)
-case "$PLAN" in bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
+case "$PLAN" in bench | mosaic | ab | tiles | short | proj | split | calibrate | fp8 | wgrad) ;; *) echo "error: unknown plan '$PLAN' (bench | mosaic | ab | tiles | short | proj | split | calibrate | fp8 | wgrad)" >&2; exit 2 ;; esac
 case "$DEADLINE" in '' | *[!0-9]*) echo "error: the deadline '$DEADLINE' is not a number of seconds" >&2; exit 2 ;; esac
 DEADLINE=$((10#$DEADLINE))  # "0540" is 540, not octal
 OUT=${OUT:-$PWD/lease}
@@ -92,6 +96,7 @@ fi
 
 BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
 MOSAIC="dx=128x128s2:mosaic,dw=128x128s2:mosaic"  # the fused loss, warp-specialized (model/fused_ce_ws.py)
+TRITON="dx=128x128s2,dw=128x128s2"  # the fused loss's training kernels in Triton (the default's until 2026-11-28)
 LOOP="model.scan_unroll=1"  # the 197m config's layers with a loop: the layout every plan but bench and proj was written for
 case "$PLAN" in ab | tiles | short | calibrate | fp8 | wgrad) BENCH+=("$LOOP") ;; esac  # their limits fit its compile
 case "$PLAN" in
@@ -105,6 +110,13 @@ case "$PLAN" in
     step s0_fp8 130 60 "${BENCH[@]}" --stages 0 --precisions fp8-xla --profile --no-torch --out "$RES/s0_fp8"
     XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 90 "${BENCH[@]}" --cell-timeout 220 --stages 9 \
       --precisions bf16 --torch --out "$RES/s9_bf16_torch"
+    ;;
+  mosaic)  # the default tiles (Mosaic GPU training kernels) against the Triton ones; the unrolled config's stages
+    step fused_ce 110 50 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
+      --tiles default "$TRITON" --json-out "$RES/fused_ce.json"
+    step s9_fp8 260 150 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
+    step s0_fp8 200 110 "${BENCH[@]}" --stages 0 --precisions fp8-xla --no-torch --out "$RES/s0_fp8"
+    step s9_bf16 200 110 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
     ;;
   ab)  # remat auto against full at stage 9, short_attention against XLA's at stage 0, the reworked fused loss;
         # no cell profiled: a profile turns command buffers off, and both sides of a comparison keep them

@@ -171,6 +171,25 @@ def test_the_mosaic_training_kernels_are_tile_specs_with_their_own_limits():
     load_config("configs/yxanul_197m.yaml", ["model.head=untied", "train.fused_ce_tiles=dx=128x128s2:mosaic"])
 
 
+def test_the_default_training_kernels_are_mosaic_where_they_can_run():
+    # `auto`: the mosaic kernels on a GPU at head widths 64 and 128 (model.fused_ce_ws), Triton at the same blocks
+    # elsewhere; a kernel given without an ending is Triton; `:auto` takes the mosaic limits on its blocks
+    assert (DEFAULT_TILES.fwd.kernel, DEFAULT_TILES.dx.kernel, DEFAULT_TILES.dw.kernel) == ("triton", "auto", "auto")
+    assert all(DEFAULT_TILES.dx.runs_mosaic(k) and DEFAULT_TILES.dw.runs_mosaic(k) for k in (64, 128))
+    assert not any(DEFAULT_TILES.dx.runs_mosaic(k) or DEFAULT_TILES.dw.runs_mosaic(k) for k in (16, 32))
+    assert parse_tiles("dx=128x128s2").dx == Tiles(128, 128, 8, 2, "triton") and not Tiles().runs_mosaic(128)
+    auto = parse_tiles("dx=128x64s4:auto")
+    assert auto.dx == Tiles(128, 64, 8, 4, "auto") and parse_tiles(auto.spec()) == auto and not auto.mosaic
+    for bad in ("dx=64x128:auto", "fwd=128x64:auto", "dw=128x128s3:auto"):
+        with pytest.raises(ValueError, match="fused cross-entropy tiles|mosaic kernel takes"):
+            parse_tiles(bad)
+    assert parse_tiles("dx=128x128s2,dw=128x128s2").spec() == "dx=128x128w8s2,dw=128x128w8s2"  # not the default
+    # a 32-wide head takes the default tiles (they run in Triton there) and `:auto`, but not `:mosaic` (above)
+    x, w, t = jnp.zeros((8, 32), jnp.bfloat16), jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
+    fused_ce.linear_cross_entropy(x, w, t, 32, tiles=auto)
+    load_config("configs/yxanul_197m.yaml", ["model.embed_rank=32", "train.fused_ce_tiles=dw=128x128s2:auto"])
+
+
 def test_v_real_outside_the_table_is_refused():
     x, w, t = jnp.zeros((8, 16), jnp.bfloat16), jnp.zeros((32, 16), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
     for v_real in (0, 33):

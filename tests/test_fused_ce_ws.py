@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.core.tiles import parse_tiles
+from yxanul_jax.core.tiles import DEFAULT_TILES, parse_tiles
 from yxanul_jax.model import fused_ce, fused_ce_ws
 from yxanul_jax.model.loss import masked_sums
 
@@ -72,13 +72,19 @@ def test_the_warp_specialized_table_gradient_equals_float32(T, V, K, v_real, bt,
     _table_grad_check(T, V, K, v_real, bt, stages)
 
 
-def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(monkeypatch):
+@pytest.mark.parametrize("spec", ["dx=128x128s2:mosaic,dw=128x128s2:mosaic", "default"])
+def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(monkeypatch, spec):
     # the GPU's path through model.fused_ce (its custom gradient, padding, the lse handed from the forward to dw, the
-    # input gradient formed in XLA) with both mosaic kernels, run here in GPU interpret mode
+    # input gradient formed in XLA) with both mosaic kernels, run here in GPU interpret mode: asked for outright, and
+    # as the default tiles pick them at K 64 (`Tiles.runs_mosaic`)
     monkeypatch.setattr(fused_ce, "_on_platform", lambda fn, interpret, *args: fn(*args, interpret=False, fast=True))
+    ran = []
     for name in ("forward_dx", "table_grad"):
-        monkeypatch.setattr(fused_ce_ws, name, functools.partial(getattr(fused_ce_ws, name), interpret=True))
-    tiles = parse_tiles("dx=128x128s2:mosaic,dw=128x128s2:mosaic")
+        def traced(*args, _name=name, _fn=getattr(fused_ce_ws, name), **kw):
+            ran.append(_name)
+            return _fn(*args, interpret=True, **kw)
+        monkeypatch.setattr(fused_ce_ws, name, traced)
+    tiles = parse_tiles(spec)
     T, V, v_real, K = 200, 300, 290, 64  # tokens padded to 256, rows to 384: a straddling block, a padded one
     k = jax.random.split(jax.random.key(5), 4)
     x = jax.random.normal(k[0], (T, K)).astype(jnp.bfloat16)
@@ -99,6 +105,7 @@ def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(mo
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert a.shape == b.shape and np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(b))
     assert not np.any(np.asarray(g[1][v_real:], np.float32))  # padded rows: no gradient
+    assert sorted(set(ran)) == ["forward_dx", "table_grad"]  # both mosaic kernels ran, no Triton one
 
 
 def test_a_jax_whose_mosaic_api_differs_is_one_line_naming_the_way_back(monkeypatch):
@@ -113,6 +120,26 @@ def test_a_jax_whose_mosaic_api_differs_is_one_line_naming_the_way_back(monkeypa
     tiles = parse_tiles("dx=128x128s2:mosaic")
     with pytest.raises(UserError, match=r"mosaic kernels do not build with jax .*no attribute 'ACC'.*drop ':mosaic'"):
         fused_ce._forward_dx(x, w, None, v_real=256, tiles=tiles, interpret=False, fast=True)
+
+
+def test_where_the_mosaic_api_differs_the_default_tiles_run_the_triton_kernels(monkeypatch, caplog):
+    # the default tiles (`auto`) never stop a run for an experimental API: the same blocks in Triton, said once
+    def renamed(*args, **kw):
+        raise AttributeError("module 'jax.experimental.pallas.mosaic_gpu' has no attribute 'ACC'")
+    monkeypatch.setattr(fused_ce_ws, "forward_dx", renamed)
+    monkeypatch.setattr(fused_ce_ws, "table_grad", renamed)
+    fused_ce._warn_fallback.cache_clear()
+    x, w = _inputs(128, 256, 64)
+    T, V = x.shape[0], w.shape[0]
+    f32 = lambda *shape: jnp.zeros(shape, jnp.float32)  # noqa: E731
+    for _ in range(2):
+        dx = jax.make_jaxpr(functools.partial(fused_ce._forward_dx, v_real=V, tiles=DEFAULT_TILES, interpret=False,
+                                              fast=True))(x, w, f32(T))
+        dw = jax.make_jaxpr(functools.partial(fused_ce._table_grad, v_real=V, tiles=DEFAULT_TILES, interpret=False,
+                                              fast=True))(x, w, jnp.zeros((T,), jnp.int32), f32(T), f32(T), f32(T))
+        assert "fused_ce_fwd_dx" in str(dx) and "fused_ce_dw" in str(dw)
+    said = [r.getMessage() for r in caplog.records if "running the Triton kernels" in r.getMessage()]
+    assert len(said) == 1 and "no attribute 'ACC'" in said[0]  # one line for both kernels and both traces
 
 
 def test_a_ring_of_one_slot_is_raised_to_two():

@@ -141,14 +141,18 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     assert rc == 0, stdout
     record = json.loads(stdout.strip().splitlines()[-1])
     assert record == json.loads(out.read_text()) and record["ok"]
-    small, overflow, full, tiled, mosaic_small, mosaic_overflow = record["checks"]
-    # a set with a mosaic kernel: its small case at K 64 (the narrowest it takes) and the overflow rows as well
+    small, small64, overflow, full, tiled, tiled_overflow, mosaic_small, mosaic_overflow = record["checks"]
+    # a set with a mosaic kernel (asked for, or the default's `auto` dx): its small case at K 64 (the narrowest it
+    # takes) and the overflow rows as well
     assert (mosaic_small["tiles"], mosaic_small["k"]) == ("dx=128x128s2:mosaic", 64)
     assert (mosaic_overflow["tiles"], mosaic_overflow["inputs"]) == ("dx=128x128s2:mosaic", "overflow")
-    assert (small["tokens"], small["vocab_rows"], small["v_real"], small["k"]) == (200, 300, 290, 32)
+    assert (small["tokens"], small["vocab_rows"], small["v_real"], small["k"], small64["k"]) == (200, 300, 290, 32, 64)
     assert overflow["inputs"] == "overflow" and small["inputs"] == full["inputs"] == "random"  # the fallback walk
     assert full["tokens"] == 130 and full["k"] == record["k"] == 128
-    assert tiled["tiles"] == "fwd=64x32,dw=32x64w4" and tiled["tokens"] == 200  # each other set of tiles checked
+    assert tiled["tiles"] == tiled_overflow["tiles"] == "fwd=64x32,dw=32x64w4" and tiled["tokens"] == 200
+    # each row names the kernels that ran: on a CPU the Triton ones in interpret mode, whatever was asked
+    assert {c["runs"] for c in (small, small64, full, mosaic_small)} == {"dx=128x128w8s2,dw=128x128w8s2"}
+    assert tiled["runs"] == "fwd=64x32w8s3,dx=128x128w8s2,dw=32x64w4s2"
     for c in record["checks"]:
         assert c["ok"] and c["padded_rows_zero_grad"]
         assert all(0 <= e <= c["bounds"][n] for n, e in c["rel_err"].items())
@@ -205,7 +209,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     bad = subprocess.run(["bash", "scripts/gpu_lease.sh", "60", "nope"], cwd=REPO, env=env, capture_output=True,
                          text=True)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | ab | tiles | short | proj | split | calibrate | fp8 | wgrad)"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: unknown plan 'nope' (bench | mosaic | ab | tiles | short | proj | split | calibrate | fp8 | wgrad)"
     assert not (tmp_path / "lease.log").exists()  # refused before anything was written
     # every plan under a deadline too short for any step: each says so and still packs its results (the plans
     # run side by side, each with its own OUT)
@@ -217,7 +221,8 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
              "short": ("s0_fp8", "s0_fp8_xla_attention", "s2_fp8", "s1_fp8_xla_attention", "s0_fp8_prof",
                        "r270_s5_fp8-xla", "r270_s5_bf16"),
              "proj": ("s0_fp8", "s0_fp8_loop", "s9_fp8", "s9_fp8_loop_o_fp8", "s9_bf16_loop_unfused"),
-             "split": ("fused_ce", "s9_fp8", "s9_fp8_attention", "s1_fp8", "s1_fp8_full")}
+             "split": ("fused_ce", "s9_fp8", "s9_fp8_attention", "s1_fp8", "s1_fp8_full"),
+             "mosaic": ("fused_ce", "s9_fp8", "s0_fp8", "s9_bf16")}
     procs = {plan: subprocess.Popen(["bash", "scripts/gpu_lease.sh", "12", plan], cwd=REPO,
                                     env={**env, "OUT": str(tmp_path / plan)}, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True) for plan in steps}

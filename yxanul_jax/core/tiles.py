@@ -24,7 +24,8 @@ class Tiles:
     """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 from 16 to MAX_BLOCK
     (Triton's dot), and Triton's warps and software-pipeline stages. `kernel`: `triton` (Pallas's Triton lowering),
     or for the training kernels `mosaic`, the warp-specialized Mosaic GPU kernels (`model.fused_ce_ws`: two consumer
-    warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused)."""
+    warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused), or `auto` (the default training
+    kernels only): mosaic where it can run, Triton with the same blocks elsewhere (`runs_mosaic`)."""
 
     bt: int = 128
     bv: int = 128
@@ -41,8 +42,14 @@ class Tiles:
             raise ValueError(f"fused cross-entropy tiles: warps {self.warps} must be 1, 2, 4, 8 or 16, e.g. w8")
         if not 1 <= self.stages <= MAX_STAGES:
             raise ValueError(f"fused cross-entropy tiles: stages {self.stages} must be 1 to {MAX_STAGES}, e.g. s2")
-        if self.kernel not in ("triton", "mosaic"):
-            raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: triton or mosaic")
+        if self.kernel not in ("triton", "mosaic", "auto"):
+            raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: triton, mosaic or auto")
+
+    def runs_mosaic(self, k: int) -> bool:
+        """Whether, on a GPU, this kernel is the mosaic one for a head input k wide: asked for (`mosaic`), or `auto`
+        and k a width the mosaic kernels take (`MOSAIC_WIDTHS`). `model.fused_ce` falls back to Triton from `auto`
+        where this JAX cannot build the mosaic kernel either."""
+        return self.kernel == "mosaic" or (self.kernel == "auto" and k in MOSAIC_WIDTHS)
 
     def check_mosaic(self, walked: str) -> None:
         """ValueError unless these tiles fit a mosaic kernel that walks blocks of `walked` (bt or bv): 128 of the
@@ -69,14 +76,26 @@ class KernelTiles:
     # carries its next tile's operands in registers to shared memory, and at 3 stages ptxas spills 8 bytes of
     # each; at 2 neither spills, and the sm_90 census gives 2,400 and 2,424 clocks per tile against 2,448 and
     # 2,430 at 3 (scripts/fused_ce_sass.py, 2026-11-27). No GPU has swept these kernels' tiles yet.
+    # The training kernels are `auto`: on a GPU, at head widths 64 and 128, their warp-specialized Mosaic GPU forms
+    # at the same blocks (`model.fused_ce_ws`), which took the training kernels from 70.44 to 50.07 ms at 131,072
+    # tokens (K 128), every float32 check passed (H200, jax 0.11.2, 2026-11-28, docs/bench/h200_2026-11-28_fourteenth).
     fwd: Tiles = Tiles(bv=64)
-    dx: Tiles = Tiles(stages=2)
-    dw: Tiles = Tiles(stages=2)
+    dx: Tiles = Tiles(stages=2, kernel="auto")
+    dw: Tiles = Tiles(stages=2, kernel="auto")
 
     @property
     def mosaic(self) -> bool:
-        """Whether a training kernel is a mosaic one (`Tiles.kernel`)."""
+        """Whether a training kernel asks for its mosaic form outright (`:mosaic`: refused where it cannot run; the
+        default `auto` falls back instead, `Tiles.runs_mosaic`)."""
         return any(getattr(self, k).kernel == "mosaic" for k in MOSAIC_WALKS)
+
+    def resolved(self, k: int, gpu: bool = True) -> "KernelTiles":
+        """These tiles with each training kernel made the one that runs for a head input k wide, on a GPU (`gpu`:
+        `Tiles.runs_mosaic`) or not (Triton's, in interpret mode): what a measurement records beside the spec it was
+        asked, so that its `default` stays readable after the default changes."""
+        def one(t: Tiles) -> Tiles:
+            return dataclasses.replace(t, kernel="mosaic" if gpu and t.runs_mosaic(k) else "triton")
+        return dataclasses.replace(self, **{name: one(getattr(self, name)) for name in KERNELS})
 
     @property
     def t_multiple(self) -> int:
@@ -89,26 +108,27 @@ class KernelTiles:
         return max(getattr(self, k).bv for k in KERNELS)
 
     def replace(self, spec: str) -> "KernelTiles":
-        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic]`
-        (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic` for dx and dw, `Tiles.kernel`);
-        ValueError naming the form otherwise."""
-        m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(:mosaic)?", spec.strip())
+        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:auto]`
+        (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic` or `:auto` for dx and dw,
+        `Tiles.kernel`; without either the kernel is the Triton one, whatever the default's); ValueError naming the
+        form otherwise."""
+        m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(?::(mosaic|auto))?", spec.strip())
         if not m:
-            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic] with "
-                             "KERNEL fwd, dx or dw, e.g. dx=64x256w4s3 or dw=128x128s2:mosaic")
-        name, bt, bv, warps, stages, mosaic = m.groups()
-        if mosaic and name not in MOSAIC_WALKS:
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:auto] "
+                             "with KERNEL fwd, dx or dw, e.g. dx=64x256w4s3 or dw=128x128s2:mosaic")
+        name, bt, bv, warps, stages, kernel = m.groups()
+        if kernel and name not in MOSAIC_WALKS:
             raise ValueError(f"fused cross-entropy tiles {spec!r}: only the training kernels (dx, dw) have mosaic ones")
         old = getattr(self, name)
         new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages,
-                    "mosaic" if mosaic else "triton")
-        if mosaic:
+                    kernel or "triton")
+        if kernel:
             new.check_mosaic(MOSAIC_WALKS[name])
         return dataclasses.replace(self, **{name: new})
 
     def spec(self) -> str:
         """The spec `parse_tiles` reads back as these tiles: each kernel that differs from the default, in full."""
-        parts = [f"{k}={t.bt}x{t.bv}w{t.warps}s{t.stages}" + (":mosaic" if t.kernel == "mosaic" else "")
+        parts = [f"{k}={t.bt}x{t.bv}w{t.warps}s{t.stages}" + ("" if t.kernel == "triton" else f":{t.kernel}")
                  for k in KERNELS if (t := getattr(self, k)) != getattr(DEFAULT_TILES, k)]
         return ",".join(parts) or "default"
 

@@ -72,8 +72,11 @@ would not); `supported(K)` says when the fused path applies (`core.config.FUSED_
 
 The training kernels also exist warp-specialized in Mosaic GPU (`model.fused_ce_ws`: a loading warpgroup and two
 computing ones taking turns, so one's GEMMs run under the other's exps; 2,102 and 2,112 census clocks per tile),
-chosen per kernel by a tile spec ending `:mosaic` (`dx=128x128s2:mosaic,dw=128x128s2:mosaic`), on a GPU only:
-`_forward_dx` and `_table_grad` hand over to them there. Opt-in until a GPU has checked and timed them.
+the default on a GPU at head widths 64 and 128 (the tiles' `auto` kernel, `core.tiles.Tiles.runs_mosaic`), or asked
+for by a tile spec ending `:mosaic`: `_forward_dx` and `_table_grad` hand over to them there. An H200 checked them
+against float32 and timed them at 50.07 against the Triton kernels' 70.44 ms (131,072 tokens, K 128, 2026-11-28).
+Where this JAX cannot build them, `auto` runs the Triton kernels at the same blocks (`_mosaic`); a spec without an
+ending (`dx=128x128s2`) asks for Triton outright.
 
 Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
 their inputs onto every device, so `loss.loss_kernel`'s `auto` keeps the chunked loss there (a
@@ -87,6 +90,7 @@ without a GPU in tests/test_gpu_target.py). The performance model counts their F
 from __future__ import annotations
 
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -364,28 +368,42 @@ def _forward(x, w, *, v_real, tiles, interpret, fast):
     )(x, w)
 
 
-def _mosaic(kernel, *args, **kw):
-    """A `model.fused_ce_ws` kernel, where this JAX's Mosaic GPU API cannot build it (an experimental API: written
-    for jax 0.10.2) one UserError line naming the way back to the Triton kernels."""
+def _mosaic(t: Tiles, kernel, *args, **kw):
+    """A `model.fused_ce_ws` kernel for tiles `t`, or None where this JAX's Mosaic GPU API cannot build it (an
+    experimental API, written for jax 0.10.2 and run on 0.11.2) and `t.kernel` is `auto`: the caller then runs the
+    Triton kernel at the same blocks, and says so once. Asked for outright (`:mosaic`), one UserError line naming
+    the way back to the Triton kernels instead."""
     try:
         return kernel(*args, **kw)
     except (ImportError, AttributeError, TypeError, NotImplementedError) as e:
-        raise UserError(f"train.fused_ce_tiles: the mosaic kernels do not build with jax {jax.__version__} "
-                        f"({type(e).__name__}: {one_line(e, 160)}); drop ':mosaic' from the tiles") from e
+        why = f"the mosaic kernels do not build with jax {jax.__version__} ({type(e).__name__}: {one_line(e, 160)})"
+        if t.kernel == "mosaic":
+            raise UserError(f"train.fused_ce_tiles: {why}; drop ':mosaic' from the tiles") from e
+        _warn_fallback(why)
+        return None
+
+
+@functools.cache
+def _warn_fallback(why: str) -> None:
+    """Say once per reason that the default training kernels run in Triton (`_mosaic`)."""
+    logging.getLogger(__name__).warning("fused loss: %s; running the Triton kernels at the same blocks", why)
 
 
 def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
     """(lse2 [T], a [T, K]) in float32 by `fused_ce_fwd_dx` (tiles.dx), the training forward that also forms the
-    input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchors`). With `tiles.dx.kernel`
-    mosaic, on a GPU (`fast`), the warp-specialized kernel instead (`model.fused_ce_ws`: no anchor, an online max)."""
+    input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchors`). Where `tiles.dx` runs
+    mosaic (`Tiles.runs_mosaic`), on a GPU (`fast`), the warp-specialized kernel instead (`model.fused_ce_ws`: no
+    anchor, an online max)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V, t = w.shape[0], tiles.dx
-    if t.kernel == "mosaic" and fast:
+    if fast and t.runs_mosaic(K):
         from yxanul_jax.model import fused_ce_ws
 
-        return _mosaic(fused_ce_ws.forward_dx, x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
+        out = _mosaic(t, fused_ce_ws.forward_dx, x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
+        if out is not None:
+            return out
     rows = pl.BlockSpec((t.bt,), lambda i: (i,))
     return pl.pallas_call(
         functools.partial(_dx_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast),
@@ -399,18 +417,20 @@ def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
 
 def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, fast):
     """dw (float32 [V, K]) by `fused_ce_dw`, only for the vocabulary blocks that hold real rows (the blocks of
-    padded rows alone get zeros without a program); with `tiles.dw.kernel` mosaic, on a GPU (`fast`), the
-    warp-specialized kernel instead (`model.fused_ce_ws`)."""
+    padded rows alone get zeros without a program); where `tiles.dw` runs mosaic (`Tiles.runs_mosaic`), on a GPU
+    (`fast`), the warp-specialized kernel instead (`model.fused_ce_ws`)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
     V = w.shape[0]
     t = tiles.dw
-    if t.kernel == "mosaic" and fast:  # on a GPU: the warp-specialized kernel (`model.fused_ce_ws`)
+    if fast and t.runs_mosaic(K):
         from yxanul_jax.model import fused_ce_ws
 
-        return _mosaic(fused_ce_ws.table_grad, x, w, targets, lse2, g_lse, g_tl, v_real, bt=t.bt, bv=t.bv,
-                       stages=t.stages)
+        out = _mosaic(t, fused_ce_ws.table_grad, x, w, targets, lse2, g_lse, g_tl, v_real, bt=t.bt, bv=t.bv,
+                      stages=t.stages)
+        if out is not None:
+            return out
     full, partial = _vocab_blocks(V, v_real, t.bv)
     real = (full + partial) * t.bv
     whole_t = pl.BlockSpec((T,), lambda i: (0,))
