@@ -17,14 +17,14 @@ products, the same products in another order), gradients 2e-2 (the kernels round
 or dlogits (table gradient) to BF16 before the GEMM that uses it). A NaN fails.
 
 Timing (`--time-tokens`, each a separate shape): the median of `--iters` calls after 2 warm-ups of the
-forward alone and of forward + backward (value and both gradients), fused and chunked (the train step's
+forward alone, of the training forward alone (`train-fwd`, fused only: the custom gradient's forward, its
+residuals returned), and of forward + backward (value and both gradients), fused and chunked (the train step's
 `train.loss_kernel=chunked`: scan over `train.loss_chunk`-token chunks, float32 logits, remat). TFLOP/s
-counts 2 T K V per GEMM (`flop_multiple`): 1 forward, 4 forward + backward (the fused training forward's
-logits and softmax @ w, then dw's recomputed logits and gradient GEMM; the chunked loss recomputes its logits
-under remat: 4 as well). `efficiency` is fused forward + backward TFLOP/s over the
-device's dense BF16 peak (analysis/gpus.py): `analysis.perf.FUSED_CE_EFFICIENCY` is that of the kernels
-measured on an H200 (2026-11-26); the model scales it per kernel by the SASS census (`perf.fused_ce_efficiency`,
-`scripts/fused_ce_sass.py`), and a new measurement of today's kernels checks that scaling.
+counts 2 T K V per GEMM (`flop_multiple`): 1 forward, 2 the training forward (logits and softmax @ w), 4 forward +
+backward (then dw's recomputed logits and gradient GEMM; the chunked loss recomputes its logits under remat: 4 as
+well), so `fwd+bwd` less `train-fwd` is the table gradient's time. `efficiency` is fused forward + backward TFLOP/s
+over the device's dense BF16 peak (analysis/gpus.py): `analysis.perf.FUSED_CE_MEASURED` holds each kernel's share
+of the peak from such a file (2026-11-28: the training pair's, before `train-fwd` split it).
 
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
 `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:auto]` changes to the default (`core.tiles.KernelTiles.replace`); each set
@@ -58,10 +58,12 @@ GRAD_RTOL = 2e-2
 
 
 def flop_multiple(mode: str) -> int:
-    """Multiples of 2 T K V a mode runs (`fused_ce.KERNELS`): the forward alone, or training's forward and dw."""
+    """Multiples of 2 T K V a mode runs (`fused_ce.KERNELS`): the forward alone, training's forward alone
+    (`train-fwd`: the primal and residuals of the custom gradient), or training's forward and dw."""
     from yxanul_jax.model.fused_ce import KERNELS
 
-    return KERNELS["fused_ce_fwd"] if mode == "fwd" else KERNELS["fused_ce_fwd_dx"] + KERNELS["fused_ce_dw"]
+    return {"fwd": KERNELS["fused_ce_fwd"], "train-fwd": KERNELS["fused_ce_fwd_dx"]}.get(
+        mode, KERNELS["fused_ce_fwd_dx"] + KERNELS["fused_ce_dw"])
 
 
 def _inputs(key, T: int, V: int, K: int, v_real: int):
@@ -226,7 +228,10 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
     cells = [("fused", spec, fused_loss(tiles_of(spec))) for spec in tiles]
     rows = []
     for name, spec, f in cells + ([("chunked", "", chunked_loss)] if chunked else []):
-        for mode, fn in (("fwd", jax.jit(f)), ("fwd+bwd", jax.jit(jax.value_and_grad(f, argnums=(0, 1))))):
+        modes = [("fwd", jax.jit(f)), ("fwd+bwd", jax.jit(jax.value_and_grad(f, argnums=(0, 1))))]
+        if name == "fused":  # the training forward alone (its residuals returned, so nothing is cut): dw is the rest
+            modes.insert(1, ("train-fwd", jax.jit(lambda x, w, f=f: jax.vjp(f, x, w))))
+        for mode, fn in modes:
             row = {"kernel": name, "tiles": spec, "mode": mode, "tokens": T}
             if name == "fused":
                 row["runs"] = runs(spec, K)

@@ -156,10 +156,10 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     for c in record["checks"]:
         assert c["ok"] and c["padded_rows_zero_grad"]
         assert all(0 <= e <= c["bounds"][n] for n, e in c["rel_err"].items())
+    fused_sets = ("default", "fwd=64x32,dw=32x64w4", "dx=128x128s2:mosaic")
     assert {(r["kernel"], r["tiles"], r["mode"]) for r in record["timing"]} == {
-        ("fused", "default", "fwd"), ("fused", "default", "fwd+bwd"), ("fused", "fwd=64x32,dw=32x64w4", "fwd"),
-        ("fused", "fwd=64x32,dw=32x64w4", "fwd+bwd"), ("fused", "dx=128x128s2:mosaic", "fwd"),
-        ("fused", "dx=128x128s2:mosaic", "fwd+bwd"), ("chunked", "", "fwd"), ("chunked", "", "fwd+bwd")}
+        *(("fused", t, m) for t in fused_sets for m in ("fwd", "train-fwd", "fwd+bwd")),
+        ("chunked", "", "fwd"), ("chunked", "", "fwd+bwd")}
     assert record["fastest_tiles"]["128"] in ("default", "fwd=64x32,dw=32x64w4", "dx=128x128s2:mosaic")
     assert all(r["ms"] > 0 and r["of_peak"] is None for r in record["timing"])  # a CPU has no BF16 peak
     import math
