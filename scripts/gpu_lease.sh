@@ -36,10 +36,11 @@
 # micro-batch in 2 on an H100, train.micro_split; since the ninth session FP8 weight gradients and one FP8 cast for
 # gate and up) against BF16 weight gradients (fp8.wgrad=bf16, the eighth session's config) and against the whole
 # micro-batch with `attention` (the seventh session's choice), then stage 1 likewise against `full`.
-# Plan mosaic (the fifteenth session's change: the default training kernels of the fused loss are the Mosaic GPU ones,
-# core/tiles.py `auto`): the fused loss checked against float32 and timed with the default tiles and with $TRITON (the
-# Triton kernels the default ran before), then the config as shipped (its layers unrolled: the step compiles for
-# minutes on a cold machine, hence limits of 200-260 s) at stage 9 FP8, stage 0 FP8 and stage 9 BF16.
+# Plan mosaic (the fifteenth session's changes: the default training kernels of the fused loss are the Mosaic GPU
+# ones, core/tiles.py `auto`; their RS form, $RS, keeps the softmax in registers): the fused loss checked against
+# float32 and timed with the default tiles, with $TRITON (the Triton kernels the default ran before) and with $RS,
+# then the config as shipped (its layers unrolled: the step compiles for minutes on a cold machine, hence limits of
+# 200-260 s) at stage 9 FP8, stage 0 FP8, stage 9 FP8 with $RS and stage 9 BF16.
 # A step that would not finish before the deadline is skipped and says so.
 # Back under $OUT: lease.log (everything printed), results.tgz (every JSON, table and cell log) and
 # traces.tgz (the Perfetto traces, when under 15 MiB).
@@ -97,6 +98,7 @@ fi
 BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
 MOSAIC="dx=128x128s2:mosaic,dw=128x128s2:mosaic"  # the fused loss, warp-specialized (model/fused_ce_ws.py)
 TRITON="dx=128x128s2,dw=128x128s2"  # the fused loss's training kernels in Triton (the default's until 2026-11-28)
+RS="dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"  # the Mosaic GPU kernels with the softmax kept in registers
 LOOP="model.scan_unroll=1"  # the 197m config's layers with a loop: the layout every plan but bench and proj was written for
 case "$PLAN" in ab | tiles | short | calibrate | fp8 | wgrad) BENCH+=("$LOOP") ;; esac  # their limits fit its compile
 case "$PLAN" in
@@ -111,11 +113,14 @@ case "$PLAN" in
     XLA_PYTHON_CLIENT_PREALLOCATE=false step s9_bf16_torch 240 90 "${BENCH[@]}" --cell-timeout 220 --stages 9 \
       --precisions bf16 --torch --out "$RES/s9_bf16_torch"
     ;;
-  mosaic)  # the default tiles (Mosaic GPU training kernels) against the Triton ones; the unrolled config's stages
-    step fused_ce 110 50 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
-      --tiles default "$TRITON" --json-out "$RES/fused_ce.json"
+  mosaic)  # the default tiles (Mosaic GPU training kernels) against the Triton ones and the RS form; the unrolled
+          # config's stages
+    step fused_ce 130 60 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 \
+      --tiles default "$TRITON" "$RS" --json-out "$RES/fused_ce.json"
     step s9_fp8 260 150 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
     step s0_fp8 200 110 "${BENCH[@]}" --stages 0 --precisions fp8-xla --no-torch --out "$RES/s0_fp8"
+    step s9_fp8_rs 260 150 "${BENCH[@]}" "train.fused_ce_tiles=$RS" --stages 9 --precisions fp8-xla --no-torch \
+      --out "$RES/s9_fp8_rs"
     step s9_bf16 200 110 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"
     ;;
   ab)  # remat auto against full at stage 9, short_attention against XLA's at stage 0, the reworked fused loss;

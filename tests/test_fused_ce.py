@@ -184,6 +184,11 @@ def test_the_default_training_kernels_are_mosaic_where_they_can_run():
         with pytest.raises(ValueError, match="fused cross-entropy tiles|mosaic kernel takes"):
             parse_tiles(bad)
     assert parse_tiles("dx=128x128s2,dw=128x128s2").spec() == "dx=128x128w8s2,dw=128x128w8s2"  # not the default
+    rs = parse_tiles("dx=128x128s2:mosaic-rs,dw=64x128s4:mosaic-rs")  # the RS form: softmax, dlogits in registers
+    assert rs.dx == Tiles(128, 128, 8, 2, "mosaic-rs") and rs.mosaic and parse_tiles(rs.spec()) == rs
+    assert rs.resolved(128) == rs and rs.resolved(128, gpu=False).dw == Tiles(64, 128, 8, 4, "triton")
+    with pytest.raises(ValueError, match="mosaic kernel takes"):
+        parse_tiles("dx=64x128:mosaic-rs")
     # a 32-wide head takes the default tiles (they run in Triton there) and `:auto`, but not `:mosaic` (above)
     x, w, t = jnp.zeros((8, 32), jnp.bfloat16), jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
     fused_ce.linear_cross_entropy(x, w, t, 32, tiles=auto)

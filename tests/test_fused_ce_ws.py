@@ -50,14 +50,15 @@ def test_a_row_far_above_its_other_logits_needs_no_fallback():
     _check(x, w, 250)
 
 
-def _table_grad_check(T, V, K, v_real, bt, stages, seed=0):
+def _table_grad_check(T, V, K, v_real, bt, stages, seed=0, registers=False):
     x, w = _inputs(T, V, K, seed)
     k = jax.random.split(jax.random.key(seed + 1), 2)
     targets = jax.random.randint(k[0], (T,), -1, v_real + 8)  # some outside [0, v_real): they match no row
     g_lse = jax.random.uniform(k[1], (T,), minval=0.5, maxval=1.5) / T
     g_tl = jnp.where((targets >= 0) & (targets < v_real), -g_lse, 0.0)  # the NLL's: -g_lse at real targets
     lse2, _ = fused_ce_ws.reference(x, w, v_real)
-    dw = fused_ce_ws.table_grad(x, w, targets, lse2, g_lse, g_tl, v_real, bt=bt, stages=stages, interpret=True)
+    dw = fused_ce_ws.table_grad(x, w, targets, lse2, g_lse, g_tl, v_real, bt=bt, stages=stages, registers=registers,
+                                interpret=True)
     ref = fused_ce_ws.table_grad_reference(x, w, targets, g_lse, g_tl, v_real)
     assert dw.shape == (V, K) and not np.any(np.asarray(dw[v_real:]))  # padded rows: zeros
     # dlogits rounded once to BF16 for the GEMM: within 2^-8 of the largest |dw|
@@ -72,7 +73,15 @@ def test_the_warp_specialized_table_gradient_equals_float32(T, V, K, v_real, bt,
     _table_grad_check(T, V, K, v_real, bt, stages)
 
 
-@pytest.mark.parametrize("spec", ["dx=128x128s2:mosaic,dw=128x128s2:mosaic", "default"])
+def test_the_rs_form_keeps_the_softmax_and_dlogits_in_registers_and_equals_float32():
+    # `registers=True` (tiles `:mosaic-rs`): the accumulating GEMM takes its BF16 left operand from registers (no
+    # shared-memory buffer, no fence); the same arithmetic, so the same bounds, with a padded block and a wrapping ring
+    _check(*_inputs(128, 384, 128), 300, bv=128, stages=2, registers=True)
+    _table_grad_check(384, 256, 128, 200, 128, 2, registers=True)
+
+
+@pytest.mark.parametrize("spec", ["dx=128x128s2:mosaic,dw=128x128s2:mosaic", "default",
+                                  "dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"])
 def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(monkeypatch, spec):
     # the GPU's path through model.fused_ce (its custom gradient, padding, the lse handed from the forward to dw, the
     # input gradient formed in XLA) with both mosaic kernels, run here in GPU interpret mode: asked for outright, and
@@ -81,7 +90,7 @@ def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(mo
     ran = []
     for name in ("forward_dx", "table_grad"):
         def traced(*args, _name=name, _fn=getattr(fused_ce_ws, name), **kw):
-            ran.append(_name)
+            ran.append((_name, kw["registers"]))
             return _fn(*args, interpret=True, **kw)
         monkeypatch.setattr(fused_ce_ws, name, traced)
     tiles = parse_tiles(spec)
@@ -105,7 +114,8 @@ def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(mo
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert a.shape == b.shape and np.max(np.abs(a - b)) <= 1e-2 * np.max(np.abs(b))
     assert not np.any(np.asarray(g[1][v_real:], np.float32))  # padded rows: no gradient
-    assert sorted(set(ran)) == ["forward_dx", "table_grad"]  # both mosaic kernels ran, no Triton one
+    rs = spec.endswith(":mosaic-rs")  # the softmax and dlogits kept in registers: that form's alone
+    assert sorted(set(ran)) == [("forward_dx", rs), ("table_grad", rs)]  # both mosaic kernels ran, no Triton one
 
 
 def test_a_jax_whose_mosaic_api_differs_is_one_line_naming_the_way_back(monkeypatch):

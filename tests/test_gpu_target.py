@@ -337,14 +337,20 @@ def test_fused_loss_kernels_sass_census_is_the_recorded_one(tmp_path):
     from yxanul_jax.model.fused_ce import KERNELS, TENSOR_SHARE
 
     out = tmp_path / "sass.json"
-    proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--tiles", "default", TRITON, "--json-out",
+    rs = "dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"
+    proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--tiles", "default", TRITON, rs, "--json-out",
                            str(out)], capture_output=True, text=True, cwd=REPO, env=gpu_env(), timeout=600)
     if proc.returncode == 2 and "nvdisasm" in proc.stderr:
         pytest.skip("the gpu-check environment predates nvdisasm: rerun scripts/gpu_check_env.sh")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    kernels = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
-    assert sorted(kernels) == sorted(TENSOR_SHARE)
-    for name, k in kernels.items():
+    rows = json.loads(out.read_text())["kernels"]
+    assert sorted({k["kernel"] for k in rows}) == sorted(TENSOR_SHARE)
+    # the RS form keeps the softmax and dlogits in registers: no store of them and no fence in its loop
+    loop = {(k["tiles"], k["kernel"]): k["instructions"] for k in rows}
+    for name in ("fused_ce_fwd_dx_ws", "fused_ce_dw_ws"):
+        assert loop[(rs, name)] < loop[("default", name)] - 30, (name, loop)
+    for k in rows:
+        name = k["kernel"]
         logits = k["bt"] * k["bv"] // (k["warps"] * 32)  # per thread and iteration
         # the evaluation forward's per-row rescale (wgmma's accumulator gives each thread 2 rows of a warp's 16); the
         # training forward's loop shifts by its anchor, without a max (its online-max fallback is another loop)

@@ -630,7 +630,8 @@ class TrainConfig:
     faster on an H200, and in Triton elsewhere), or comma-separated changes, e.g. `fwd=256x64,dx=128x64s3`
     (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or dw, each once; powers of 2 from 16 to 256, at most 8 stages;
     a kernel given so runs in Triton). A `:mosaic` ending on dx or dw (`dx=128x128s2:mosaic`) asks for the Mosaic
-    GPU kernel outright (head widths 64 or 128; refused where it cannot build), `:auto` for it where it can run.
+    GPU kernel outright (head widths 64 or 128; refused where it cannot build), `:mosaic-rs` for its form that keeps
+    the softmax in registers (not yet timed on a GPU), `:auto` for the Mosaic GPU kernel where it can run.
     `scripts/fused_ce_check.py --tiles` checks and times them on a GPU. Speed only: the loss is the same sum in
     another order."""
     z_loss: float = 0.0
@@ -745,7 +746,8 @@ def validate(cfg: Config) -> Config:
     fused_possible = cfg.train.loss_kernel != "chunked" and fused_ce_takes(head_k)
     if fused_possible and parse_tiles(cfg.train.fused_ce_tiles).mosaic and head_k not in MOSAIC_WIDTHS:
         raise UserError(f"train.fused_ce_tiles asks for a mosaic training kernel, which takes a head width in "
-                        f"{MOSAIC_WIDTHS} (this head is {head_k} wide); drop ':mosaic' from the tiles")
+                        f"{MOSAIC_WIDTHS} (this head is {head_k} wide); drop ':mosaic' (or ':mosaic-rs') from the "
+                        "tiles")
     return cfg
 
 

@@ -17,6 +17,8 @@ MAX_STAGES = 8  # software-pipeline stages: each holds a block of both operands 
 MOSAIC_WIDTHS = (64, 128)
 """Head input widths the warp-specialized kernels take (`model.fused_ce_ws`): whole 128-byte swizzled rows of BF16,
 and a consumer's 64 x K float32 accumulator in its registers."""
+MOSAIC_FORMS = ("mosaic", "mosaic-rs")  # `model.fused_ce_ws`'s two forms: its softmax via shared memory, or not
+KERNEL_FORMS = ("triton", *MOSAIC_FORMS, "auto")  # `Tiles.kernel`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +26,10 @@ class Tiles:
     """One kernel's launch: its blocks of tokens (bt) and of vocabulary rows (bv), powers of 2 from 16 to MAX_BLOCK
     (Triton's dot), and Triton's warps and software-pipeline stages. `kernel`: `triton` (Pallas's Triton lowering),
     or for the training kernels `mosaic`, the warp-specialized Mosaic GPU kernels (`model.fused_ce_ws`: two consumer
-    warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused), or `auto` (the default training
-    kernels only): mosaic where it can run, Triton with the same blocks elsewhere (`runs_mosaic`)."""
+    warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused), `mosaic-rs` (the same with the
+    softmax or dlogits kept in registers for the accumulating GEMM, FlashAttention-3's RS form: not yet timed on a
+    GPU), or `auto` (the default training kernels only): mosaic where it can run, Triton with the same blocks
+    elsewhere (`runs_mosaic`)."""
 
     bt: int = 128
     bv: int = 128
@@ -42,14 +46,14 @@ class Tiles:
             raise ValueError(f"fused cross-entropy tiles: warps {self.warps} must be 1, 2, 4, 8 or 16, e.g. w8")
         if not 1 <= self.stages <= MAX_STAGES:
             raise ValueError(f"fused cross-entropy tiles: stages {self.stages} must be 1 to {MAX_STAGES}, e.g. s2")
-        if self.kernel not in ("triton", "mosaic", "auto"):
-            raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: triton, mosaic or auto")
+        if self.kernel not in KERNEL_FORMS:
+            raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: one of {', '.join(KERNEL_FORMS)}")
 
     def runs_mosaic(self, k: int) -> bool:
         """Whether, on a GPU, this kernel is the mosaic one for a head input k wide: asked for (`mosaic`), or `auto`
         and k a width the mosaic kernels take (`MOSAIC_WIDTHS`). `model.fused_ce` falls back to Triton from `auto`
         where this JAX cannot build the mosaic kernel either."""
-        return self.kernel == "mosaic" or (self.kernel == "auto" and k in MOSAIC_WIDTHS)
+        return self.kernel in MOSAIC_FORMS or (self.kernel == "auto" and k in MOSAIC_WIDTHS)
 
     def check_mosaic(self, walked: str) -> None:
         """ValueError unless these tiles fit a mosaic kernel that walks blocks of `walked` (bt or bv): 128 of the
@@ -87,14 +91,16 @@ class KernelTiles:
     def mosaic(self) -> bool:
         """Whether a training kernel asks for its mosaic form outright (`:mosaic`: refused where it cannot run; the
         default `auto` falls back instead, `Tiles.runs_mosaic`)."""
-        return any(getattr(self, k).kernel == "mosaic" for k in MOSAIC_WALKS)
+        return any(getattr(self, k).kernel in MOSAIC_FORMS for k in MOSAIC_WALKS)
 
     def resolved(self, k: int, gpu: bool = True) -> "KernelTiles":
         """These tiles with each training kernel made the one that runs for a head input k wide, on a GPU (`gpu`:
         `Tiles.runs_mosaic`) or not (Triton's, in interpret mode): what a measurement records beside the spec it was
         asked, so that its `default` stays readable after the default changes."""
         def one(t: Tiles) -> Tiles:
-            return dataclasses.replace(t, kernel="mosaic" if gpu and t.runs_mosaic(k) else "triton")
+            if not (gpu and t.runs_mosaic(k)):
+                return dataclasses.replace(t, kernel="triton")
+            return t if t.kernel in MOSAIC_FORMS else dataclasses.replace(t, kernel="mosaic")
         return dataclasses.replace(self, **{name: one(getattr(self, name)) for name in KERNELS})
 
     @property
@@ -108,14 +114,16 @@ class KernelTiles:
         return max(getattr(self, k).bv for k in KERNELS)
 
     def replace(self, spec: str) -> "KernelTiles":
-        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:auto]`
-        (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic` or `:auto` for dx and dw,
+        """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:mosaic-rs|:auto]`
+        (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic`, `:mosaic-rs` or `:auto` for dx and dw,
         `Tiles.kernel`; without either the kernel is the Triton one, whatever the default's); ValueError naming the
         form otherwise."""
-        m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(?::(mosaic|auto))?", spec.strip())
+        m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(?::(mosaic-rs|mosaic|auto))?",
+                         spec.strip())
         if not m:
-            raise ValueError(f"fused cross-entropy tiles {spec!r}: write KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:auto] "
-                             "with KERNEL fwd, dx or dw, e.g. dx=64x256w4s3 or dw=128x128s2:mosaic")
+            raise ValueError(f"fused cross-entropy tiles {spec!r}: write "
+                             "KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:mosaic-rs|:auto] with KERNEL fwd, dx or dw, e.g. "
+                             "dx=64x256w4s3 or dw=128x128s2:mosaic")
         name, bt, bv, warps, stages, kernel = m.groups()
         if kernel and name not in MOSAIC_WALKS:
             raise ValueError(f"fused cross-entropy tiles {spec!r}: only the training kernels (dx, dw) have mosaic ones")

@@ -111,11 +111,13 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_
 # `analysis.perf.FUSED_CE_MEASURED`: an H200 ran the training kernels ~2x slower than this census says, the forward
 # within 6 %; a kernel no GPU timed is charged by this share). scripts/fused_ce_sass.py prints it;
 # tests/test_gpu_target.py recompiles and checks it. Today's loops: the forward 241 SASS instructions per iteration
-# (34 exps), the training forward 395 (64, all under the softmax @ w GEMM), dw 589 (64, all under dlogits^T @ x); before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721
-# and 0.713; with jnp.exp (libdevice's expf) 954 and 1,121, shares 0.560 and 0.515 (2026-11-27, jax 0.10.2,
-# ptxas 12.9). The warp-specialized kernels (`model.fused_ce_ws`, the default training kernels on a GPU at K 64, 128):
-# 501 and 555 instructions per consumer and iteration, two consumers taking turns at the tensor cores
-# (`kernel_census.pingpong_cycles`): 2,102 and 2,112 clocks per 128 x 128 tile.
+# (34 exps), the training forward 395 (64, all under the softmax @ w GEMM), dw 589 (64, all under dlogits^T @ x);
+# before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721 and 0.713; with
+# jnp.exp (libdevice's expf) 954 and 1,121, shares 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9). The
+# warp-specialized kernels (`model.fused_ce_ws`, the default training kernels on a GPU at K 64, 128): 501 and 555
+# instructions per consumer and iteration, two consumers taking turns at the tensor cores
+# (`kernel_census.pingpong_cycles`): 2,102 and 2,112 clocks per 128 x 128 tile; in their RS form (`:mosaic-rs`, the
+# softmax and dlogits kept in registers) 451 and 501 instructions, 2,098 and 2,110 clocks (no predicted effect).
 TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845, "fused_ce_fwd_dx_ws": 0.974,
                 "fused_ce_dw_ws": 0.970}
 
@@ -371,14 +373,14 @@ def _forward(x, w, *, v_real, tiles, interpret, fast):
 def _mosaic(t: Tiles, kernel, *args, **kw):
     """A `model.fused_ce_ws` kernel for tiles `t`, or None where this JAX's Mosaic GPU API cannot build it (an
     experimental API, written for jax 0.10.2 and run on 0.11.2) and `t.kernel` is `auto`: the caller then runs the
-    Triton kernel at the same blocks, and says so once. Asked for outright (`:mosaic`), one UserError line naming
-    the way back to the Triton kernels instead."""
+    Triton kernel at the same blocks, and says so once. Asked for outright (`:mosaic`, `:mosaic-rs`), one UserError
+    line naming the way back to the Triton kernels instead."""
     try:
         return kernel(*args, **kw)
     except (ImportError, AttributeError, TypeError, NotImplementedError) as e:
         why = f"the mosaic kernels do not build with jax {jax.__version__} ({type(e).__name__}: {one_line(e, 160)})"
-        if t.kernel == "mosaic":
-            raise UserError(f"train.fused_ce_tiles: {why}; drop ':mosaic' from the tiles") from e
+        if t.kernel != "auto":  # asked for outright
+            raise UserError(f"train.fused_ce_tiles: {why}; drop ':{t.kernel}' from the tiles") from e
         _warn_fallback(why)
         return None
 
@@ -401,7 +403,8 @@ def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
     if fast and t.runs_mosaic(K):
         from yxanul_jax.model import fused_ce_ws
 
-        out = _mosaic(t, fused_ce_ws.forward_dx, x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages)
+        out = _mosaic(t, fused_ce_ws.forward_dx, x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages,
+                      registers=t.kernel == "mosaic-rs")
         if out is not None:
             return out
     rows = pl.BlockSpec((t.bt,), lambda i: (i,))
@@ -428,7 +431,7 @@ def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, f
         from yxanul_jax.model import fused_ce_ws
 
         out = _mosaic(t, fused_ce_ws.table_grad, x, w, targets, lse2, g_lse, g_tl, v_real, bt=t.bt, bv=t.bv,
-                      stages=t.stages)
+                      stages=t.stages, registers=t.kernel == "mosaic-rs")
         if out is not None:
             return out
     full, partial = _vocab_blocks(V, v_real, t.bv)

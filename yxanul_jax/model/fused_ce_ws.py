@@ -6,9 +6,9 @@ under the other's exps.
 
 The same outputs as `model.fused_ce`'s Triton kernels `fused_ce_fwd_dx` and `fused_ce_dw`: lse2 = logsumexp over
 the first v_real rows of w of x . w in base 2 (lse / ln 2), a = softmax @ w in float32 (the input gradient's softmax
-part), and dw = dlogits^T @ x in float32 with dlogits = softmax x g_lse + onehot(target) x g_target. Chosen per
-kernel by the tile specs `dx=128x128s2:mosaic` and `dw=128x128s2:mosaic` (`core.tiles`, `train.fused_ce_tiles`) on
-a GPU; a CPU keeps the Triton kernels in interpret mode.
+part), and dw = dlogits^T @ x in float32 with dlogits = softmax x g_lse + onehot(target) x g_target. The default
+training kernels on a GPU at head widths 64 and 128 (`core.tiles`: the default tiles' `auto`; `dx=128x128s2:mosaic`
+asks outright), the Triton ones elsewhere; a CPU keeps the Triton kernels in interpret mode.
 
 Why: Triton issues a tile's two GEMMs and its exps from one instruction stream. Its census
 (`analysis.kernel_census`) leaves the tensor cores ~350 of each tile's 2,400 clocks idle, while the loop stores the
@@ -24,6 +24,12 @@ A schedule barrier (`_take_turn`) makes the two consumers take turns: one's two 
 exps, so by the census the tensor cores wait only for the few instructions between one consumer's GEMMs
 (`kernel_census.pingpong_cycles`).
 
+Two forms of the accumulating GEMM (`_accumulate`): the softmax (or dlogits) rounded to BF16 and stored to shared
+memory for a GEMM of two shared-memory operands (the form an H200 checked and timed, 2026-11-28), or kept in registers
+as the GEMM's left operand (`registers=True`, tiles `:mosaic-rs`: FlashAttention-3's RS form, as jax's Mosaic GPU
+flash attention runs P @ V), which saves each consumer a 16 KB store, a fence and the tensor cores' re-read of it per
+block. The census sees no difference in clocks (it does not model shared-memory bandwidth); a GPU decides.
+
 The forward keeps flash attention's online max, not the Triton kernel's anchor. That costs a max, a rescale and one
 more exp per row per block, in the exps' turn, under the other consumer's GEMMs. It needs no fallback walk: no sum
 can overflow. dw uses the forward's lse, as the Triton dw does, and sums both parts of dlogits in float32 before the
@@ -31,8 +37,8 @@ one rounding to BF16 for its GEMM.
 
 `interpret=True` runs the kernels in Pallas's GPU interpret mode on a CPU (threads, barriers and TMA simulated):
 how the tests check them against float32. That mode cannot transpose a wgmma operand, run `run_state` or lay out
-registers. So there the first GEMM is a plain dot, and the accumulating one a fresh accumulator added to the
-carried one: the same arithmetic, in a different order of float32 additions. Everything else is the code the GPU
+registers. So there both GEMMs are plain dots (the accumulating one's product added to the carried accumulator): the
+same arithmetic, in a different order of float32 additions. Everything else is the code the GPU
 runs: the ring, its barriers, the turns, the online max, the masks.
 """
 from __future__ import annotations
@@ -132,19 +138,36 @@ def _gemm_nt(a_smem, b_smem, sched, interpret: bool):
     return pl.run_scoped(gemm, plgpu.ACC((a_smem.shape[0], b_smem.shape[0]), jnp.float32))
 
 
-def _gemm_acc(acc, a_smem, b_smem, interpret: bool):
-    """acc + a @ b in float32 from shared memory, waited for."""
+def _gemm_acc(acc, a, b_smem, interpret: bool):
+    """acc + a @ b in float32, waited for: `a` a BF16 array in registers (the WGMMA layout of the float32 array it
+    was rounded from) or a ref in shared memory; b from shared memory."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
+    if interpret:  # no run_state there: the same BF16 products summed in float32, added
+        a = a if isinstance(a, jax.Array) else a[...]
+        return acc + lax.dot_general(a, b_smem[...], (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
     def gemm(acc_ref):
-        plgpu.wgmma(acc_ref, a_smem, b_smem)
-    if interpret:  # no run_state there: a fresh accumulator, added
-        def fresh(acc_ref):
-            gemm(acc_ref)
-            return acc_ref[...]
-        return acc + pl.run_scoped(fresh, plgpu.ACC(acc.shape, jnp.float32))
+        plgpu.wgmma(acc_ref, a, b_smem)
     return pl.run_state(gemm)(plgpu.ACC.init(acc))
+
+
+def _accumulate(acc, p, carried, b_smem, p_smem, sched, interpret: bool):
+    """(acc + p @ b, carried) in the consumer's next turn: p (float32, the softmax or dlogits) rounded once to BF16,
+    then either kept in registers for the GEMM (`p_smem` None: the RS form, as FlashAttention-3 and jax's Mosaic GPU
+    flash attention run P @ V; p, acc and `carried` formed before the turn) or stored to `p_smem` and fenced for the
+    tensor cores first (the form an H200 measured, 2026-11-28)."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    if p_smem is None:
+        acc, carried, p = lax.optimization_barrier((acc, carried, p.astype(b_smem.dtype)))
+        _take_turn(sched)
+        return _gemm_acc(acc, p, b_smem, interpret), carried
+    p_smem[...] = p.astype(p_smem.dtype)
+    plgpu.commit_smem()  # visible to the tensor cores
+    _take_turn(sched)  # wait for the tensor cores' turn
+    return _gemm_acc(acc, p_smem, b_smem, interpret), carried
 
 
 def _lay(v, layout, interpret: bool):
@@ -168,7 +191,7 @@ def _swizzled():
 
 
 def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stages: int = 2,
-               interpret: bool = False):
+               registers: bool = False, interpret: bool = False):
     """(lse2 [T], a [T, K]) in float32 (module docstring): each program 2 x 64 rows of x, walking the vocabulary
     blocks that hold real rows, bv at a time."""
     import jax.experimental.pallas as pl
@@ -192,7 +215,8 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
         @pl.when(wg < CONSUMERS)
         def _consumer():
             plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-            x_smem, p_smem, a_smem, lse_smem = (b.at[wg] for b in (x_smem2, p_smem2, a_smem2, lse_smem2))
+            x_smem, a_smem, lse_smem = (b.at[wg] for b in (x_smem2, a_smem2, lse_smem2))
+            p_smem = None if p_smem2 is None else p_smem2.at[wg]  # the softmax's buffer (none: kept in registers)
             mine = pl.ds(lax.axis_index("blocks") * bt + wg * ROWS, ROWS)
             plgpu.copy_gmem_to_smem(x_ref.at[mine], x_smem, x_ready.at[wg])
             plgpu.barrier_wait(x_ready.at[wg])
@@ -211,10 +235,8 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
                 p_RxN = jnp.exp2(s_RxN * LOG2E - lax.broadcast_in_dim(m_new, s_RxN.shape, [0]))
                 l_R = l_R * alpha + p_RxN.sum(axis=1)
                 acc_RxK = acc_RxK * lax.broadcast_in_dim(alpha, acc_RxK.shape, [0])
-                p_smem[...] = p_RxN.astype(dtype)
-                plgpu.commit_smem()  # visible to the tensor cores
-                _take_turn(sched)  # wait for the tensor cores' turn
-                acc_RxK = _gemm_acc(acc_RxK, p_smem, w_smem.at[slot], interpret)
+                acc_RxK, (l_R, m_new) = _accumulate(acc_RxK, p_RxN, (l_R, m_new), w_smem.at[slot], p_smem, sched,
+                                                    interpret)
                 plgpu.barrier_arrive(w_free.at[slot])
                 return acc_RxK, m_new, l_R
 
@@ -242,7 +264,7 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
     def body(x_ref, w_ref, a_ref, lse_ref):
         smem = (plgpu.SMEM((CONSUMERS, ROWS, K), dtype, transforms=_swizzled()),
                 plgpu.SMEM((stages, bv, K), dtype, transforms=_swizzled()),
-                plgpu.SMEM((CONSUMERS, ROWS, bv), dtype, transforms=_swizzled()),
+                None if registers else plgpu.SMEM((CONSUMERS, ROWS, bv), dtype, transforms=_swizzled()),
                 plgpu.SMEM((CONSUMERS, ROWS, K), jnp.float32),
                 plgpu.SMEM((CONSUMERS, ROWS), jnp.float32))
         pl.run_scoped(lambda *scoped: kernel(x_ref, w_ref, a_ref, lse_ref, scoped), smem,
@@ -256,7 +278,7 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
 
 
 def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *, bt: int = 128, bv: int = 128,
-               stages: int = 2, interpret: bool = False):
+               stages: int = 2, registers: bool = False, interpret: bool = False):
     """dw [V, K] in float32 (module docstring): each program 2 x 64 rows of w (the blocks that hold real rows;
     the rows of padded blocks are zeros), walking the tokens bt at a time with their lse2 (base 2), g_lse, g_target
     and target; a target outside [0, v_real) matches no row."""
@@ -283,7 +305,8 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
         @pl.when(wg < CONSUMERS)
         def _consumer():
             plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-            w_smem, d_smem, dw_smem = (b.at[wg] for b in (w_smem2, d_smem2, dw_smem2))
+            w_smem, dw_smem = (b.at[wg] for b in (w_smem2, dw_smem2))
+            d_smem = None if d_smem2 is None else d_smem2.at[wg]  # dlogits' buffer (none: kept in registers)
             v0 = lax.axis_index("blocks") * bv + wg * ROWS
             plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(v0, ROWS)], w_smem, w_ready.at[wg])
             plgpu.barrier_wait(w_ready.at[wg])
@@ -300,10 +323,7 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
                     _load(tok_smem.at[slot, r], wgmma.reduce(0), interpret), sT_RxN.shape, [1]) for r in range(4))
                 hot = jnp.where(vocab_RxN == tgt, g_tl, 0.0)
                 d_RxN = jnp.exp2(sT_RxN * LOG2E - lse2) * g_lse + hot  # both parts in float32, then one rounding
-                d_smem[...] = d_RxN.astype(dtype)
-                plgpu.commit_smem()
-                _take_turn(sched)
-                acc_RxK = _gemm_acc(acc_RxK, d_smem, x_smem.at[slot], interpret)
+                acc_RxK, _ = _accumulate(acc_RxK, d_RxN, (), x_smem.at[slot], d_smem, sched, interpret)
                 plgpu.barrier_arrive(x_free.at[slot])
                 return acc_RxK
 
@@ -329,7 +349,7 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
         smem = (plgpu.SMEM((CONSUMERS, ROWS, K), dtype, transforms=_swizzled()),
                 plgpu.SMEM((stages, bt, K), dtype, transforms=_swizzled()),
                 plgpu.SMEM((stages, 4, bt), jnp.float32),
-                plgpu.SMEM((CONSUMERS, ROWS, bt), dtype, transforms=_swizzled()),
+                None if registers else plgpu.SMEM((CONSUMERS, ROWS, bt), dtype, transforms=_swizzled()),
                 plgpu.SMEM((CONSUMERS, ROWS, K), jnp.float32))
         pl.run_scoped(lambda *scoped: kernel(x_ref, w_ref, tok_ref, dw_ref, scoped), smem,
                       plgpu.Barrier(num_barriers=CONSUMERS), plgpu.Barrier(num_barriers=stages),
