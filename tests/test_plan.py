@@ -32,6 +32,11 @@ def test_an_absurd_depth_is_planned_at_once_and_says_why_nothing_fits(capsys):
     assert data["params_total"] == 10**8 * layer + data["params_by_component"]["embedding"] + 128
     # the reason names the depth, not the vocabulary (a 512-row table is no problem)
     assert not data["suggestion"]["fits"] and "set a much smaller model.n_layers" in data["suggestion"]["changes"][-1]
+    # a vocabulary a narrower model could hold, with the depth the problem: the reason still names the depth
+    assert plan.main(["--config", str(REPO / "configs/tiny.yaml"), "model.vocab_size=12000000",
+                      "model.n_layers=100000000", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "set a much smaller model.n_layers" in data["suggestion"]["changes"][-1]
     # a vocabulary whose matrices alone outgrow the GPU: the reason names the tokenizer
     assert plan.main(["--config", str(REPO / "configs/tiny.yaml"), "model.vocab_size=2000000000", "--json"]) == 0
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

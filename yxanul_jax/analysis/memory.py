@@ -610,9 +610,9 @@ def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: st
                          f"{f', embed rank {sm.embed_rank}' if sm.embed_rank != m.embed_rank else ''}): "
                          f"{param_count(cfg) / 1e6:.1f} M -> {param_count(out) / 1e6:.1f} M parameters")
             return out, notes + batch_notes(cfg, out), True
-    # Why not: the vocabulary-sized matrices' weights, gradients and AdamW state (16 bytes an element) alone, or
-    # the rest of a model at a quarter of its depth and width
-    if 16 * vocab_matrix_elements(cfg) > budget:
+    # Why not: the smallest candidate's vocabulary-sized matrices (they narrow with the width) with their gradients
+    # and AdamW state (16 bytes an element) alone, or the rest of a model at a quarter of its depth and width
+    if 16 * vocab_matrix_elements(_shrunk(saver, 0.25, 0.25)) > budget:
         why = ("no smaller model of this vocabulary fits either: the vocabulary-sized matrices and their optimizer "
                "state alone are too large; use a smaller tokenizer")
     else:
