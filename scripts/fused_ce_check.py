@@ -94,12 +94,16 @@ def tiles_of(spec: str):
     return parse_tiles(spec)
 
 
-def runs(spec: str, k: int) -> str:
-    """The kernels a set of tiles runs at head width k on this machine, as a spec (`KernelTiles.resolved`): recorded
-    beside `tiles`, so that a row's `default` names what ran then, whatever the default is later."""
-    import jax
+TRITON = "dx=128x128s2,dw=128x128s2"  # the training kernels in Triton at the default's blocks
 
-    return tiles_of(spec).resolved(k, gpu=jax.default_backend() == "gpu").spec()
+
+def runs(spec: str, k: int) -> str:
+    """The kernels a set of tiles runs at head width k on this machine, every kernel in full
+    (`KernelTiles.resolved`; the mosaic ones on a Hopper GPU, `fused_ce.hopper`): recorded beside `tiles`, so that a
+    row's `default` names what ran then, whatever the default is later."""
+    from yxanul_jax.model.fused_ce import gpu_capability, hopper
+
+    return tiles_of(spec).resolved(k, gpu=hopper(gpu_capability())).spec(full=True)
 
 
 def runs_mosaic(spec: str) -> bool:
@@ -280,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
               "vocab_rows": V, "v_real": v_real, "k": K, "loss_chunk": chunk, "peak_bf16_tflops":
               None if peak is None else peak / 1e12}
     # A small ragged case (a partial last block of tokens and of vocabulary rows) at K 32 (the Triton training
-    # kernels) and 64 (the default's mosaic ones on a GPU), rows whose anchored sums overflow (the Triton training
-    # forward's fallback walk; the mosaic one's online max), then the config's shape.
+    # kernels) and 64 (the default's mosaic ones on a Hopper GPU), rows whose anchored sums overflow with the default
+    # tiles (the mosaic forward's online max there) and with the Triton kernels (their fallback walk, which the
+    # default runs at other widths and GPUs), then the config's shape.
     record["checks"] = [check(200, 300, 32, 290, args.seed), check(200, 300, MOSAIC_WIDTHS[0], 290, args.seed),
-                        check(256, 640, 128, 600, args.seed, overflow=True)]
+                        check(256, 640, 128, 600, args.seed, overflow=True),
+                        check(256, 640, 128, 600, args.seed, overflow=True, tiles=TRITON)]
     if args.check_tokens:
         record["checks"].append(check(args.check_tokens, V, K, v_real, args.seed))
     for c in record["checks"]:

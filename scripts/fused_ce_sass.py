@@ -111,11 +111,12 @@ def measured_ms(path: str, tokens: int) -> dict[tuple[str, str], float]:
 
 
 def ran(spec: str, k: int) -> str:
-    """The kernels a set of tiles runs on a GPU at head width k, as a spec (`KernelTiles.resolved`: the default's
-    training kernels are mosaic at K 64 and 128); at k 0, Triton wherever no `:mosaic` asks otherwise."""
+    """The kernels a set of tiles runs on a Hopper GPU at head width k, every kernel in full, as
+    `fused_ce_check.runs` records them (`KernelTiles.resolved`: the default's training kernels are mosaic at K 64 and
+    128); at k 0, Triton wherever no `:mosaic` asks otherwise."""
     from yxanul_jax.core.tiles import parse_tiles
 
-    return parse_tiles(spec).resolved(k).spec()
+    return parse_tiles(spec).resolved(k).spec(full=True)
 
 
 def main() -> int:

@@ -189,6 +189,10 @@ def test_the_default_training_kernels_are_mosaic_where_they_can_run():
     assert rs.resolved(128) == rs and rs.resolved(128, gpu=False).dw == Tiles(64, 128, 8, 4, "triton")
     with pytest.raises(ValueError, match="mosaic kernel takes"):
         parse_tiles("dx=64x128:mosaic-rs")
+    with pytest.raises(ValueError, match="mosaic kernel takes"):  # built directly, the blocks are checked too
+        KernelTiles(dx=Tiles(64, 128, 8, 2, "auto"))
+    with pytest.raises(ValueError, match="forward's kernel is Triton's"):
+        KernelTiles(fwd=Tiles(kernel="mosaic"))
     # a 32-wide head takes the default tiles (they run in Triton there) and `:auto`, but not `:mosaic` (above)
     x, w, t = jnp.zeros((8, 32), jnp.bfloat16), jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
     fused_ce.linear_cross_entropy(x, w, t, 32, tiles=auto)

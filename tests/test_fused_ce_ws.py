@@ -2,6 +2,7 @@
 producer, two consumers, barriers and TMA copies simulated), against float32. Its sm_90 compile and census are
 tests/test_gpu_target.py's."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,14 @@ from yxanul_jax.model.loss import masked_sums
 # a = softmax @ w is formed from the softmax rounded to BF16 for the GEMM (as the Triton kernel's): relative to the
 # largest |a|, within 2^-8; lse (base 2) from float32 sums, within 1e-5
 A_RTOL, LSE_ATOL = 2.0 ** -8, 1e-5
+
+
+@pytest.fixture
+def target():
+    """Set the compile-only GPU's compute capability (`fused_ce.set_compile_target`: what a deviceless compile for an
+    H100 records) for one test; forgotten after it."""
+    yield fused_ce.set_compile_target
+    fused_ce.set_compile_target(None)
 
 
 def _inputs(T, V, K, seed=0, scale=1.0):
@@ -82,10 +91,11 @@ def test_the_rs_form_keeps_the_softmax_and_dlogits_in_registers_and_equals_float
 
 @pytest.mark.parametrize("spec", ["dx=128x128s2:mosaic,dw=128x128s2:mosaic", "default",
                                   "dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"])
-def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(monkeypatch, spec):
+def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(monkeypatch, target, spec):
     # the GPU's path through model.fused_ce (its custom gradient, padding, the lse handed from the forward to dw, the
     # input gradient formed in XLA) with both mosaic kernels, run here in GPU interpret mode: asked for outright, and
     # as the default tiles pick them at K 64 (`Tiles.runs_mosaic`)
+    target("9.0")  # compiled for an H100: the default tiles take the mosaic kernels
     monkeypatch.setattr(fused_ce, "_on_platform", lambda fn, interpret, *args: fn(*args, interpret=False, fast=True))
     ran = []
     for name in ("forward_dx", "table_grad"):
@@ -132,24 +142,51 @@ def test_a_jax_whose_mosaic_api_differs_is_one_line_naming_the_way_back(monkeypa
         fused_ce._forward_dx(x, w, None, v_real=256, tiles=tiles, interpret=False, fast=True)
 
 
-def test_where_the_mosaic_api_differs_the_default_tiles_run_the_triton_kernels(monkeypatch, caplog):
-    # the default tiles (`auto`) never stop a run for an experimental API: the same blocks in Triton, said once
+def test_where_the_mosaic_api_differs_the_default_tiles_run_the_triton_kernels(monkeypatch, caplog, target):
+    # the default tiles (`auto`) are not stopped by an experimental API that renamed something (found while tracing):
+    # the same blocks in Triton, said once
+    target("9.0")
+
     def renamed(*args, **kw):
         raise AttributeError("module 'jax.experimental.pallas.mosaic_gpu' has no attribute 'ACC'")
     monkeypatch.setattr(fused_ce_ws, "forward_dx", renamed)
     monkeypatch.setattr(fused_ce_ws, "table_grad", renamed)
     fused_ce._warn_fallback.cache_clear()
-    x, w = _inputs(128, 256, 64)
-    T, V = x.shape[0], w.shape[0]
-    f32 = lambda *shape: jnp.zeros(shape, jnp.float32)  # noqa: E731
     for _ in range(2):
-        dx = jax.make_jaxpr(functools.partial(fused_ce._forward_dx, v_real=V, tiles=DEFAULT_TILES, interpret=False,
-                                              fast=True))(x, w, f32(T))
-        dw = jax.make_jaxpr(functools.partial(fused_ce._table_grad, v_real=V, tiles=DEFAULT_TILES, interpret=False,
-                                              fast=True))(x, w, jnp.zeros((T,), jnp.int32), f32(T), f32(T), f32(T))
-        assert "fused_ce_fwd_dx" in str(dx) and "fused_ce_dw" in str(dw)
+        assert _kernels_traced(DEFAULT_TILES) == ["fused_ce_fwd_dx", "fused_ce_dw"]
     said = [r.getMessage() for r in caplog.records if "running the Triton kernels" in r.getMessage()]
     assert len(said) == 1 and "no attribute 'ACC'" in said[0]  # one line for both kernels and both traces
+
+
+def _kernels_traced(tiles, K=64):
+    """The Pallas kernels' names in the jaxprs of the GPU path of the training forward and the table gradient."""
+    x, w = _inputs(128, 256, K)
+    T, V = x.shape[0], w.shape[0]
+    f32 = lambda *shape: jnp.zeros(shape, jnp.float32)  # noqa: E731
+    dx = jax.make_jaxpr(functools.partial(fused_ce._forward_dx, v_real=V, tiles=tiles, interpret=False,
+                                          fast=True))(x, w, f32(T))
+    dw = jax.make_jaxpr(functools.partial(fused_ce._table_grad, v_real=V, tiles=tiles, interpret=False,
+                                          fast=True))(x, w, jnp.zeros((T,), jnp.int32), f32(T), f32(T), f32(T))
+    names = set(re.findall(r"\bfused_ce_\w+", str(dx) + str(dw)))
+    return [n for n in ("fused_ce_fwd_dx_ws", "fused_ce_dw_ws", "fused_ce_fwd_dx", "fused_ce_dw") if n in names]
+
+
+def test_the_default_tiles_take_the_mosaic_kernels_only_for_a_hopper_gpu(target):
+    # wgmma is sm_90's: an H100 or H200 (compute capability 9.0) gets the mosaic kernels; an RTX 4090 (8.9), an A100
+    # (8.0) or a B200 (10.0) the Triton ones at the same blocks, as does a CPU (its CUDA branch is never lowered,
+    # and the mosaic kernels are not even traced); asked for outright on such a GPU, one line naming the fix
+    for cc, kernels in ((None, ["fused_ce_fwd_dx", "fused_ce_dw"]), ("9.0", ["fused_ce_fwd_dx_ws", "fused_ce_dw_ws"]),
+                        ("8.9", ["fused_ce_fwd_dx", "fused_ce_dw"]), ("10.0", ["fused_ce_fwd_dx", "fused_ce_dw"])):
+        target(cc)
+        assert _kernels_traced(DEFAULT_TILES) == kernels, cc
+    from yxanul_jax.core.errors import UserError
+
+    target("8.9")
+    with pytest.raises(UserError, match=r"need a Hopper GPU .*this one is 8\.9; drop ':mosaic-rs'"):
+        _kernels_traced(parse_tiles("dx=128x128s2:mosaic-rs"))
+    target(None)  # no GPU: a spec asking for them is traced as asked (its CUDA branch is never lowered)
+    assert _kernels_traced(parse_tiles("dx=128x128s2:mosaic,dw=128x128s2:mosaic")) == ["fused_ce_fwd_dx_ws",
+                                                                                      "fused_ce_dw_ws"]
 
 
 def test_a_ring_of_one_slot_is_raised_to_two():

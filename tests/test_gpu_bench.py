@@ -141,7 +141,9 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     assert rc == 0, stdout
     record = json.loads(stdout.strip().splitlines()[-1])
     assert record == json.loads(out.read_text()) and record["ok"]
-    small, small64, overflow, full, tiled, tiled_overflow, mosaic_small, mosaic_overflow = record["checks"]
+    small, small64, overflow, overflow_triton, full, tiled, tiled_overflow, mosaic_small, mosaic_overflow = (
+        record["checks"])
+    assert overflow_triton["tiles"] == "dx=128x128s2,dw=128x128s2" and overflow_triton["inputs"] == "overflow"
     # a set with a mosaic kernel (asked for, or the default's `auto` dx): its small case at K 64 (the narrowest it
     # takes) and the overflow rows as well
     assert (mosaic_small["tiles"], mosaic_small["k"]) == ("dx=128x128s2:mosaic", 64)
@@ -151,7 +153,8 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     assert full["tokens"] == 130 and full["k"] == record["k"] == 128
     assert tiled["tiles"] == tiled_overflow["tiles"] == "fwd=64x32,dw=32x64w4" and tiled["tokens"] == 200
     # each row names the kernels that ran: on a CPU the Triton ones in interpret mode, whatever was asked
-    assert {c["runs"] for c in (small, small64, full, mosaic_small)} == {"dx=128x128w8s2,dw=128x128w8s2"}
+    assert {c["runs"] for c in (small, small64, full, mosaic_small)} == {
+        "fwd=128x64w8s3,dx=128x128w8s2,dw=128x128w8s2"}
     assert tiled["runs"] == "fwd=64x32w8s3,dx=128x128w8s2,dw=32x64w4s2"
     for c in record["checks"]:
         assert c["ok"] and c["padded_rows_zero_grad"]

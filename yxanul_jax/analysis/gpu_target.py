@@ -176,7 +176,11 @@ def compile_device(target: str = "h100"):
     except Exception as e:  # a spec file this jaxlib cannot parse
         raise UserError(f"--target {target}: XLA rejected the GPU target spec ({one_line(e)[:200]}); "
                         "pass h100, h200 or a GpuTargetConfigProto text file this jaxlib can parse")
-    return topo.devices[0]
+    device = topo.devices[0]
+    from yxanul_jax.model.fused_ce import set_compile_target
+
+    set_compile_target(getattr(device, "compute_capability", None))  # the default tiles' kernels follow the target
+    return device
 
 
 def gpu_config(cfg, seq_len: int | None = None):

@@ -626,12 +626,13 @@ class TrainConfig:
     fused_ce_tiles: str = field(default="default", metadata=RESUME)
     """Block sizes and launch of the fused head + loss kernels: `default` (`core.tiles.DEFAULT_TILES`: the
     forward 128 x 64 in 3 stages, the training forward (`dx`) and the table gradient 128 x 128 in 2, 8 warps each;
-    on a GPU at head widths 64 and 128 those two run warp-specialized in Mosaic GPU, model/fused_ce_ws.py, 29 %
-    faster on an H200, and in Triton elsewhere), or comma-separated changes, e.g. `fwd=256x64,dx=128x64s3`
-    (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or dw, each once; powers of 2 from 16 to 256, at most 8 stages;
-    a kernel given so runs in Triton). A `:mosaic` ending on dx or dw (`dx=128x128s2:mosaic`) asks for the Mosaic
-    GPU kernel outright (head widths 64 or 128; refused where it cannot build), `:mosaic-rs` for its form that keeps
-    the softmax in registers (not yet timed on a GPU), `:auto` for the Mosaic GPU kernel where it can run.
+    on a Hopper GPU (H100, H200) at head widths 64 and 128 those two run warp-specialized in Mosaic GPU,
+    model/fused_ce_ws.py, in 29 % less time on an H200, and in Triton elsewhere), or comma-separated changes, e.g.
+    `fwd=256x64,dx=128x64s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or dw, each once; powers of 2 from 16
+    to 256, at most 8 stages; a kernel given so runs in Triton). A `:mosaic` ending on dx or dw
+    (`dx=128x128s2:mosaic`) asks for the Mosaic GPU kernel outright (head widths 64 or 128, a Hopper GPU; refused
+    where it cannot run or build), `:mosaic-rs` for its form that keeps the softmax in registers (not yet timed on
+    a GPU), `:auto` for the Mosaic GPU kernel where it can run.
     `scripts/fused_ce_check.py --tiles` checks and times them on a GPU. Speed only: the loss is the same sum in
     another order."""
     z_loss: float = 0.0

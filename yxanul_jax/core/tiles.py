@@ -87,6 +87,13 @@ class KernelTiles:
     dx: Tiles = Tiles(stages=2, kernel="auto")
     dw: Tiles = Tiles(stages=2, kernel="auto")
 
+    def __post_init__(self):
+        if self.fwd.kernel != "triton":
+            raise ValueError(f"fused cross-entropy tiles: the forward's kernel is Triton's, got {self.fwd.kernel!r}")
+        for name, walked in MOSAIC_WALKS.items():
+            if (t := getattr(self, name)).kernel != "triton":
+                t.check_mosaic(walked)  # `auto` too: its blocks are the mosaic kernel's where it runs
+
     @property
     def mosaic(self) -> bool:
         """Whether a training kernel asks for its mosaic form outright (`:mosaic`: refused where it cannot run; the
@@ -130,14 +137,17 @@ class KernelTiles:
         old = getattr(self, name)
         new = Tiles(int(bt), int(bv), int(warps) if warps else old.warps, int(stages) if stages else old.stages,
                     kernel or "triton")
-        if kernel:
-            new.check_mosaic(MOSAIC_WALKS[name])
-        return dataclasses.replace(self, **{name: new})
+        return dataclasses.replace(self, **{name: new})  # `__post_init__` checks a mosaic kernel's blocks
 
-    def spec(self) -> str:
-        """The spec `parse_tiles` reads back as these tiles: each kernel that differs from the default, in full."""
-        parts = [f"{k}={t.bt}x{t.bv}w{t.warps}s{t.stages}" + ("" if t.kernel == "triton" else f":{t.kernel}")
-                 for k in KERNELS if (t := getattr(self, k)) != getattr(DEFAULT_TILES, k)]
+    def spec(self, full: bool = False) -> str:
+        """The spec `parse_tiles` reads back as these tiles: each kernel that differs from the default (`full`:
+        every kernel), in full."""
+        parts = []
+        for k in KERNELS:
+            t = getattr(self, k)
+            if full or t != getattr(DEFAULT_TILES, k):
+                ending = "" if t.kernel == "triton" else f":{t.kernel}"
+                parts.append(f"{k}={t.bt}x{t.bv}w{t.warps}s{t.stages}{ending}")
         return ",".join(parts) or "default"
 
 
@@ -145,8 +155,8 @@ DEFAULT_TILES = KernelTiles()
 
 
 def parse_tiles(spec: str) -> KernelTiles:
-    """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES]` changes to the default tiles
-    (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
+    """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:mosaic-rs|:auto]` changes to the default
+    tiles (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
     tiles, seen = DEFAULT_TILES, set()
     for part in ([] if spec.strip() == "default" else [p.strip() for p in spec.split(",")]):
         if not part:

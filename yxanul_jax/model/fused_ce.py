@@ -72,11 +72,12 @@ would not); `supported(K)` says when the fused path applies (`core.config.FUSED_
 
 The training kernels also exist warp-specialized in Mosaic GPU (`model.fused_ce_ws`: a loading warpgroup and two
 computing ones taking turns, so one's GEMMs run under the other's exps; 2,102 and 2,112 census clocks per tile),
-the default on a GPU at head widths 64 and 128 (the tiles' `auto` kernel, `core.tiles.Tiles.runs_mosaic`), or asked
-for by a tile spec ending `:mosaic`: `_forward_dx` and `_table_grad` hand over to them there. An H200 checked them
-against float32 and timed them at 50.07 against the Triton kernels' 70.44 ms (131,072 tokens, K 128, 2026-11-28).
-Where this JAX cannot build them, `auto` runs the Triton kernels at the same blocks (`_mosaic`); a spec without an
-ending (`dx=128x128s2`) asks for Triton outright.
+the default on a Hopper GPU at head widths 64 and 128 (the tiles' `auto` kernel, `Tiles.runs_mosaic`, `hopper`),
+or asked for by a tile spec ending `:mosaic` (`:mosaic-rs`: their RS form): `_forward_dx` and `_table_grad` hand
+over to them there. An H200 checked them against float32 and timed them at 50.07 against the Triton kernels'
+70.44 ms (131,072 tokens, K 128, 2026-11-28). Where they cannot run (another GPU, another width, a CPU) or this JAX
+cannot build them, `auto` runs the Triton kernels at the same blocks (`_mosaic`); a spec without an ending
+(`dx=128x128s2`) asks for Triton outright.
 
 Not yet sharded: on a multi-device mesh XLA cannot partition the kernels' custom calls and gathers
 their inputs onto every device, so `loss.loss_kernel`'s `auto` keeps the chunked loss there (a
@@ -370,11 +371,47 @@ def _forward(x, w, *, v_real, tiles, interpret, fast):
     )(x, w)
 
 
+_COMPILE_TARGET: dict[str, str] = {}  # the compile-only GPU's compute capability (`set_compile_target`)
+
+
+def set_compile_target(compute_capability: str | None) -> None:
+    """Record the compute capability of the GPU a deviceless compile targets (`analysis.gpu_target.compile_device`
+    calls it), for `gpu_capability` when this process has no GPU of its own; None forgets it."""
+    _COMPILE_TARGET.clear()
+    if compute_capability:
+        _COMPILE_TARGET["cc"] = str(compute_capability)
+
+
+def gpu_capability() -> str | None:
+    """The compute capability ("9.0") of the GPU this process compiles for: its own GPUs' (the lowest), or without
+    one the compile-only target's (`set_compile_target`); None when it compiles for no GPU (a CPU run)."""
+    if jax.default_backend() == "gpu":
+        return min(str(getattr(d, "compute_capability", "0.0")) for d in jax.local_devices())
+    return _COMPILE_TARGET.get("cc")
+
+
+def hopper(cc: str | None) -> bool:
+    """Whether a compute capability (`gpu_capability`) is Hopper's (9.x: H100, H200), whose wgmma the Mosaic GPU
+    kernels are built on."""
+    return cc is not None and cc.split(".")[0] == "9"
+
+
 def _mosaic(t: Tiles, kernel, *args, **kw):
-    """A `model.fused_ce_ws` kernel for tiles `t`, or None where this JAX's Mosaic GPU API cannot build it (an
-    experimental API, written for jax 0.10.2 and run on 0.11.2) and `t.kernel` is `auto`: the caller then runs the
-    Triton kernel at the same blocks, and says so once. Asked for outright (`:mosaic`, `:mosaic-rs`), one UserError
-    line naming the way back to the Triton kernels instead."""
+    """A `model.fused_ce_ws` kernel for tiles `t`, or None where it cannot run and `t.kernel` is `auto`: no GPU (the
+    CUDA branch `jax.lax.platform_dependent` traces on a CPU too is never lowered there: it keeps the Triton
+    kernels, and the Mosaic ones are not traced), a GPU without Hopper's wgmma, on which they are built (compute
+    capability other than 9.x: not an H100 or H200), or a JAX whose Mosaic GPU API cannot build them (an
+    experimental API, written for jax 0.10.2 and run on 0.11.2; found while tracing). The caller then runs the Triton
+    kernel at the same blocks; a JAX that cannot build them is said once. Asked for outright (`:mosaic`,
+    `:mosaic-rs`), one UserError line naming the way back to the Triton kernels instead (no GPU: traced as asked)."""
+    cc = gpu_capability()
+    if cc is not None and not hopper(cc):
+        if t.kernel == "auto":
+            return None
+        raise UserError(f"train.fused_ce_tiles: the mosaic kernels need a Hopper GPU (compute capability 9.x: H100, "
+                        f"H200; wgmma), and this one is {cc}; drop ':{t.kernel}' from the tiles")
+    if cc is None and t.kernel == "auto":
+        return None
     try:
         return kernel(*args, **kw)
     except (ImportError, AttributeError, TypeError, NotImplementedError) as e:

@@ -7,8 +7,8 @@ under the other's exps.
 The same outputs as `model.fused_ce`'s Triton kernels `fused_ce_fwd_dx` and `fused_ce_dw`: lse2 = logsumexp over
 the first v_real rows of w of x . w in base 2 (lse / ln 2), a = softmax @ w in float32 (the input gradient's softmax
 part), and dw = dlogits^T @ x in float32 with dlogits = softmax x g_lse + onehot(target) x g_target. The default
-training kernels on a GPU at head widths 64 and 128 (`core.tiles`: the default tiles' `auto`; `dx=128x128s2:mosaic`
-asks outright), the Triton ones elsewhere; a CPU keeps the Triton kernels in interpret mode.
+training kernels on a Hopper GPU at head widths 64 and 128 (`core.tiles`: the default tiles' `auto`;
+`dx=128x128s2:mosaic` asks outright), the Triton ones elsewhere; a CPU keeps the Triton kernels in interpret mode.
 
 Why: Triton issues a tile's two GEMMs and its exps from one instruction stream. Its census
 (`analysis.kernel_census`) leaves the tensor cores ~350 of each tile's 2,400 clocks idle, while the loop stores the
