@@ -50,9 +50,9 @@ class Tiles:
             raise ValueError(f"fused cross-entropy kernel {self.kernel!r}: one of {', '.join(KERNEL_FORMS)}")
 
     def runs_mosaic(self, k: int) -> bool:
-        """Whether, on a GPU, this kernel is the mosaic one for a head input k wide: asked for (`mosaic`), or `auto`
-        and k a width the mosaic kernels take (`MOSAIC_WIDTHS`). `model.fused_ce` falls back to Triton from `auto`
-        where this JAX cannot build the mosaic kernel either."""
+        """Whether, on a Hopper GPU, this kernel is a mosaic one for a head input k wide: asked for (`mosaic`,
+        `mosaic-rs`), or `auto` and k a width the mosaic kernels take (`MOSAIC_WIDTHS`). From `auto`, `model.fused_ce`
+        also runs Triton on any other GPU and where this JAX cannot build the mosaic kernel."""
         return self.kernel in MOSAIC_FORMS or (self.kernel == "auto" and k in MOSAIC_WIDTHS)
 
     def check_mosaic(self, walked: str) -> None:
@@ -80,9 +80,10 @@ class KernelTiles:
     # carries its next tile's operands in registers to shared memory, and at 3 stages ptxas spills 8 bytes of
     # each; at 2 neither spills, and the sm_90 census gives 2,400 and 2,424 clocks per tile against 2,448 and
     # 2,430 at 3 (scripts/fused_ce_sass.py, 2026-11-27). No GPU has swept these kernels' tiles yet.
-    # The training kernels are `auto`: on a GPU, at head widths 64 and 128, their warp-specialized Mosaic GPU forms
-    # at the same blocks (`model.fused_ce_ws`), which took the training kernels from 70.44 to 50.07 ms at 131,072
-    # tokens (K 128), every float32 check passed (H200, jax 0.11.2, 2026-11-28, docs/bench/h200_2026-11-28_fourteenth).
+    # The training kernels are `auto`: on a Hopper GPU, at head widths 64 and 128, their warp-specialized Mosaic GPU
+    # forms at the same blocks (`model.fused_ce_ws`), which took the training kernels from 70.44 to 50.07 ms at
+    # 131,072 tokens (K 128) and passed every float32 check (H200, jax 0.11.2, 2026-11-28,
+    # docs/bench/h200_2026-11-28_fourteenth).
     fwd: Tiles = Tiles(bv=64)
     dx: Tiles = Tiles(stages=2, kernel="auto")
     dw: Tiles = Tiles(stages=2, kernel="auto")
@@ -96,14 +97,14 @@ class KernelTiles:
 
     @property
     def mosaic(self) -> bool:
-        """Whether a training kernel asks for its mosaic form outright (`:mosaic`: refused where it cannot run; the
-        default `auto` falls back instead, `Tiles.runs_mosaic`)."""
+        """Whether a training kernel asks for a mosaic form outright (`:mosaic`, `:mosaic-rs`: refused where it cannot
+        run; the default `auto` falls back instead, `Tiles.runs_mosaic`)."""
         return any(getattr(self, k).kernel in MOSAIC_FORMS for k in MOSAIC_WALKS)
 
     def resolved(self, k: int, gpu: bool = True) -> "KernelTiles":
-        """These tiles with each training kernel made the one that runs for a head input k wide, on a GPU (`gpu`:
-        `Tiles.runs_mosaic`) or not (Triton's, in interpret mode): what a measurement records beside the spec it was
-        asked, so that its `default` stays readable after the default changes."""
+        """These tiles with each training kernel made the one that runs for a head input k wide, on a Hopper GPU
+        (`gpu`: `Tiles.runs_mosaic`) or not (Triton's; in interpret mode on a CPU): what a measurement records beside
+        the spec it was asked, so that its `default` stays readable after the default changes."""
         def one(t: Tiles) -> Tiles:
             if not (gpu and t.runs_mosaic(k)):
                 return dataclasses.replace(t, kernel="triton")
@@ -123,7 +124,7 @@ class KernelTiles:
     def replace(self, spec: str) -> "KernelTiles":
         """These tiles with one kernel's changed by a spec `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:mosaic-rs|:auto]`
         (`dx=64x256w4s3`; warps and stages default to that kernel's; `:mosaic`, `:mosaic-rs` or `:auto` for dx and dw,
-        `Tiles.kernel`; without either the kernel is the Triton one, whatever the default's); ValueError naming the
+        `Tiles.kernel`; without an ending the kernel is the Triton one, whatever the default's); ValueError naming the
         form otherwise."""
         m = re.fullmatch(rf"({'|'.join(KERNELS)})=(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?(?::(mosaic-rs|mosaic|auto))?",
                          spec.strip())

@@ -115,7 +115,7 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_
 # (34 exps), the training forward 395 (64, all under the softmax @ w GEMM), dw 589 (64, all under dlogits^T @ x);
 # before the pipelining (each tile's exps after its own logits GEMM) 643 and 679, shares 0.721 and 0.713; with
 # jnp.exp (libdevice's expf) 954 and 1,121, shares 0.560 and 0.515 (2026-11-27, jax 0.10.2, ptxas 12.9). The
-# warp-specialized kernels (`model.fused_ce_ws`, the default training kernels on a GPU at K 64, 128): 501 and 555
+# warp-specialized kernels (`model.fused_ce_ws`, the default training kernels on a Hopper GPU at K 64, 128): 501 and 555
 # instructions per consumer and iteration, two consumers taking turns at the tensor cores
 # (`kernel_census.pingpong_cycles`): 2,102 and 2,112 clocks per 128 x 128 tile; in their RS form (`:mosaic-rs`, the
 # softmax and dlogits kept in registers) 451 and 501 instructions, 2,098 and 2,110 clocks (no predicted effect).
@@ -383,10 +383,12 @@ def set_compile_target(compute_capability: str | None) -> None:
 
 
 def gpu_capability() -> str | None:
-    """The compute capability ("9.0") of the GPU this process compiles for: its own GPUs' (the lowest), or without
-    one the compile-only target's (`set_compile_target`); None when it compiles for no GPU (a CPU run)."""
+    """The compute capability ("9.0") of the GPU this process compiles for: its own GPUs' (where they differ, one
+    that is not Hopper's), or without one the compile-only target's (`set_compile_target`); None when it compiles
+    for no GPU (a CPU run)."""
     if jax.default_backend() == "gpu":
-        return min(str(getattr(d, "compute_capability", "0.0")) for d in jax.local_devices())
+        ccs = sorted({str(getattr(d, "compute_capability", "0.0")) for d in jax.local_devices()})
+        return next((cc for cc in ccs if not hopper(cc)), ccs[0])
     return _COMPILE_TARGET.get("cc")
 
 
@@ -431,8 +433,8 @@ def _warn_fallback(why: str) -> None:
 def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
     """(lse2 [T], a [T, K]) in float32 by `fused_ce_fwd_dx` (tiles.dx), the training forward that also forms the
     input gradient's softmax part; `anchor` [T] float32: a logit of each row (`_anchors`). Where `tiles.dx` runs
-    mosaic (`Tiles.runs_mosaic`), on a GPU (`fast`), the warp-specialized kernel instead (`model.fused_ce_ws`: no
-    anchor, an online max)."""
+    mosaic (`Tiles.runs_mosaic`), on a Hopper GPU (`fast`, `_mosaic`), the warp-specialized kernel instead
+    (`model.fused_ce_ws`: no anchor, an online max)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
@@ -457,8 +459,8 @@ def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
 
 def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, fast):
     """dw (float32 [V, K]) by `fused_ce_dw`, only for the vocabulary blocks that hold real rows (the blocks of
-    padded rows alone get zeros without a program); where `tiles.dw` runs mosaic (`Tiles.runs_mosaic`), on a GPU
-    (`fast`), the warp-specialized kernel instead (`model.fused_ce_ws`)."""
+    padded rows alone get zeros without a program); where `tiles.dw` runs mosaic (`Tiles.runs_mosaic`), on a Hopper
+    GPU (`fast`, `_mosaic`), the warp-specialized kernel instead (`model.fused_ce_ws`)."""
     from jax.experimental import pallas as pl
 
     T, K = x.shape
