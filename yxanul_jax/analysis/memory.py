@@ -612,12 +612,13 @@ def suggest_config(cfg: Config, budget: int, platform: Platform = "gpu", tag: st
             return out, notes + batch_notes(cfg, out), True
     # Why not: the smallest candidate's vocabulary-sized matrices (they narrow with the width) with their gradients
     # and AdamW state (16 bytes an element) alone, or the rest of a model at a quarter of its depth and width
-    if 16 * vocab_matrix_elements(_shrunk(saver, 0.25, 0.25)) > budget:
+    smallest = _shrunk(saver, 0.25, 0.25)
+    if 16 * vocab_matrix_elements(smallest) > budget:
         why = ("no smaller model of this vocabulary fits either: the vocabulary-sized matrices and their optimizer "
                "state alone are too large; use a smaller tokenizer")
     else:
         why = (f"no model of this vocabulary down to a quarter of this depth and width fits either "
-               f"({param_count(_shrunk(saver, 0.25, 0.25)) / 1e6:,.1f} M parameters there); set a much smaller "
+               f"({param_count(smallest) / 1e6:,.1f} M parameters there); set a much smaller "
                "model.n_layers or model.d_model")
     return saver, notes + [why], False
 

@@ -398,8 +398,9 @@ def hopper(cc: str | None) -> bool:
     return cc is not None and cc.split(".")[0] == "9"
 
 
-def _mosaic(t: Tiles, kernel, *args, **kw):
-    """A `model.fused_ce_ws` kernel for tiles `t`, or None where it cannot run and `t.kernel` is `auto`: no GPU (the
+def _mosaic(t: Tiles, kernel: str, *args):
+    """`model.fused_ce_ws`'s `kernel` (forward_dx, table_grad) on `args` at tiles `t` (its blocks, stages and form),
+    or None where it cannot run and `t.kernel` is `auto`: no GPU (the
     CUDA branch `jax.lax.platform_dependent` traces on a CPU too is never lowered there: it keeps the Triton
     kernels, and the Mosaic ones are not traced), a GPU without Hopper's wgmma, on which they are built (compute
     capability other than 9.x: not an H100 or H200), or a JAX whose Mosaic GPU API cannot build them (an
@@ -414,8 +415,10 @@ def _mosaic(t: Tiles, kernel, *args, **kw):
                         f"H200; wgmma), and this one is {cc}; drop ':{t.kernel}' from the tiles")
     if cc is None and t.kernel == "auto":
         return None
+    from yxanul_jax.model import fused_ce_ws
+
     try:
-        return kernel(*args, **kw)
+        return getattr(fused_ce_ws, kernel)(*args, bt=t.bt, bv=t.bv, stages=t.stages, registers=t.kernel == "mosaic-rs")
     except (ImportError, AttributeError, TypeError, NotImplementedError) as e:
         why = f"the mosaic kernels do not build with jax {jax.__version__} ({type(e).__name__}: {one_line(e, 160)})"
         if t.kernel != "auto":  # asked for outright
@@ -439,13 +442,8 @@ def _forward_dx(x, w, anchor, *, v_real, tiles, interpret, fast):
 
     T, K = x.shape
     V, t = w.shape[0], tiles.dx
-    if fast and t.runs_mosaic(K):
-        from yxanul_jax.model import fused_ce_ws
-
-        out = _mosaic(t, fused_ce_ws.forward_dx, x, w, v_real, bt=t.bt, bv=t.bv, stages=t.stages,
-                      registers=t.kernel == "mosaic-rs")
-        if out is not None:
-            return out
+    if fast and t.runs_mosaic(K) and (out := _mosaic(t, "forward_dx", x, w, v_real)) is not None:
+        return out
     rows = pl.BlockSpec((t.bt,), lambda i: (i,))
     return pl.pallas_call(
         functools.partial(_dx_kernel, V=V, v_real=v_real, BV=t.bv, fast=fast),
@@ -466,13 +464,9 @@ def _table_grad(x, w, targets, lse2, g_lse, g_tl, *, v_real, tiles, interpret, f
     T, K = x.shape
     V = w.shape[0]
     t = tiles.dw
-    if fast and t.runs_mosaic(K):
-        from yxanul_jax.model import fused_ce_ws
-
-        out = _mosaic(t, fused_ce_ws.table_grad, x, w, targets, lse2, g_lse, g_tl, v_real, bt=t.bt, bv=t.bv,
-                      stages=t.stages, registers=t.kernel == "mosaic-rs")
-        if out is not None:
-            return out
+    if fast and t.runs_mosaic(K) and (out := _mosaic(t, "table_grad", x, w, targets, lse2, g_lse, g_tl,
+                                                      v_real)) is not None:
+        return out
     full, partial = _vocab_blocks(V, v_real, t.bv)
     real = (full + partial) * t.bv
     whole_t = pl.BlockSpec((T,), lambda i: (0,))
