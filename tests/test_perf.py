@@ -412,6 +412,27 @@ def test_attention_in_xla_kernels_is_calibrated_apart_from_cudnn_and_its_gemms_a
     assert ratios[perf.ATTENTION_XLA]["measured_ms"] == 2.0 and ratios[perf.ATTENTION_XLA_GEMM]["measured_ms"] == 3.0
 
 
+def test_timed_fused_ce_kernels_take_their_own_ratio_not_the_category_ratio_of_the_guessed_rate():
+    # The category's ratio was measured against FUSED_CE_EFFICIENCY's guess; a kernel charged at an H200-timed rate
+    # must not be multiplied by that guess's error again (it takes FUSED_CE_TIMED: 1.0 where absent).
+    timed = perf.Kernel("f", "custom-call", "mosaic_gpu_v2", 2, 6.7e12, 1e9, "fused_ce", "output head + loss",
+                        "loss/fused_ce_dw_ws/fused_ce_dw_ws/mpmd_map")
+    around = perf.Kernel("t", "fusion", "kLoop", 2, 0.0, 1e8, None, "output head + loss", "loss/gather")
+    assert perf.calibration_key(timed) == perf.FUSED_CE_TIMED
+    assert perf.calibration_key(around) == "output head + loss"
+    plain = {k.name: perf.predict([k], H100)["predicted_step_ms"] for k in (timed, around)}
+    old = {"ratios": {"output head + loss": 2.0}}
+    assert perf.predict([timed], H100, calibration=old)["predicted_step_ms"] == pytest.approx(plain["f"])
+    assert perf.predict([around], H100, calibration=old)["predicted_step_ms"] == pytest.approx(2.0 * plain["t"])
+    both = {"ratios": {"output head + loss": 2.0, perf.FUSED_CE_TIMED: 1.5}}
+    assert perf.predict([timed], H100, calibration=both)["predicted_step_ms"] == pytest.approx(1.5 * plain["f"])
+    # The shipped file: the H200 timed the kernels (no ratio); the H100 ran that day's kernels slower by its
+    # category ratio over the H200's.
+    h100, h200 = perf.load_calibration("h100")["ratios"], perf.load_calibration("h200")["ratios"]
+    assert perf.FUSED_CE_TIMED not in h200
+    assert h100[perf.FUSED_CE_TIMED] == pytest.approx(h100["output head + loss"] / h200["output head + loss"])
+
+
 def test_gpu_table_names_rates_and_device_kinds():
     assert gpus.lookup("4090").key == gpus.lookup("RTX 4090").key == "rtx4090"
     assert gpus.lookup("a100").key == "a100-80" and gpus.lookup("24") is None

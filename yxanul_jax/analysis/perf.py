@@ -45,7 +45,8 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
     has timed is charged FUSED_CE_EFFICIENCY (the 2026-11-26 kernels' 40 %) x its census share /
     FUSED_CE_MEASURED_SHARE (theirs, 49.2 %), as all were before, and a measurement of it belongs in the table.
     The Mosaic kernels' RS form (`:mosaic-rs`, not yet timed) keeps their names, so it is charged at the timed
-    form's rate: its census clocks are within 0.2 % of that form's;
+    form's rate: its census clocks are within 0.2 % of that form's. A calibration multiplies a timed kernel by a
+    ratio of its own (FUSED_CE_TIMED), not by its category's, which measured the error of the older guess;
   * HBM_EFFICIENCY: the share of the spec bandwidth a streaming kernel reaches (~90 %);
   * LAUNCH_S: the fixed cost of one kernel (launch and ramp, with XLA's CUDA graphs).
 
@@ -552,11 +553,19 @@ def load_calibration(gpu_key: str, path: str | None = None) -> dict | None:
 # GEMMs ran at 1.07x and cuDNN's calls at 1.4x. One ratio for all of them would move each by the others' error.
 ATTENTION_XLA = "attention, XLA kernels"
 ATTENTION_XLA_GEMM = "attention, XLA GEMMs"
+# The fused cross-entropy kernels charged at a rate a GPU timed (FUSED_CE_MEASURED, an H200's) take a ratio of their
+# own: their category's ratio was measured against the rate FUSED_CE_EFFICIENCY guessed for older kernels, and on top
+# of a timed rate it would count the error of that guess again. A GPU without the key (the H200 that timed them)
+# takes 1.0; the H100's is its head + loss ratio over the H200's from the same day's profiles (perf_calibration.json).
+FUSED_CE_TIMED = "output head + loss, timed kernels"
 
 
 def calibration_key(k: Kernel) -> str:
     """The calibration ratio a kernel takes: its category's, except attention outside cuDNN: its GEMMs
-    (ATTENTION_XLA_GEMM) and its other kernels (ATTENTION_XLA)."""
+    (ATTENTION_XLA_GEMM) and its other kernels (ATTENTION_XLA), and a fused cross-entropy kernel charged at a
+    GPU-timed rate (FUSED_CE_TIMED)."""
+    if k.precision == "fused_ce" and _pallas_kernel(k.op_name) in FUSED_CE_MEASURED:
+        return FUSED_CE_TIMED
     if k.category != "attention" or k.precision == "attention":
         return k.category
     return ATTENTION_XLA_GEMM if k.flops > 0 and k.precision else ATTENTION_XLA
