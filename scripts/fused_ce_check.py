@@ -29,8 +29,9 @@ of the peak from such a file (2026-11-28: the training pair's, before `train-fwd
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
 `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:mosaic-rs|:auto]` changes to the default (`core.tiles.KernelTiles.replace`);
 each set is checked on the small ragged case (at K 64 for a set with a mosaic kernel, `model.fused_ce_ws`, with the
-overflow rows too) and timed (fused rows carry its name, and in `runs` every kernel it ran: the default's training
-kernels are the mosaic ones on a Hopper GPU at K 64 and 128, `core.tiles.Tiles.runs_mosaic`). On a CPU every set
+overflow rows too) and timed (fused rows carry its name, in `runs` every kernel it asks for: the default's training kernels are the
+mosaic ones on a Hopper GPU at K 64 and 128, `core.tiles.Tiles.runs_mosaic`; and in `compiled` the kernels the
+compiled, timed function holds, read from its HLO: `compiled_kernels`). On a CPU every set
 runs the Triton kernels in interpret mode: only a Hopper GPU checks the mosaic ones. A set that fails to compile
 (too much shared memory, say), or whose check fails, is recorded as such, never timed and never chosen; the sweep
 goes on, and the JSON is rewritten after each set. Then each kernel's fastest tiles among the sets that change only
@@ -104,6 +105,30 @@ def runs(spec: str, k: int) -> str:
     from yxanul_jax.model.fused_ce import gpu_capability, hopper
 
     return tiles_of(spec).resolved(k, gpu=hopper(gpu_capability())).spec(full=True)
+
+
+def compiled_kernels(hlo_text: str) -> dict[str, str]:
+    """The fused kernels a compiled function runs, read from its optimized HLO (`analysis.perf.fused_ce_calls`):
+    name -> custom call target; empty on a CPU (interpret mode). Recorded beside `runs` (what the tiles ask for), so a
+    Mosaic kernel this JAX could not build (`auto` falls back to Triton, and logs it) cannot pass as timed."""
+    from yxanul_jax.analysis.perf import fused_ce_calls
+
+    return dict(sorted(fused_ce_calls(hlo_text).items()))
+
+
+def unlike(row: dict) -> list[str]:
+    """Where a timed row's compiled kernels are not the ones its `runs` asks for (a GPU only: a CPU compiles none as
+    custom calls): the training kernels of a Mosaic GPU form that did not build, say."""
+    if not row.get("compiled") or row["mode"] == "fwd":
+        return []
+    asked = tiles_of(row["runs"])
+    kernels = [("dx", "fused_ce_fwd_dx")] + ([("dw", "fused_ce_dw")] if row["mode"] == "fwd+bwd" else [])
+    out = []
+    for kernel, name in kernels:
+        want = name + ("_ws" if getattr(asked, kernel).kernel.startswith("mosaic") else "")
+        if want not in row["compiled"]:
+            out.append(f"{kernel} asked for {want}, compiled {sorted(row['compiled'])}")
+    return out
 
 
 def runs_mosaic(spec: str) -> bool:
@@ -240,7 +265,10 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
             if name == "fused":
                 row["runs"] = runs(spec, K)
             try:
-                s = median_s(fn, (x, w), iters)
+                compiled = fn.lower(x, w).compile()  # timed as compiled, and read: the kernels that ran
+                if name == "fused":
+                    row["compiled"] = compiled_kernels(compiled.as_text())
+                s = median_s(compiled, (x, w), iters)
             except Exception as e:  # a set of tiles the GPU cannot run (shared memory): recorded, the sweep goes on
                 rows.append({**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]})
                 continue
@@ -342,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         share = "-" if r["of_peak"] is None else f"{100 * r['of_peak']:.1f}%"
         print(f"{r['kernel']:<9}{r['tiles']:<24}{r['mode']:<9}{r['tokens']:>8}{r['ms']:>10.2f}{r['tflops']:>10.1f}"
               f"{share:>9}{speed:>15}")
+        for line in unlike(r):  # the row timed other kernels than `runs` says: kept, and said
+            print(f"  note: not the kernels asked for: {line}")
     if len(args.tiles) > 1 and fused_fb:
         for T in args.time_tokens:
             best = min((r for r in fused_fb if r["tokens"] == T), key=lambda r: r["ms"], default=None)

@@ -165,6 +165,9 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
         ("chunked", "", "fwd"), ("chunked", "", "fwd+bwd")}
     assert record["fastest_tiles"]["128"] in ("default", "fwd=64x32,dw=32x64w4", "dx=128x128s2:mosaic")
     assert all(r["ms"] > 0 and r["of_peak"] is None for r in record["timing"])  # a CPU has no BF16 peak
+    # the kernels read from the compiled HLO: none as custom calls on a CPU (interpret mode: plain HLO ops); the
+    # sm_90 reading of the same function is tests/test_gpu_target.py's
+    assert all(r["compiled"] == {} for r in record["timing"] if r["kernel"] == "fused")
     import math
 
     import numpy as np
@@ -176,6 +179,24 @@ def test_fused_ce_check_is_correct_and_timed_on_a_cpu(tmp_path):
     assert not (tmp_path / "bad.json").exists()
     assert math.isnan(fce.rel_err(np.array([np.nan, 1.0]), np.ones(2)))  # NaN never passes a bound
     assert fce.rel_err(np.array([1.0, 1.1]), np.ones(2)) > fce.VALUE_RTOL
+
+
+def test_a_timing_whose_compiled_kernels_are_not_the_asked_ones_is_named():
+    # `runs` is what the tiles ask for, `compiled` what the timed HLO held (a GPU): a Mosaic form that did not build
+    # (the default's `auto` falls back to Triton) must not pass as the Mosaic kernels' time
+    fce = load_script("fused_ce_check")
+    mosaic = "fwd=128x64w8s3,dx=128x128w8s2:mosaic,dw=128x128w8s2:mosaic-rs"
+    both = {"fused_ce_fwd_dx_ws": "mosaic_gpu_v2", "fused_ce_dw_ws": "mosaic_gpu_v2"}
+    assert fce.unlike({"mode": "fwd+bwd", "runs": mosaic, "compiled": both}) == []
+    fell_back = {"fused_ce_fwd_dx": "__gpu$xla.gpu.triton", "fused_ce_dw_ws": "mosaic_gpu_v2"}
+    assert fce.unlike({"mode": "fwd+bwd", "runs": mosaic, "compiled": fell_back}) == [
+        "dx asked for fused_ce_fwd_dx_ws, compiled ['fused_ce_dw_ws', 'fused_ce_fwd_dx']"]
+    assert fce.unlike({"mode": "train-fwd", "runs": fce.TRITON, "compiled": {"fused_ce_fwd_dx_ws": "m"}}) == [
+        "dx asked for fused_ce_fwd_dx, compiled ['fused_ce_fwd_dx_ws']"]
+    # dw is not in the training forward alone, the forward alone runs neither, and a CPU compiles no custom call
+    assert fce.unlike({"mode": "train-fwd", "runs": mosaic, "compiled": {"fused_ce_fwd_dx_ws": "m"}}) == []
+    assert fce.unlike({"mode": "fwd", "runs": mosaic, "compiled": {"fused_ce_fwd": "t"}}) == []
+    assert fce.unlike({"mode": "fwd+bwd", "runs": mosaic, "compiled": {}}) == []
 
 
 def test_the_fastest_tiles_of_each_kernel_are_put_together():

@@ -313,6 +313,8 @@ def test_the_default_training_kernels_compile_as_mosaic_into_the_step_and_are_ch
     assert hlo.count('custom_call_target="mosaic_gpu_v2"') == 2
     assert sorted(n for k in perf.kernels(hlo) if (n := perf._pallas_kernel(k.op_name))) == [
         "fused_ce_dw_ws", "fused_ce_fwd_dx_ws"]
+    # what scripts/fused_ce_check.py records beside a timing as the kernels that ran
+    assert perf.fused_ce_calls(hlo) == {"fused_ce_dw_ws": "mosaic_gpu_v2", "fused_ce_fwd_dx_ws": "mosaic_gpu_v2"}
     mine, triton = r["categories"]["output head + loss"], r["compare"]["categories"]["output head + loss"]
     assert mine["flops"] == pytest.approx(triton["flops"], rel=1e-3) and mine["ms"] < triton["ms"]
 

@@ -429,6 +429,13 @@ def _pallas_kernel(op_name: str) -> str | None:
     return next((k for k in KERNELS if re.search(r"\b" + k + r"\b", op_name)), None)
 
 
+def fused_ce_calls(hlo_text: str) -> dict[str, str]:
+    """Our fused cross-entropy kernels compiled into an optimized HLO as custom calls: kernel name (`fused_ce.KERNELS`)
+    -> custom_call_target (`mosaic_gpu_v2`, Triton's `__gpu$xla.gpu.triton`). Empty where they run in interpret mode
+    (a CPU): there they are plain HLO ops."""
+    return {_pallas_kernel(k.op_name): k.kind for k in kernels(hlo_text) if k.precision == "fused_ce"}
+
+
 def fused_ce_efficiency(name: str | None) -> float:
     """The share of the BF16 peak a fused cross-entropy kernel runs at: as measured (FUSED_CE_MEASURED), or for a
     kernel no GPU has timed FUSED_CE_EFFICIENCY scaled by its SASS census's tensor share (`fused_ce.TENSOR_SHARE`)
