@@ -100,6 +100,7 @@ BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
 MOSAIC="dx=128x128s2:mosaic,dw=128x128s2:mosaic"  # the fused loss, warp-specialized (model/fused_ce_ws.py)
 TRITON="dx=128x128s2,dw=128x128s2"  # the fused loss's training kernels in Triton (the default's until 2026-11-28)
 RS="dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"  # the Mosaic GPU kernels with the softmax kept in registers
+RS3="dx=128x128s3:mosaic-rs,dw=128x128s3:mosaic-rs"  # ... and a third ring slot in the shared memory that frees
 LOOP="model.scan_unroll=1"  # the 197m config's layers with a loop: the layout every plan but bench and proj was written for
 case "$PLAN" in ab | tiles | short | calibrate | fp8 | wgrad) BENCH+=("$LOOP") ;; esac  # their limits fit its compile
 case "$PLAN" in
@@ -116,17 +117,17 @@ case "$PLAN" in
     ;;
   mosaic)  # the default tiles (Mosaic GPU training kernels) against the Triton ones and the RS form; the unrolled
           # config's stages
-    step fused_ce 170 80 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 --iters 5 \
-      --tiles default "$TRITON" "$RS" --json-out "$RES/fused_ce.json"
+    step fused_ce 210 80 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 --iters 5 \
+      --tiles default "$TRITON" "$RS" "$RS3" --json-out "$RES/fused_ce.json"
     step s9_fp8 260 150 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"
-    # the step with the RS form only where its kernels were timed faster than the default's
-    if "$PY" -c 'import json, sys; t = {r["tiles"]: r["ms"] for r in json.load(open(sys.argv[1]))["timing"]
-if r["kernel"] == "fused" and r["mode"] == "fwd+bwd" and "ms" in r}; sys.exit(not t[sys.argv[2]] < t["default"])' \
-        "$RES/fused_ce.json" "$RS" 2>/dev/null; then
-      step s9_fp8_rs 260 150 "${BENCH[@]}" "train.fused_ce_tiles=$RS" --stages 9 --precisions fp8-xla --no-torch \
+    # the step with the faster RS set, only where its kernels were timed faster than the default's
+    if FAST=$("$PY" -c 'import json, sys; t = {r["tiles"]: r["ms"] for r in json.load(open(sys.argv[1]))["timing"]
+if r["kernel"] == "fused" and r["mode"] == "fwd+bwd" and "ms" in r}; best = min(sys.argv[2:], key=lambda s: t.get(s, 1e9))
+sys.exit(1) if not t.get(best, 1e9) < t["default"] else print(best)' "$RES/fused_ce.json" "$RS" "$RS3" 2>/dev/null); then
+      step s9_fp8_rs 260 150 "${BENCH[@]}" "train.fused_ce_tiles=$FAST" --stages 9 --precisions fp8-xla --no-torch \
         --out "$RES/s9_fp8_rs"
     else
-      echo "== s9_fp8_rs: skipped, the RS form's kernels were not timed faster than the default's"
+      echo "== s9_fp8_rs: skipped, no RS set's kernels were timed faster than the default's"
     fi
     step s0_fp8 200 110 "${BENCH[@]}" --stages 0 --precisions fp8-xla --no-torch --out "$RES/s0_fp8"
     step s9_bf16 200 110 "${BENCH[@]}" --stages 9 --precisions bf16 --no-torch --out "$RES/s9_bf16"

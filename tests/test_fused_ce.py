@@ -159,9 +159,14 @@ def test_the_mosaic_training_kernels_are_tile_specs_with_their_own_limits():
     assert parse_tiles("dx=128x64s4:mosaic").dx.stages == 4 and parse_tiles("dw=64x128s4:mosaic").dw.bt == 64
     for bad in ("fwd=128x64:mosaic", "dx=64x128:mosaic", "dx=128x256:mosaic", "dx=128x128s3:mosaic",
                 "dx=128x64s5:mosaic", "dw=128x64:mosaic", "dw=128x128s3:mosaic", "dx=128x128s1:mosaic",
-                "dw=64x128s1:mosaic", "dx=128x128:triton"):
+                "dw=64x128s1:mosaic", "dx=128x128:triton", "dx=128x128s4:mosaic-rs", "dw=64x128s7:mosaic-rs",
+                "dw=128x128s3:auto"):
         with pytest.raises(ValueError, match="fused cross-entropy tiles|mosaic kernel takes"):
             parse_tiles(bad)
+    # the RS form keeps its softmax out of shared memory: one more slot of 128 rows, two more of 64
+    # (core.tiles.mosaic_max_stages), where `auto` (the SMEM form where it is mosaic) keeps the SMEM form's limits
+    rs = parse_tiles("dx=128x128s3:mosaic-rs,dw=64x128s6:mosaic-rs")
+    assert (rs.dx.stages, rs.dw.stages, rs.dw.kernel) == (3, 6, "mosaic-rs") and parse_tiles(rs.spec()) == rs
     x, w, t = jnp.zeros((8, 32), jnp.bfloat16), jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
     with pytest.raises(ValueError, match="mosaic training kernels take a head input width in .64, 128.*got 32"):
         fused_ce.linear_cross_entropy(x, w, t, 32, tiles=parse_tiles("dw=128x128s2:mosaic"))

@@ -90,7 +90,7 @@ def test_the_rs_form_keeps_the_softmax_and_dlogits_in_registers_and_equals_float
 
 
 @pytest.mark.parametrize("spec", ["dx=128x128s2:mosaic,dw=128x128s2:mosaic", "default",
-                                  "dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"])
+                                  "dx=128x128s3:mosaic-rs,dw=128x128s3:mosaic-rs"])
 def test_the_fused_loss_on_mosaic_tiles_matches_float32_through_its_gradients(monkeypatch, target, spec):
     # the GPU's path through model.fused_ce (its custom gradient, padding, the lse handed from the forward to dw, the
     # input gradient formed in XLA) with both mosaic kernels, run here in GPU interpret mode: asked for outright, and

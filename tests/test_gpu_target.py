@@ -339,7 +339,7 @@ def test_fused_loss_kernels_sass_census_is_the_recorded_one(tmp_path):
     from yxanul_jax.model.fused_ce import KERNELS, TENSOR_SHARE
 
     out = tmp_path / "sass.json"
-    rs = "dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"
+    rs = "dx=128x128s3:mosaic-rs,dw=128x128s3:mosaic-rs"  # the RS form with the slot its softmax frees
     proc = subprocess.run([gpu_python(), "scripts/fused_ce_sass.py", "--tiles", "default", TRITON, rs, "--json-out",
                            str(out)], capture_output=True, text=True, cwd=REPO, env=gpu_env(), timeout=600)
     if proc.returncode == 2 and "nvdisasm" in proc.stderr:

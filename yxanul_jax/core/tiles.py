@@ -27,8 +27,8 @@ class Tiles:
     (Triton's dot), and Triton's warps and software-pipeline stages. `kernel`: `triton` (Pallas's Triton lowering),
     or for the training kernels `mosaic`, the warp-specialized Mosaic GPU kernels (`model.fused_ce_ws`: two consumer
     warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused), `mosaic-rs` (the same with the
-    softmax or dlogits kept in registers for the accumulating GEMM, FlashAttention-3's RS form: not yet timed on a
-    GPU), or `auto` (the default training kernels only): mosaic where it can run, Triton with the same blocks
+    softmax or dlogits kept in registers for the accumulating GEMM, FlashAttention-3's RS form, so with room for one
+    more ring slot: `mosaic_max_stages`; not yet timed on a GPU), or `auto` (the default training kernels only): mosaic where it can run, Triton with the same blocks
     elsewhere (`runs_mosaic`)."""
 
     bt: int = 128
@@ -58,15 +58,24 @@ class Tiles:
     def check_mosaic(self, walked: str) -> None:
         """ValueError unless these tiles fit a mosaic kernel that walks blocks of `walked` (bt or bv): 128 of the
         other (2 consumers x 64 rows), 64 or 128 walked, and at least 2 walked blocks in flight (one would deadlock
-        the consumers' turns: `fused_ce_ws._ring`), at most 2 of 128 or 4 of 64 in sm_90's 227 KB of shared memory
+        the consumers' turns: `fused_ce_ws._ring`), at most `mosaic_max_stages` in sm_90's 227 KB of shared memory
         beside the held rows, the exps and the float32 output."""
         held = "bv" if walked == "bt" else "bt"
         n = getattr(self, walked)
-        fits = MOSAIC_MIN_STAGES <= self.stages <= 256 // n
-        if getattr(self, held) != MOSAIC_HELD or n not in MOSAIC_WALKED or not fits:
-            raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 2 stages or {walked} 64 with "
-                             f"2-4, got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic, "
-                             "dw=128x128s2:mosaic")
+        most = mosaic_max_stages(n, self.kernel == "mosaic-rs")
+        if getattr(self, held) != MOSAIC_HELD or n not in MOSAIC_WALKED or not MOSAIC_MIN_STAGES <= self.stages <= most:
+            raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 2 stages (3 in the RS form) or "
+                             f"{walked} 64 with 2-4 (2-6), got {self.bt}x{self.bv}s{self.stages}: e.g. "
+                             "dx=128x128s2:mosaic, dw=128x128s3:mosaic-rs")
+
+
+def mosaic_max_stages(walked: int, registers: bool) -> int:
+    """The ring slots of `walked`-row blocks a mosaic kernel fits at head width 128 (`fused_ce_ws`, per program: 96 KiB
+    of held rows and float32 output, 32 KiB of softmax (dlogits) in the SMEM form, 32 KiB a slot of 128 rows, dw 34
+    with its tokens' values): 64 KiB of ring in the SMEM form (2 of 128: 192.5 KiB in all, dw 196), 96 KiB in the RS
+    form, whose softmax stays in registers (3 of 128: 192.5, dw 198). sm_90 gives a block 227 KiB; dw with 3 of 128
+    in the SMEM form would need 230."""
+    return (384 if registers else 256) // walked
 
 
 @dataclasses.dataclass(frozen=True)
