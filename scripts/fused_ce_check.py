@@ -29,10 +29,10 @@ of the peak from such a file (2026-11-28: the training pair's, before `train-fwd
 Tiles (`--tiles`): each argument is one set of the kernels' tiles, `default` or comma-separated
 `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:mosaic-rs|:auto]` changes to the default (`core.tiles.KernelTiles.replace`);
 each set is checked on the small ragged case (at K 64 for a set with a mosaic kernel, `model.fused_ce_ws`, with the
-overflow rows too) and timed (fused rows carry its name, in `runs` every kernel it asks for: the default's training kernels are the
-mosaic ones on a Hopper GPU at K 64 and 128, `core.tiles.Tiles.runs_mosaic`; and in `compiled` the kernels the
-compiled, timed function holds, read from its HLO: `compiled_kernels`). On a CPU every set
-runs the Triton kernels in interpret mode: only a Hopper GPU checks the mosaic ones. A set that fails to compile
+overflow rows too) and timed (fused rows carry its name, in `runs` every kernel it asks for: the default's training
+kernels are the mosaic ones on a Hopper GPU at K 64 and 128, `core.tiles.Tiles.runs_mosaic`; and in `compiled` the
+kernels the compiled, timed function holds, read from its HLO: `compiled_kernels`). On a CPU every set runs the
+Triton kernels in interpret mode: only a Hopper GPU checks the mosaic ones. A set that fails to compile
 (too much shared memory, say), or whose check fails, is recorded as such, never timed and never chosen; the sweep
 goes on, and the JSON is rewritten after each set. Then each kernel's fastest tiles among the sets that change only
 it are put together (`combined_spec`), checked and timed too, and the fastest set is named last.

@@ -28,8 +28,8 @@ class Tiles:
     or for the training kernels `mosaic`, the warp-specialized Mosaic GPU kernels (`model.fused_ce_ws`: two consumer
     warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused), `mosaic-rs` (the same with the
     softmax or dlogits kept in registers for the accumulating GEMM, FlashAttention-3's RS form, so with room for one
-    more ring slot: `mosaic_max_stages`; not yet timed on a GPU), or `auto` (the default training kernels only): mosaic where it can run, Triton with the same blocks
-    elsewhere (`runs_mosaic`)."""
+    more ring slot: `mosaic_max_stages`; not yet timed on a GPU), or `auto` (the default training kernels only):
+    mosaic where it can run, Triton with the same blocks elsewhere (`runs_mosaic`)."""
 
     bt: int = 128
     bv: int = 128
@@ -58,12 +58,13 @@ class Tiles:
     def check_mosaic(self, walked: str) -> None:
         """ValueError unless these tiles fit a mosaic kernel that walks blocks of `walked` (bt or bv): 128 of the
         other (2 consumers x 64 rows), 64 or 128 walked, and at least 2 walked blocks in flight (one would deadlock
-        the consumers' turns: `fused_ce_ws._ring`), at most `mosaic_max_stages` in sm_90's 227 KB of shared memory
+        the consumers' turns: `fused_ce_ws._ring`), at most `mosaic_max_stages` in sm_90's 227 KiB of shared memory
         beside the held rows, the exps and the float32 output."""
         held = "bv" if walked == "bt" else "bt"
         n = getattr(self, walked)
         most = mosaic_max_stages(n, self.kernel == "mosaic-rs")
-        if getattr(self, held) != MOSAIC_HELD or n not in MOSAIC_WALKED or not MOSAIC_MIN_STAGES <= self.stages <= most:
+        fits = MOSAIC_MIN_STAGES <= self.stages <= most
+        if getattr(self, held) != MOSAIC_HELD or n not in MOSAIC_WALKED or not fits:
             raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 2 stages (3 in the RS form) or "
                              f"{walked} 64 with 2-4 (2-6), got {self.bt}x{self.bv}s{self.stages}: e.g. "
                              "dx=128x128s2:mosaic, dw=128x128s3:mosaic-rs")
