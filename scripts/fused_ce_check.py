@@ -109,26 +109,55 @@ def runs(spec: str, k: int) -> str:
 
 def compiled_kernels(hlo_text: str) -> dict[str, str]:
     """The fused kernels a compiled function runs, read from its optimized HLO (`analysis.perf.fused_ce_calls`):
-    name -> custom call target; empty on a CPU (interpret mode). Recorded beside `runs` (what the tiles ask for), so a
-    Mosaic kernel this JAX could not build (`auto` falls back to Triton, and logs it) cannot pass as timed."""
+    name -> custom call target; empty on a CPU (interpret mode). Read against `runs` (what the tiles ask for), so that
+    a Mosaic kernel this JAX could not build (`auto` falls back to Triton, and logs it) is recorded as the kernel that
+    ran (`read_ran`), not timed under its name."""
     from yxanul_jax.analysis.perf import fused_ce_calls
 
     return dict(sorted(fused_ce_calls(hlo_text).items()))
 
 
+def _training_kernels(mode: str) -> list[tuple[str, str]]:
+    """(tiles field, Triton kernel name) of the training kernels a timing mode runs; the mosaic ones add `_ws`."""
+    return {"fwd": [], "train-fwd": [("dx", "fused_ce_fwd_dx")],
+            "fwd+bwd": [("dx", "fused_ce_fwd_dx"), ("dw", "fused_ce_dw")]}[mode]
+
+
 def unlike(row: dict) -> list[str]:
     """Where a timed row's compiled kernels are not the ones its `runs` asks for (a GPU only: a CPU compiles none as
-    custom calls): the training kernels of a Mosaic GPU form that did not build, say."""
-    if not row.get("compiled") or row["mode"] == "fwd":
+    custom calls): the training kernels of a Mosaic GPU form that did not build, say. `runs` is resolved (no `auto`
+    left: `KernelTiles.resolved`), so each kernel is Triton or a mosaic form."""
+    if not row.get("compiled"):
         return []
     asked = tiles_of(row["runs"])
-    kernels = [("dx", "fused_ce_fwd_dx")] + ([("dw", "fused_ce_dw")] if row["mode"] == "fwd+bwd" else [])
     out = []
-    for kernel, name in kernels:
+    for kernel, name in _training_kernels(row["mode"]):
         want = name + ("_ws" if getattr(asked, kernel).kernel.startswith("mosaic") else "")
         if want not in row["compiled"]:
             out.append(f"{kernel} asked for {want}, compiled {sorted(row['compiled'])}")
     return out
+
+
+def read_ran(row: dict, kernels: dict[str, str]) -> None:
+    """Record in a fused row the kernels its compiled function holds (`compiled_kernels`), and where they are not the
+    asked ones (`unlike`), keep the ask in `asked` and make `runs` what ran: the training kernel Triton's at the same
+    blocks where its mosaic form did not build, so every reader of `runs` pairs the time with the kernels that made
+    it."""
+    import dataclasses
+
+    row["compiled"] = kernels
+    if not (differs := unlike(row)):
+        return
+    row["unlike"] = differs
+    ran = tiles_of(row["runs"])
+    for kernel, name in _training_kernels(row["mode"]):
+        if name not in row["compiled"] and name + "_ws" not in row["compiled"]:
+            continue  # neither form: leave the ask (the note says what was compiled)
+        form = "mosaic" if name + "_ws" in row["compiled"] else "triton"
+        t = getattr(ran, kernel)
+        if t.kernel.startswith("mosaic") != (form != "triton"):
+            ran = dataclasses.replace(ran, **{kernel: dataclasses.replace(t, kernel=form)})
+    row["asked"], row["runs"] = row["runs"], ran.spec(full=True)
 
 
 def runs_mosaic(spec: str) -> bool:
@@ -267,7 +296,12 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
             try:
                 compiled = fn.lower(x, w).compile()  # timed as compiled, and read: the kernels that ran
                 if name == "fused":
-                    row["compiled"] = compiled_kernels(compiled.as_text())
+                    try:
+                        kernels = compiled_kernels(compiled.as_text())
+                    except Exception as e:  # the HLO reader failed, not the GPU: the row keeps its time
+                        row["compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                    else:
+                        read_ran(row, kernels)
                 s = median_s(compiled, (x, w), iters)
             except Exception as e:  # a set of tiles the GPU cannot run (shared memory): recorded, the sweep goes on
                 rows.append({**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]})
@@ -333,7 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         # the small ragged case at the narrowest head the set's kernels take (the mosaic ones: 64), and for a mosaic
         # set the overflow rows too (its forward keeps an online max where the Triton one falls back)
         mosaic = runs_mosaic(spec)
-        cases = [((200, 300, MOSAIC_WIDTHS[0] if mosaic else 32, 290), {})]
+        t = tiles_of(spec)
+        # enough blocks of 128 that a ring of more than 2 slots wraps in both training kernels
+        n = 128 * max(t.dx.stages, t.dw.stages) + 72 if mosaic and max(t.dx.stages, t.dw.stages) > 2 else 200
+        cases = [((n, n + 100, MOSAIC_WIDTHS[0] if mosaic else 32, n + 90), {})]
         if mosaic:
             cases.append(((256, 640, 128, 600), {"overflow": True}))
         ok = True
@@ -370,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         share = "-" if r["of_peak"] is None else f"{100 * r['of_peak']:.1f}%"
         print(f"{r['kernel']:<9}{r['tiles']:<24}{r['mode']:<9}{r['tokens']:>8}{r['ms']:>10.2f}{r['tflops']:>10.1f}"
               f"{share:>9}{speed:>15}")
-        for line in unlike(r):  # the row timed other kernels than `runs` says: kept, and said
-            print(f"  note: not the kernels asked for: {line}")
+        for line in r.get("unlike", []):  # the row timed other kernels than its tiles ask: `runs` says which
+            print(f"  note: not the kernels asked for: {line}; timed as {r['runs']}")
     if len(args.tiles) > 1 and fused_fb:
         for T in args.time_tokens:
             best = min((r for r in fused_fb if r["tokens"] == T), key=lambda r: r["ms"], default=None)

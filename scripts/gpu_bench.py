@@ -252,10 +252,11 @@ def calibration_table(calib: dict, rows: list[dict]) -> str:
         if any(getattr(gpus.of_device_kind(d), "key", None) != key for d in measured_on):
             lines.append(f"note: measured on {', '.join(sorted(measured_on))}, not on that GPU: these ratios test the "
                          "plumbing, they calibrate nothing")
-        lines.append(f"{'category':<22}{'predicted ms':>14}{'of it matched':>15}{'measured ms':>13}{'ratio':>8}")
+        width = max([22, *map(len, entry["categories"])])
+        lines.append(f"{'category':<{width}}{'predicted ms':>14}{'of it matched':>15}{'measured ms':>13}{'ratio':>8}")
         for cat, c in sorted(entry["categories"].items(), key=lambda kv: -kv[1]["predicted_ms"]):
             ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}"
-            lines.append(f"{cat:<22}{c['predicted_ms']:>14.3f}{c['matched_predicted_ms']:>15.3f}"
+            lines.append(f"{cat:<{width}}{c['predicted_ms']:>14.3f}{c['matched_predicted_ms']:>15.3f}"
                          f"{c['measured_ms']:>13.3f}{ratio:>8}")
     return "\n".join(lines)
 
@@ -270,10 +271,11 @@ def write_calibration(calib: dict, rows: list[dict], out: str) -> str:
             f"{' / '.join(repr(k) for k in calib)} entry into yxanul_jax/analysis/perf_calibration.json")
 
 
-def reread_profile(row: dict, bench_dir: str) -> bool:
+def reread_profile(row: dict, bench_dir: str, date: str = "") -> bool:
     """Recompute a profiled row's `category_ratios` from its kept trace and `step.hlo.gz` (under
     BENCH_DIR/profile/CELL/, as `profile_cell` left them) with today's model; False (the row unchanged)
-    where either is missing."""
+    where either is missing. A row run before `perf.FUSED_CE_MEASURED_DATE` (its run's `date`) gets no head + loss
+    ratio: today's model charges the fused kernels at the rates of the kernels timed that day, not of those it ran."""
     from yxanul_jax.analysis import gpus, perf
 
     parts = str((row.get("profile") or {}).get("trace", "")).split("/")  # .../CELL/plugins/profile/TS/trace
@@ -288,7 +290,11 @@ def reread_profile(row: dict, bench_dir: str) -> bool:
         hlo_text = fh.read()
     kernels = perf.kernels(hlo_text)
     _, measured_ms = traced_ms(local, kernels, hlo_text, row["profile"]["steps"])
-    row["category_ratios"] = perf.category_ratios(kernels, gpus.GPUS[row["predicted_gpu"]], measured_ms)
+    ratios = perf.category_ratios(kernels, gpus.GPUS[row["predicted_gpu"]], measured_ms)
+    if date < perf.FUSED_CE_MEASURED_DATE:
+        for key in ("output head + loss", perf.FUSED_CE_TIMED):
+            ratios.pop(key, None)
+    row["category_ratios"] = ratios
     return True
 
 
@@ -311,7 +317,7 @@ def merge_calibration(paths: list[str], out: str) -> int:
             return 2
         for row in record["rows"]:
             try:
-                reread += reread_profile(row, os.path.dirname(os.path.abspath(path)))
+                reread += reread_profile(row, os.path.dirname(os.path.abspath(path)), record.get("date", ""))
             except Exception as e:  # a truncated trace or HLO kept beside it: name it, change nothing
                 print(f"error: --calibrate-from {path}: the kept trace or step.hlo.gz of a profiled cell is not "
                       f"readable ({type(e).__name__}: {one_line(e)}); remove its profile/ folder to use the ratios "

@@ -87,6 +87,9 @@ def test_the_rs_form_keeps_the_softmax_and_dlogits_in_registers_and_equals_float
     # shared-memory buffer, no fence); the same arithmetic, so the same bounds, with a padded block and a wrapping ring
     _check(*_inputs(128, 384, 128), 300, bv=128, stages=2, registers=True)
     _table_grad_check(384, 256, 128, 200, 128, 2, registers=True)
+    # and with the third slot of 128 it has room for (core.tiles.mosaic_max_stages): five blocks through a ring of three
+    _check(*_inputs(128, 640, 128), 600, bv=128, stages=3, registers=True)
+    _table_grad_check(640, 256, 128, 200, 128, 3, registers=True)
 
 
 @pytest.mark.parametrize("spec", ["dx=128x128s2:mosaic,dw=128x128s2:mosaic", "default",

@@ -85,6 +85,27 @@ def test_gpu_bench_measures_each_precision_and_the_pytorch_reference(tmp_path):
     assert not (tmp_path / "cut").exists()
 
 
+def test_a_profile_from_before_the_kernels_were_timed_gives_no_head_and_loss_ratio_when_re_read():
+    # A kept H200 profile of 2026-11-26 (its trace and step.hlo.gz in docs/bench): re-read with today's model, which
+    # charges the fused kernels at the rates of those timed on perf.FUSED_CE_MEASURED_DATE, it must not calibrate
+    # head + loss (that day's kernels, under the same names, were others); its other categories it still does
+    import copy
+
+    gpu_bench = load_script("gpu_bench")
+    from yxanul_jax.analysis import perf
+
+    cell = REPO / "docs/bench/h200_2026-11-26_night/calibrate/s9_fp8p"
+    record = json.loads((cell / "bench.json").read_text())
+    old = copy.deepcopy(record["rows"][0])
+    assert record["date"] < perf.FUSED_CE_MEASURED_DATE and "output head + loss" in old["category_ratios"]
+    assert gpu_bench.reread_profile(old, str(cell), record["date"])
+    assert "output head + loss" not in old["category_ratios"] and perf.FUSED_CE_TIMED not in old["category_ratios"]
+    assert {"GEMM fp8", "attention", "FP8 scaling"} <= set(old["category_ratios"])
+    dated_today = copy.deepcopy(record["rows"][0])  # the same cell as if run on the day of the timing: both kept
+    assert gpu_bench.reread_profile(dated_today, str(cell), perf.FUSED_CE_MEASURED_DATE)
+    assert {"output head + loss", perf.FUSED_CE_TIMED} <= set(dated_today["category_ratios"])
+
+
 def test_gpu_bench_without_a_gpu_records_no_prediction(tmp_path):
     gpu_bench = load_script("gpu_bench")
     row = gpu_bench.prediction([], None, 1.0, 1, 0.1, "cpu")
@@ -197,6 +218,14 @@ def test_a_timing_whose_compiled_kernels_are_not_the_asked_ones_is_named():
     assert fce.unlike({"mode": "train-fwd", "runs": mosaic, "compiled": {"fused_ce_fwd_dx_ws": "m"}}) == []
     assert fce.unlike({"mode": "fwd", "runs": mosaic, "compiled": {"fused_ce_fwd": "t"}}) == []
     assert fce.unlike({"mode": "fwd+bwd", "runs": mosaic, "compiled": {}}) == []
+    # the row then says what ran: `runs` the kernels timed (dx Triton's at its blocks), `asked` the tiles' ask
+    row = {"mode": "fwd+bwd", "runs": mosaic}
+    fce.read_ran(row, fell_back)
+    assert row["asked"] == mosaic and row["runs"] == "fwd=128x64w8s3,dx=128x128w8s2,dw=128x128w8s2:mosaic-rs"
+    assert row["unlike"] == ["dx asked for fused_ce_fwd_dx_ws, compiled ['fused_ce_dw_ws', 'fused_ce_fwd_dx']"]
+    row = {"mode": "fwd+bwd", "runs": mosaic}
+    fce.read_ran(row, both)
+    assert row == {"mode": "fwd+bwd", "runs": mosaic, "compiled": both}  # as asked: nothing more
 
 
 def test_the_fastest_tiles_of_each_kernel_are_put_together():

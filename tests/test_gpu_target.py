@@ -331,6 +331,33 @@ def test_fused_loss_tiles_beyond_sm90_shared_memory_are_one_line():
                                "GPU has (") and "232,448 there" in lines[0] and "fused_ce_tiles=default" in lines[0]
 
 
+def test_the_mosaic_kernels_fit_sm90s_shared_memory_at_every_ring_the_tiles_allow():
+    # core.tiles.mosaic_max_stages is arithmetic; the sm_90 lowering counts the bytes (and refuses a kernel over
+    # 232,448). The largest rings of 128 rows compile in the census test below (the SMEM form's 2, the RS form's 3);
+    # here the largest of 64 rows in both forms, both kernels, at K 128
+    code = """
+import jax, jax.numpy as jnp
+from yxanul_jax.analysis.gpu_target import compile_device
+from yxanul_jax.core.tiles import parse_tiles
+from yxanul_jax.model import fused_ce
+from jax.sharding import SingleDeviceSharding
+where = SingleDeviceSharding(compile_device("h100"))
+for spec in ("dx=128x64s4:mosaic,dw=64x128s4:mosaic", "dx=128x64s6:mosaic-rs,dw=64x128s6:mosaic-rs"):
+    tiles = parse_tiles(spec)
+    T, V = 8 * tiles.t_multiple, 8 * tiles.v_multiple
+    args = [jax.ShapeDtypeStruct(s, d, sharding=where) for s, d in (((T, 128), jnp.bfloat16), ((V, 128), jnp.bfloat16),
+                                                                     ((T,), jnp.int32))]
+    def loss(x, w, t):
+        return jnp.sum(fused_ce.linear_cross_entropy(x, w, t, V - 59, tiles=tiles)[0])
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile().as_text()
+    assert text.count('custom_call_target="mosaic_gpu_v2"') == 2, spec
+    print("fits", spec)
+"""
+    proc = subprocess.run([gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, env=gpu_env(),
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.count("fits ") == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def test_fused_loss_kernels_sass_census_is_the_recorded_one(tmp_path):
     """The fused head + loss kernels' inner loops in SASS (ptxas + nvdisasm of the sm_90 compile): one ex2 per
     logit with at most 5 float32 instructions around it (libdevice's expf put 8 more around each), no spills,

@@ -73,9 +73,11 @@ class Tiles:
 def mosaic_max_stages(walked: int, registers: bool) -> int:
     """The ring slots of `walked`-row blocks a mosaic kernel fits at head width 128 (`fused_ce_ws`, per program: 96 KiB
     of held rows and float32 output, 32 KiB of softmax (dlogits) in the SMEM form, 32 KiB a slot of 128 rows, dw 34
-    with its tokens' values): 64 KiB of ring in the SMEM form (2 of 128: 192.5 KiB in all, dw 196), 96 KiB in the RS
-    form, whose softmax stays in registers (3 of 128: 192.5, dw 198). sm_90 gives a block 227 KiB; dw with 3 of 128
-    in the SMEM form would need 230."""
+    with its tokens' values, and Pallas's 2 KiB of reduction scratch and the barriers): 64 KiB of ring in the SMEM
+    form, 96 KiB in the RS form, whose softmax stays in registers. sm_90 gives a block 227 KiB (232,448 bytes); by
+    the sm_90 lowering (2026-11-28), 3 slots of 128 need 232,520 bytes (dx) and 235,616 (dw) in the SMEM form, and
+    fit in the RS form, where 4 need 232,536 and 237,688. Of 64 rows (half the bytes a slot) more would fit than this
+    allows; at K 64 everything here fits."""
     return (384 if registers else 256) // walked
 
 
