@@ -47,16 +47,21 @@ def tokenizer_path_of(cfg: Config, run_dir: str | None = None) -> str:
 
     if run_dir and os.path.isfile(os.path.join(run_dir, TOKENIZER_FILE)):
         return os.path.join(run_dir, TOKENIZER_FILE)
-    if cfg.data.train:  # a mixture's datasets share one tokenizer: its first one's
-        train = cfg.data.train
-        path = open_dataset(next(iter(train.values())) if isinstance(train, dict) else train).tokenizer_path
-    else:
-        from yxanul_jax.data.corpus import ensure_demo_dataset
-        path = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size)).tokenizer_path
+    path = open_dataset(dataset_path_of(cfg)).tokenizer_path
     if path is None:
         raise UserError(f"the run's dataset '{cfg.data.train}' has no tokenizer.json; re-prepare it with "
                         "python -m yxanul_jax.prepare")
     return path
+
+
+def dataset_path_of(cfg: Config) -> str:
+    """The prepared dataset the run trained on: `data.train`, a mixture's first (they share one tokenizer), or the
+    demo corpus's (built on first use)."""
+    if cfg.data.train:
+        train = cfg.data.train
+        return next(iter(train.values())) if isinstance(train, dict) else train
+    from yxanul_jax.data.corpus import ensure_demo_dataset
+    return ensure_demo_dataset(vocab_size=cfg.model.vocab_size)
 
 
 def add_source_args(parser) -> None:
