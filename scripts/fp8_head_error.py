@@ -4,14 +4,19 @@
 
 Issue 25 asks whether FP8 can pay in the K-wide head GEMM (logits = x . w, K = embed_rank or d_model). This
 measures the accuracy side on a real model: the head operands (`Yxanul.head_operands`) of the run's validation
-stream (its dataset's val split, the packed stream validation reads) are rounded as a head GEMM's operands would be,
-and the logits and per-token losses compared with float64 ones from the unrounded operands:
-  * bf16: both operands rounded to BF16 (what the fused kernels multiply; float32 accumulation);
+stream (its dataset's val split, the first one's for a mixture: the packed stream validation reads, cut into rows of
+seq_len + 1) are rounded as a head GEMM's operands would be, and the logits and per-token losses compared with those
+of the operands as the model holds them (x in the model's compute dtype, BF16 by default, so there the BF16 row
+rounds the table alone; w as stored, float32), all multiplied exactly (float64): only operand rounding is measured.
+  * bf16: both operands rounded to BF16 (what the fused kernels multiply);
   * e4m3: both cast to E4M3 with a per-tensor scale of 448 / amax (current scaling, the finest per-tensor scale the
-    FP8 GEMMs use), then scaled back: float32 accumulation of the FP8 products.
+    FP8 GEMMs use), then scaled back.
 For each: the mean loss and its change, the mean |change| of a token's loss, the RMS and largest change of a logit
-(beside the logits' standard deviation). Only the logits GEMM is rounded; the softmax's GEMMs (softmax @ w,
-dlogits^T x) carry probabilities and gradients, not the operands measured here. Prints a table and one JSON line.
+(beside the logits' standard deviation). `model_loss` is the model's own loss on the same targets (its logits,
+`Yxanul.__call__`): the operands reproduce it. Only the logits GEMM is rounded; the softmax's GEMMs (softmax @ w,
+dlogits^T x) carry probabilities and gradients, not the operands measured here. Rows are processed in chunks, so a
+200,005-word vocabulary needs ~1 GB. Prints a table and one JSON line; a run or data it cannot read is one line,
+exit 2.
 """
 from __future__ import annotations
 
@@ -47,10 +52,12 @@ def rounded(a: np.ndarray, form: str) -> np.ndarray:
     return (a * scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) / scale
 
 
-def head_operands(trained, tokens: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(x [N, K], w [K, V real], targets [N]) of the first `tokens` targets of the run's validation stream."""
+def head_operands(trained, tokens: int, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(x [N, K], w [K, V real], targets [N], the model's own mean loss on them) of the first `tokens` targets of the
+    run's validation stream. UserError where that stream cannot be read or is shorter than one row."""
     import jax.numpy as jnp
 
+    from yxanul_jax.core.errors import UserError
     from yxanul_jax.data.dataset import open_dataset
     from yxanul_jax.data.loader import TokenStream
     from yxanul_jax.inference.trained import dataset_path_of
@@ -60,27 +67,48 @@ def head_operands(trained, tokens: int, seq_len: int) -> tuple[np.ndarray, np.nd
     stream = TokenStream(ds.split("val"), ds.eos_id, seed=None)
     rows = min(tokens // seq_len, (stream.length - 1) // (seq_len + 1))
     if rows < 1:
-        raise SystemExit(f"error: the validation stream has {stream.length} tokens, fewer than --seq-len {seq_len} + 1")
+        raise UserError(f"the validation stream has {stream.length:,} tokens, fewer than one row of --seq-len "
+                        f"{seq_len} + 1; pass a smaller --seq-len")
     ids = stream.read(0, rows * (seq_len + 1)).astype(np.int32).reshape(rows, seq_len + 1)
     model = Yxanul(trained.cfg.model, trained.cfg.fp8)
-    h = model.apply(trained.variables, jnp.asarray(ids[:, :-1]), method=Yxanul.hidden)
+    inputs, targets = jnp.asarray(ids[:, :-1]), ids[:, 1:].reshape(-1)
+    h = model.apply(trained.variables, inputs, method=Yxanul.hidden)
     x, w = model.apply(trained.variables, h.reshape(-1, h.shape[-1]), method=Yxanul.head_operands)
-    return (np.asarray(x, np.float32), np.asarray(w, np.float32)[:, :trained.cfg.model.vocab_size],
-            ids[:, 1:].reshape(-1))
+    logits = np.asarray(model.apply(trained.variables, inputs), np.float64).reshape(len(targets), -1)
+    return (np.asarray(x, np.float32), np.asarray(w, np.float32)[:, :trained.cfg.model.vocab_size], targets,
+            float(token_losses(logits, targets).mean()))
 
 
-def measure(x: np.ndarray, w: np.ndarray, targets: np.ndarray) -> dict:
-    ref = x.astype(np.float64) @ w.astype(np.float64)
-    ref_losses = token_losses(ref, targets)
-    out = {"tokens": int(len(targets)), "k": int(x.shape[1]), "vocab": int(w.shape[1]),
-           "loss": float(ref_losses.mean()), "logit_std": float(ref.std())}
-    for form in ("bf16", "e4m3"):
-        logits = rounded(x, form).astype(np.float64) @ rounded(w, form).astype(np.float64)
-        losses = token_losses(logits, targets)
-        err = logits - ref
-        out[form] = {"loss": float(losses.mean()), "loss_change": float(losses.mean() - ref_losses.mean()),
-                     "token_loss_change": float(np.abs(losses - ref_losses).mean()),
-                     "logit_rms_error": float(np.sqrt((err ** 2).mean())), "logit_max_error": float(np.abs(err).max())}
+def measure(x: np.ndarray, w: np.ndarray, targets: np.ndarray, chunk: int = 512) -> dict:
+    """The module docstring's numbers, over chunks of `chunk` rows (a few [chunk, V] float64 arrays at a time)."""
+    forms = {form: (rounded(x, form).astype(np.float64), rounded(w, form).astype(np.float64))
+             for form in ("bf16", "e4m3")}
+    w64 = w.astype(np.float64)
+    ref_sum = ref_sq = 0.0
+    sums = {form: {"loss": 0.0, "change": 0.0, "sq": 0.0, "max": 0.0} for form in forms}
+    ref_total = 0.0
+    for a in range(0, len(targets), chunk):
+        rows, t = slice(a, a + chunk), targets[a:a + chunk]
+        ref = x[rows].astype(np.float64) @ w64
+        ref_losses = token_losses(ref, t)
+        ref_total += ref_losses.sum()
+        ref_sum, ref_sq = ref_sum + ref.sum(), ref_sq + (ref ** 2).sum()
+        for form, (xf, wf) in forms.items():
+            logits = xf[rows] @ wf
+            losses, err = token_losses(logits, t), logits - ref
+            s = sums[form]
+            s["loss"] += losses.sum()
+            s["change"] += np.abs(losses - ref_losses).sum()
+            s["sq"] += (err ** 2).sum()
+            s["max"] = max(s["max"], float(np.abs(err).max()))
+    n, cells = len(targets), len(targets) * w.shape[1]
+    loss = ref_total / n
+    out = {"tokens": int(n), "k": int(x.shape[1]), "vocab": int(w.shape[1]), "loss": float(loss),
+           "logit_std": float(np.sqrt(ref_sq / cells - (ref_sum / cells) ** 2))}
+    for form, s in sums.items():
+        out[form] = {"loss": float(s["loss"] / n), "loss_change": float(s["loss"] / n - loss),
+                     "token_loss_change": float(s["change"] / n), "logit_rms_error": float(np.sqrt(s["sq"] / cells)),
+                     "logit_max_error": s["max"]}
     return out
 
 
@@ -91,19 +119,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=8192, help="validation targets measured")
     p.add_argument("--seq-len", type=int, default=128)
     args = p.parse_args(argv)
-    from yxanul_jax.core.errors import UserError
+    if not 1 <= args.seq_len <= args.tokens:
+        print(f"error: --seq-len {args.seq_len} must be from 1 to --tokens ({args.tokens}): the tokens come in rows "
+              "of seq_len", file=sys.stderr)
+        return 2
+    from yxanul_jax.core.errors import UserError, one_line
     from yxanul_jax.inference.trained import load_trained
 
     try:
         trained = load_trained(args.run_dir or (None if args.checkpoint else "runs/tiny"), args.checkpoint)
+        x, w, targets, model_loss = head_operands(trained, args.tokens, args.seq_len)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
-    r = measure(*head_operands(trained, args.tokens, args.seq_len))
-    r.update({"model": trained.cfg.model.name, "step": trained.step, "date": datetime.date.today().isoformat(),
-              "machine": platform.node()})
-    print(f"{trained.cfg.model.name} at step {trained.step}: {r['tokens']:,} validation targets, K {r['k']}, "
-          f"vocabulary {r['vocab']:,}; float64 loss {r['loss']:.4f}, logits' std {r['logit_std']:.3f}")
+    r = measure(x, w, targets)
+    r.update({"model_loss": model_loss, "model": trained.cfg.model.name, "dtype": trained.cfg.model.dtype,
+              "step": trained.step, "seed": trained.cfg.train.seed, "shuffle_seed": trained.cfg.data.shuffle_seed,
+              "date": datetime.date.today().isoformat(), "machine": platform.node()})
+    print(f"{trained.cfg.model.name} (train.seed {r['seed']}) at step {trained.step}: {r['tokens']:,} validation "
+          f"targets, K {r['k']}, vocabulary {r['vocab']:,}; loss {r['loss']:.4f} (the model's own {model_loss:.4f}), "
+          f"logits' std {r['logit_std']:.3f}")
     print(f"{'operands':<10}{'loss':>9}{'change':>10}{'|token change|':>16}{'logit rms err':>15}{'max err':>9}")
     for form in ("bf16", "e4m3"):
         f = r[form]

@@ -19,7 +19,8 @@ def test_fp8_head_operands_err_more_than_bf16_on_a_trained_run(trained_run):
     # BF16 keeps 8 bits of mantissa, E4M3 4: the logits' error and each token's loss change grow with it
     assert 0 < bf16["logit_rms_error"] < e4m3["logit_rms_error"] and bf16["logit_max_error"] < e4m3["logit_max_error"]
     assert 0 < bf16["token_loss_change"] < e4m3["token_loss_change"]
-    assert np.isclose(r["loss"] + e4m3["loss_change"], e4m3["loss"])
+    # the operands are the model's head: their loss is the model's own on the same targets (its logits in BF16)
+    assert abs(r["loss"] - r["model_loss"]) < 1e-2 * r["loss"]
 
 
 def test_rounding_matches_the_formats():
@@ -28,12 +29,18 @@ def test_rounding_matches_the_formats():
     assert script.rounded(a, "bf16")[1] == 1.0  # below BF16's half step at 1: rounds to 1
     e4m3 = script.rounded(a, "e4m3")  # scale 448 / amax = 3: 448 is exact, 3 -> 9 -> 9 (E4M3 has 3 mantissa bits)
     assert e4m3[3] == np.float32(448.0) / 3 and e4m3[2] == -3.0
-    # the largest relative error E4M3 makes on normal values: half a step of 2^-3
+    # the largest relative error E4M3 makes on normal values: half a step of 2^-3 just above a power of 2,
+    # 2^-4 / (1 + 2^-4) = 1/17 (a format of 4 mantissa bits would stay under 1/33, E5M2's reach 1/9)
     x = np.random.default_rng(0).uniform(1, 2, 10_000).astype(np.float32) * 100
     rel = np.abs(script.rounded(x, "e4m3") - x) / x
-    assert rel.max() <= 2 ** -4 + 1e-6 and rel.max() > 2 ** -5
+    assert 0.055 < rel.max() <= 1 / 17 + 1e-6
 
 
-def test_a_missing_run_is_one_line(tmp_path):
-    rc, _, err = run_cli(load_script("fp8_head_error").main, ["--run-dir", str(tmp_path / "none")])
-    assert rc == 2 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+def test_mistakes_are_one_line(tmp_path, trained_run):
+    main = load_script("fp8_head_error").main
+    for args, says in ((["--run-dir", str(tmp_path / "none")], "is not a run directory"),
+                       (["--run-dir", str(trained_run), "--tokens", "100", "--seq-len", "128"], "--seq-len 128 must be"),
+                       (["--run-dir", str(trained_run), "--tokens", "1000000000", "--seq-len", "100000000"],
+                        "fewer than one row of --seq-len")):
+        rc, _, err = run_cli(main, args)
+        assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, (args, err)
