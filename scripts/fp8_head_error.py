@@ -14,9 +14,9 @@ rounds the table alone; w as stored, float32), all multiplied exactly (float64):
 For each: the mean loss and its change, the mean |change| of a token's loss, the RMS and largest change of a logit
 (beside the logits' standard deviation). `model_loss` is the model's own loss on the same targets (its logits,
 `Yxanul.__call__`): the operands reproduce it. Only the logits GEMM is rounded; the softmax's GEMMs (softmax @ w,
-dlogits^T x) carry probabilities and gradients, not the operands measured here. Rows are processed in chunks, so a
-200,005-word vocabulary needs ~1 GB. Prints a table and one JSON line; a run or data it cannot read is one line,
-exit 2.
+dlogits^T x) carry probabilities and gradients, not the operands measured here. Rows are processed in chunks
+(CHUNK), so a 200,005-word vocabulary needs ~2 GB (1.7 GB peak for 512 random rows, 2-core box, 2026-11-28). Prints
+a table and one JSON line; a run or data it cannot read is one line, exit 2.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 E4M3_MAX = 448.0
+CHUNK = 128  # logit rows at a time: 200 MB of float64 each at a 200,005-word vocabulary
 
 
 def token_losses(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -74,13 +75,18 @@ def head_operands(trained, tokens: int, seq_len: int) -> tuple[np.ndarray, np.nd
     inputs, targets = jnp.asarray(ids[:, :-1]), ids[:, 1:].reshape(-1)
     h = model.apply(trained.variables, inputs, method=Yxanul.hidden)
     x, w = model.apply(trained.variables, h.reshape(-1, h.shape[-1]), method=Yxanul.head_operands)
-    logits = np.asarray(model.apply(trained.variables, inputs), np.float64).reshape(len(targets), -1)
+    at_once = max(1, CHUNK // seq_len)  # rows of the model's own [rows, seq_len, V] logits at a time
+    own = sum(token_losses(np.asarray(model.apply(trained.variables, inputs[a:a + at_once]), np.float64)
+                           .reshape(-1, trained.cfg.model.vocab_size), ids[a:a + at_once, 1:].reshape(-1)).sum()
+              for a in range(0, rows, at_once))
     return (np.asarray(x, np.float32), np.asarray(w, np.float32)[:, :trained.cfg.model.vocab_size], targets,
-            float(token_losses(logits, targets).mean()))
+            float(own / len(targets)))
 
 
-def measure(x: np.ndarray, w: np.ndarray, targets: np.ndarray, chunk: int = 512) -> dict:
-    """The module docstring's numbers, over chunks of `chunk` rows (a few [chunk, V] float64 arrays at a time)."""
+def measure(x: np.ndarray, w: np.ndarray, targets: np.ndarray, chunk: int = 0) -> dict:
+    """The module docstring's numbers, over chunks of `chunk` rows (CHUNK: a few [chunk, V] float64 arrays at a
+    time)."""
+    chunk = chunk or CHUNK
     forms = {form: (rounded(x, form).astype(np.float64), rounded(w, form).astype(np.float64))
              for form in ("bf16", "e4m3")}
     w64 = w.astype(np.float64)

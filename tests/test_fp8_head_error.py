@@ -39,7 +39,8 @@ def test_rounding_matches_the_formats():
 def test_mistakes_are_one_line(tmp_path, trained_run):
     main = load_script("fp8_head_error").main
     for args, says in ((["--run-dir", str(tmp_path / "none")], "is not a run directory"),
-                       (["--run-dir", str(trained_run), "--tokens", "100", "--seq-len", "128"], "--seq-len 128 must be"),
+                       (["--run-dir", str(trained_run), "--tokens", "100", "--seq-len", "128"],
+                        "--seq-len 128 must be"),
                        (["--run-dir", str(trained_run), "--tokens", "1000000000", "--seq-len", "100000000"],
                         "fewer than one row of --seq-len")):
         rc, _, err = run_cli(main, args)
