@@ -12,9 +12,9 @@ rounds the table alone; w as stored, float32), all multiplied exactly (float64):
   * e4m3: both cast to E4M3 with a per-tensor scale of 448 / amax (current scaling, the finest per-tensor scale the
     FP8 GEMMs use), then scaled back.
 For each: the mean loss and its change, the mean |change| of a token's loss, the RMS and largest change of a logit
-(beside the logits' standard deviation). `model_loss` is the model's own loss on the same targets (its logits,
-`Yxanul.__call__`): the operands reproduce it. Only the logits GEMM is rounded; the softmax's GEMMs (softmax @ w,
-dlogits^T x) carry probabilities and gradients, not the operands measured here. Rows are processed in chunks
+(beside the logits' standard deviation). `model_loss` is the model's own loss on the same targets (its head,
+`Yxanul.logits`, on the same hidden states): the operands reproduce it. Only the logits GEMM is rounded; the
+softmax's GEMMs (softmax @ w, dlogits^T x) carry probabilities and gradients, not the operands measured here. Rows are processed in chunks
 (CHUNK), so a 200,005-word vocabulary needs ~2 GB (1.7 GB peak for 512 random rows, 2-core box, 2026-11-28). Prints
 a table and one JSON line; a run or data it cannot read is one line, exit 2.
 """
@@ -75,12 +75,12 @@ def head_operands(trained, tokens: int, seq_len: int) -> tuple[np.ndarray, np.nd
     inputs, targets = jnp.asarray(ids[:, :-1]), ids[:, 1:].reshape(-1)
     h = model.apply(trained.variables, inputs, method=Yxanul.hidden)
     x, w = model.apply(trained.variables, h.reshape(-1, h.shape[-1]), method=Yxanul.head_operands)
-    at_once = max(1, CHUNK // seq_len)  # rows of the model's own [rows, seq_len, V] logits at a time
-    own = sum(token_losses(np.asarray(model.apply(trained.variables, inputs[a:a + at_once]), np.float64)
-                           .reshape(-1, trained.cfg.model.vocab_size), ids[a:a + at_once, 1:].reshape(-1)).sum()
+    V = trained.cfg.model.vocab_size
+    at_once = max(1, CHUNK // seq_len)  # rows of the model's own head's [rows, seq_len, V] logits at a time
+    own = sum(token_losses(np.asarray(model.apply(trained.variables, h[a:a + at_once], method=Yxanul.logits)[..., :V],
+                                      np.float64).reshape(-1, V), ids[a:a + at_once, 1:].reshape(-1)).sum()
               for a in range(0, rows, at_once))
-    return (np.asarray(x, np.float32), np.asarray(w, np.float32)[:, :trained.cfg.model.vocab_size], targets,
-            float(own / len(targets)))
+    return np.asarray(x, np.float32), np.asarray(w, np.float32)[:, :V], targets, float(own / len(targets))
 
 
 def measure(x: np.ndarray, w: np.ndarray, targets: np.ndarray, chunk: int = 0) -> dict:

@@ -117,10 +117,17 @@ def compiled_kernels(hlo_text: str) -> dict[str, str]:
     return dict(sorted(fused_ce_calls(hlo_text).items()))
 
 
-def _training_kernels(mode: str) -> list[tuple[str, str]]:
-    """(tiles field, Triton kernel name) of the training kernels a timing mode runs; the mosaic ones add `_ws`."""
-    return {"fwd": [], "train-fwd": [("dx", "fused_ce_fwd_dx")],
-            "fwd+bwd": [("dx", "fused_ce_fwd_dx"), ("dw", "fused_ce_dw")]}[mode]
+def _failure(e: BaseException) -> str:
+    """A set's compile, launch or HLO-reading failure as a row records it: its type and first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+def _training_kernels(mode: str) -> list[tuple[str, str, str]]:
+    """(tiles field, Triton kernel name, mosaic kernel name) of the training kernels a timing mode runs."""
+    from yxanul_jax.model.fused_ce_ws import FORWARD, TABLE_GRAD
+
+    dx, dw = ("dx", "fused_ce_fwd_dx", FORWARD), ("dw", "fused_ce_dw", TABLE_GRAD)
+    return {"fwd": [], "train-fwd": [dx], "fwd+bwd": [dx, dw]}[mode]
 
 
 def unlike(row: dict) -> list[str]:
@@ -131,8 +138,8 @@ def unlike(row: dict) -> list[str]:
         return []
     asked = tiles_of(row["runs"])
     out = []
-    for kernel, name in _training_kernels(row["mode"]):
-        want = name + ("_ws" if getattr(asked, kernel).kernel.startswith("mosaic") else "")
+    for kernel, triton, mosaic in _training_kernels(row["mode"]):
+        want = mosaic if getattr(asked, kernel).kernel.startswith("mosaic") else triton
         if want not in row["compiled"]:
             out.append(f"{kernel} asked for {want}, compiled {sorted(row['compiled'])}")
     return out
@@ -150,10 +157,10 @@ def read_ran(row: dict, kernels: dict[str, str]) -> None:
         return
     row["unlike"] = differs
     ran = tiles_of(row["runs"])
-    for kernel, name in _training_kernels(row["mode"]):
-        if name not in row["compiled"] and name + "_ws" not in row["compiled"]:
+    for kernel, triton, mosaic in _training_kernels(row["mode"]):
+        if triton not in row["compiled"] and mosaic not in row["compiled"]:
             continue  # neither form: leave the ask (the note says what was compiled)
-        form = "mosaic" if name + "_ws" in row["compiled"] else "triton"
+        form = "mosaic" if mosaic in row["compiled"] else "triton"
         t = getattr(ran, kernel)
         if t.kernel.startswith("mosaic") != (form != "triton"):
             ran = dataclasses.replace(ran, **{kernel: dataclasses.replace(t, kernel=form)})
@@ -231,7 +238,7 @@ def guarded_check(*args, tiles: str, **kw) -> dict:
     try:
         return check(*args, tiles=tiles, **kw)
     except Exception as e:  # a Triton compile or launch error (shared memory): recorded, the sweep goes on
-        return {"tiles": tiles, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
+        return {"tiles": tiles, "ok": False, "error": _failure(e)}
 
 
 def print_check(c: dict) -> None:
@@ -299,12 +306,12 @@ def timing(T: int, V: int, K: int, v_real: int, chunk: int, iters: int, peak: fl
                     try:
                         kernels = compiled_kernels(compiled.as_text())
                     except Exception as e:  # the HLO reader failed, not the GPU: the row keeps its time
-                        row["compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                        row["compiled_error"] = _failure(e)
                     else:
                         read_ran(row, kernels)
                 s = median_s(compiled, (x, w), iters)
             except Exception as e:  # a set of tiles the GPU cannot run (shared memory): recorded, the sweep goes on
-                rows.append({**row, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]})
+                rows.append({**row, "error": _failure(e)})
                 continue
             tflops = flop_multiple(mode) * 2 * T * K * V / s / 1e12
             of_peak = None if peak is None else tflops * 1e12 / peak

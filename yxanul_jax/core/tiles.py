@@ -65,9 +65,13 @@ class Tiles:
         most = mosaic_max_stages(n, self.kernel == "mosaic-rs")
         fits = MOSAIC_MIN_STAGES <= self.stages <= most
         if getattr(self, held) != MOSAIC_HELD or n not in MOSAIC_WALKED or not fits:
-            raise ValueError(f"a mosaic kernel takes {held} 128 and {walked} 128 with 2 stages (3 in the RS form) or "
-                             f"{walked} 64 with 2-4 (2-6), got {self.bt}x{self.bv}s{self.stages}: e.g. "
-                             "dx=128x128s2:mosaic, dw=128x128s3:mosaic-rs")
+            big, small = MOSAIC_WALKED[-1], MOSAIC_WALKED[0]
+            raise ValueError(
+                f"a mosaic kernel takes {held} {MOSAIC_HELD} and {walked} {big} with {mosaic_max_stages(big, False)} "
+                f"stages ({mosaic_max_stages(big, True)} in the RS form) or {walked} {small} with "
+                f"{MOSAIC_MIN_STAGES}-{mosaic_max_stages(small, False)} ({MOSAIC_MIN_STAGES}-"
+                f"{mosaic_max_stages(small, True)}), got {self.bt}x{self.bv}s{self.stages}: e.g. dx=128x128s2:mosaic, "
+                "dw=128x128s3:mosaic-rs")
 
 
 def mosaic_max_stages(walked: int, registers: bool) -> int:
