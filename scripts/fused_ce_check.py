@@ -54,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from yxanul_jax.core.tiles import training_form  # noqa: E402  (below the model: no JAX)
+
 VALUE_RTOL = 1e-5
 GRAD_RTOL = 2e-2
 
@@ -95,7 +97,7 @@ def tiles_of(spec: str):
     return parse_tiles(spec)
 
 
-TRITON = "dx=128x128s2,dw=128x128s2"  # the training kernels in Triton at the default's blocks
+TRITON = training_form("triton")  # the training kernels in Triton at the default's blocks
 
 
 def runs(spec: str, k: int) -> str:

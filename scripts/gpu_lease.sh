@@ -97,10 +97,12 @@ fi
 "$PY" -c "import yxanul_jax.training.stages, yxanul_jax.model.fused_ce" || { echo "import failed: stop"; exit 1; }
 
 BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
-MOSAIC="dx=128x128s2:mosaic,dw=128x128s2:mosaic"  # the fused loss, warp-specialized (model/fused_ce_ws.py)
-TRITON="dx=128x128s2,dw=128x128s2"  # the fused loss's training kernels in Triton (the default's until 2026-11-28)
-RS="dx=128x128s2:mosaic-rs,dw=128x128s2:mosaic-rs"  # the Mosaic GPU kernels with the softmax kept in registers
-RS3="dx=128x128s3:mosaic-rs,dw=128x128s3:mosaic-rs"  # ... and a third ring slot in the shared memory that frees
+# the fused loss's training kernels at the default's blocks (core/tiles.py: training_form), in each form: MOSAIC
+# warp-specialized (model/fused_ce_ws.py), TRITON (the default's until 2026-11-28), RS the Mosaic GPU kernels with the
+# softmax kept in registers, RS3 that and a third ring slot in the shared memory that frees
+read -r MOSAIC TRITON RS RS3 < <("$PY" -c "from yxanul_jax.core.tiles import training_form as f
+print(f('mosaic'), f('triton'), f('mosaic-rs'), f('mosaic-rs', 3))")
+[ -n "$RS3" ] || { echo "core.tiles.training_form failed: stop"; exit 1; }
 LOOP="model.scan_unroll=1"  # the 197m config's layers with a loop: the layout every plan but bench and proj was written for
 case "$PLAN" in ab | tiles | short | calibrate | fp8 | wgrad) BENCH+=("$LOOP") ;; esac  # their limits fit its compile
 case "$PLAN" in

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from yxanul_jax.core.tiles import DEFAULT_TILES, KernelTiles, Tiles, parse_tiles
+from yxanul_jax.core.tiles import DEFAULT_TILES, KernelTiles, Tiles, parse_tiles, training_form
 from yxanul_jax.core.config import Config, TrainConfig, load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model import fused_ce
@@ -198,6 +198,16 @@ def test_the_default_training_kernels_are_mosaic_where_they_can_run():
         KernelTiles(dx=Tiles(64, 128, 8, 2, "auto"))
     with pytest.raises(ValueError, match="forward's kernel is Triton's"):
         KernelTiles(fwd=Tiles(kernel="mosaic"))
+    # the sets the GPU scripts compare: the default's training kernels, each form, at the default's blocks
+    for form in ("triton", "mosaic", "mosaic-rs"):
+        tiles = parse_tiles(training_form(form))
+        for name in ("dx", "dw"):
+            made, default = getattr(tiles, name), getattr(DEFAULT_TILES, name)
+            assert (made.bt, made.bv, made.stages, made.kernel) == (default.bt, default.bv, default.stages, form)
+        assert tiles.fwd == DEFAULT_TILES.fwd
+    assert parse_tiles(training_form("mosaic-rs", 3)).dw.stages == 3
+    with pytest.raises(ValueError, match="kernel form"):
+        training_form("cuda")
     # a 32-wide head takes the default tiles (they run in Triton there) and `:auto`, but not `:mosaic` (above)
     x, w, t = jnp.zeros((8, 32), jnp.bfloat16), jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((8,), jnp.int32)
     fused_ce.linear_cross_entropy(x, w, t, 32, tiles=auto)

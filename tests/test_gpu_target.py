@@ -15,6 +15,7 @@ import pytest
 from yxanul_jax import analyze as insp
 from yxanul_jax.analysis import gpu_target, perf
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.core.tiles import training_form
 
 from conftest import LAYER_LOOP, REPO, gpu_env, gpu_python, inspect_h100
 
@@ -296,7 +297,7 @@ def test_yxanul_197m_compiles_with_muon_for_h100():
     assert r["categories"]["optimizer"]["flops"] > 1e12 and r["predicted_step_ms"] > 0
 
 
-TRITON = "dx=128x128s2,dw=128x128s2"  # both training kernels in Triton, at the default's blocks
+TRITON = training_form("triton")  # both training kernels in Triton, at the default's blocks
 
 
 def test_the_default_training_kernels_compile_as_mosaic_into_the_step_and_are_charged_at_their_rate(tmp_path):

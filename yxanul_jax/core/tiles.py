@@ -171,6 +171,20 @@ class KernelTiles:
 DEFAULT_TILES = KernelTiles()
 
 
+def training_form(kernel: str, stages: int | None = None) -> str:
+    """The spec of the default tiles' two training kernels (dx, dw) in one form (`KERNEL_FORMS`: `triton`, `mosaic`,
+    `mosaic-rs`), at the default's blocks and `stages` (the default's when None): the sets the GPU scripts compare
+    (scripts/gpu_lease.sh, scripts/fused_ce_check.py), named here once."""
+    if kernel not in KERNEL_FORMS:
+        raise ValueError(f"training_form: a kernel form is one of {KERNEL_FORMS}, got {kernel!r}")
+    parts = []
+    for name in MOSAIC_WALKS:
+        t = getattr(DEFAULT_TILES, name)
+        ending = "" if kernel == "triton" else f":{kernel}"
+        parts.append(f"{name}={t.bt}x{t.bv}s{t.stages if stages is None else stages}{ending}")
+    return ",".join(parts)
+
+
 def parse_tiles(spec: str) -> KernelTiles:
     """`default`, or comma-separated `KERNEL=BTxBV[wWARPS][sSTAGES][:mosaic|:mosaic-rs|:auto]` changes to the default
     tiles (`KernelTiles.replace`): the form of `train.fused_ce_tiles` and `scripts/fused_ce_check.py --tiles`."""
