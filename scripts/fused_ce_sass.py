@@ -11,7 +11,10 @@ kernel: registers, spills, SASS instructions, exps (MUFU) and wgmma (HGMMA) per 
 tensor, issue and MUFU parts of an iteration and of the whole walked iteration, the clocks the tensor cores stand
 idle before the iteration's first GEMM, between its GEMMs and after the last (`idle b/m/a`: what a faster loop must
 remove), the tensor cores' share of the iteration (what `model.fused_ce.TENSOR_SHARE` records for the performance
-model), the bytes it loads per clock, and the kernel's milliseconds by this cycle model alone at `--tokens` x the
+model), the bytes it loads per clock, the kilobytes an iteration moves through shared memory (`smem KB`:
+`kernel_census.smem_bytes`, the wgmma operands read there, the stores, loads and copies) and their clocks at 128
+bytes a clock over the iteration's (`smem`: above 1, the loop asks the shared memory for longer than the census
+gives it; the census does not charge it), and the kernel's milliseconds by this cycle model alone at `--tokens` x the
 vocabulary (`--vocab-rows`, `--v-real`, `--k`: yxanul-197m's by default). `--measured` reads a `scripts/fused_ce_check.py --json-out` file (a GPU's tile
 sweep of the same kernel code) and sets each measured row beside its prediction, with the ratio. A table, then
 one JSON line.
@@ -69,7 +72,8 @@ def compile_kernels(spec: str, device, k: int) -> dict[str, str]:
 
 def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sms: int, clock_hz: float) -> dict:
     """One kernel's census and its predicted time at `tokens` x `v_real` (module docstring)."""
-    from yxanul_jax.analysis.kernel_census import assemble, inner_loop, load_bytes, pingpong_cycles, tile_cycles
+    from yxanul_jax.analysis.kernel_census import (SMEM_BYTES_PER_CLOCK, assemble, inner_loop, load_bytes,
+                                                   pingpong_cycles, smem_bytes, tile_cycles)
     from yxanul_jax.core.tiles import parse_tiles
     from yxanul_jax.model.fused_ce_ws import CONSUMERS
 
@@ -85,13 +89,15 @@ def predict(name: str, ptx: str, spec: str, tokens: int, v_real: int, k: int, sm
     t_blocks, v_blocks = math.ceil(tokens / t.bt), math.ceil(v_real / t.bv)
     programs, iters = (t_blocks, v_blocks) if name in ROW_KERNELS else (v_blocks, t_blocks)
     waves = math.ceil(programs / sms)
+    loaded = mosaic_bytes(name, t, k) if mosaic else load_bytes(loop, t.warps)
+    smem = smem_bytes(loop, t.warps, loaded if mosaic else 0)  # LDGSTS are in the SASS; TMA copies are not
     return {"tiles": spec, "kernel": name, "bt": t.bt, "bv": t.bv, "warps": t.warps, "stages": t.stages,
             "registers": regs, "spill_bytes": spilled, "instructions": loop.instructions,
             "mufu": loop.count("MUFU"), "hgmma": loop.count("HGMMA"),
             "fp32_alu": loop.count("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL"),
             "cycles": {key: round(v, 1) for key, v in cyc.items()}, "share": round(cyc["tensor"] / cyc["total"], 4),
-            "load_bytes": (loaded := mosaic_bytes(name, t, k) if mosaic else load_bytes(loop, t.warps)),
-            "load_bytes_per_clock": round(loaded / cyc["total"], 1),
+            "load_bytes": loaded, "load_bytes_per_clock": round(loaded / cyc["total"], 1),
+            "smem_bytes": smem, "smem_share": round(smem["total"] / SMEM_BYTES_PER_CLOCK / cyc["total"], 3),
             "ms": waves * iters * cyc["total"] / clock_hz * 1e3}
 
 
@@ -165,13 +171,15 @@ def main() -> int:
     measured = measured_ms(args.measured, args.tokens) if args.measured else {}
     tw = max([22] + [len(spec) + 2 for spec in args.tiles])  # the tiles column
     print(f"{'tiles':<{tw}}{'kernel':<19}{'regs':>5}{'spill':>6}{'instr':>6}{'mufu':>5}{'hgmma':>6}{'tensor':>8}"
-          f"{'issue':>7}{'mufu':>6}{'clk/it':>7}{'idle b/m/a':>13}{'share':>7}{'B/clk':>6}{'ms':>8}")
+          f"{'issue':>7}{'mufu':>6}{'clk/it':>7}{'idle b/m/a':>13}{'share':>7}{'B/clk':>6}{'smem KB':>8}{'smem':>6}"
+          f"{'ms':>8}")
     for r in rows:
         c = r["cycles"]
         idle = f"{c['idle_before']:.0f}/{c['idle_between']:.0f}/{c['idle_after']:.0f}"
         print(f"{r['tiles']:<{tw}}{r['kernel']:<19}{r['registers']:>5}{r['spill_bytes']:>6}{r['instructions']:>6}"
               f"{r['mufu']:>5}{r['hgmma']:>6}{c['tensor']:>8.0f}{c['issue']:>7.0f}{c['mufu']:>6.0f}{c['total']:>7.0f}"
-              f"{idle:>13}{r['share']:>7.3f}{r['load_bytes_per_clock']:>6.1f}{r['ms']:>8.2f}")
+              f"{idle:>13}{r['share']:>7.3f}{r['load_bytes_per_clock']:>6.1f}{r['smem_bytes']['total'] / 1024:>8.0f}"
+              f"{r['smem_share']:>6.2f}{r['ms']:>8.2f}")
     sets = []
     for spec in (s for s in args.tiles if s not in failed):
         mine = [r for r in rows if r["tiles"] == spec]

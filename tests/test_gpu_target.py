@@ -377,8 +377,14 @@ def test_fused_loss_kernels_sass_census_is_the_recorded_one(tmp_path):
     assert sorted({k["kernel"] for k in rows}) == sorted(TENSOR_SHARE)
     # the RS form keeps the softmax and dlogits in registers: no store of them and no fence in its loop
     loop = {(k["tiles"], k["kernel"]): k["instructions"] for k in rows}
+    smem = {(k["tiles"], k["kernel"]): k["smem_bytes"] for k in rows}
     for name in ("fused_ce_fwd_dx_ws", "fused_ce_dw_ws"):
         assert loop[(rs, name)] < loop[("default", name)] - 30, (name, loop)
+        # ... so its shared memory moves neither that store nor the accumulating GEMM's A operand: 2 consumers x 64
+        # rows x 128 of BF16 each (kernel_census.smem_bytes, from the SASS: a wgmma with A in registers)
+        ss, regs = smem[("default", name)], smem[(rs, name)]
+        assert (ss["stores"], regs["stores"]) == (2 * 64 * 128 * 2, 0), (name, ss, regs)
+        assert ss["wgmma"] - regs["wgmma"] == 2 * 64 * 128 * 2, (name, ss, regs)
     for k in rows:
         name = k["kernel"]
         logits = k["bt"] * k["bv"] // (k["warps"] * 32)  # per thread and iteration

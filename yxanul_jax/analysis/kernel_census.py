@@ -5,6 +5,7 @@ follow: the part of the performance model that XLA's HLO cannot show (a custom c
     code, regs, spilled = assemble(ptx["fused_ce_dw"])  # its SASS (ptxas + nvdisasm), registers and spills
     loop = inner_loop(code)                            # the kernel's hottest loop: SASS opcodes and their counts
     cycles = tile_cycles(loop, warps=8)                # {"tensor", "issue", "mufu", "total"} clocks
+    moved = smem_bytes(loop, warps=8)                  # bytes through shared memory per iteration (not charged)
 
 The SASS comes from CUDA's own tools on the compile machine: `ptxas` (the gpu-check environment has it, with
 jax-cuda12-plugin's nvcc) assembles the PTX XLA wrote, and `nvdisasm` (the `nvidia-cuda-nvdisasm` wheel, added
@@ -38,6 +39,8 @@ import tempfile
 TENSOR_FLOP_PER_CLOCK = 4096  # dense BF16 per SM per clock, GH100 (989.4 TFLOP/s = 132 SMs x 4096 x 1.83 GHz)
 ISSUE_PER_CLOCK = 4  # warp instructions per SM per clock (4 schedulers)
 MUFU_PER_CLOCK = 16  # special-function results per SM per clock (ex2)
+SMEM_BYTES_PER_CLOCK = 128  # shared memory per SM per clock, GH100 (32 banks x 4 bytes)
+_ELEMENT_BYTES = {"BF16": 2, "F16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1, "S8": 1, "U8": 1}  # a wgmma's operand types
 THREADS_PER_WARP = 32
 
 
@@ -289,6 +292,39 @@ def _registers(text: str) -> tuple[str | None, set[str]]:
         wide = (name == "HGMMA") or (name == "STSM" and op.endswith(".4") and k > 0)
         reads |= {f"R{int(r) + i}" for r in group for i in range(4 if wide else 1)}
     return dest, reads
+
+
+def smem_bytes(loop: Loop, warps: int, copied: int = 0) -> dict[str, int]:
+    """Bytes one iteration of one thread block moves through the SM's shared memory, by what moves them: `wgmma` (its
+    B operand always, its A operand where it is a descriptor, not registers: the SS form), `stores` and `loads`
+    (STS, LDS by each thread; STSM, LDSM 128 bytes per 8 x 8 matrix and warp; sizes from the opcode, 4 bytes without
+    one), `copies` (LDGSTS, cp.async; and `copied`, the caller's count of TMA bytes, which SASS does not show), and
+    `total`. A diagnostic beside `tile_cycles`, which does not charge shared memory: at SMEM_BYTES_PER_CLOCK a loop
+    whose total / 128 approaches its tensor clocks asks the shared memory as much as the tensor cores. Bytes, not
+    bank wavefronts: a load every lane of a row group shares (a broadcast) is counted per lane."""
+    out = {"wgmma": 0, "stores": 0, "loads": 0, "copies": copied}
+    for text in loop.body:
+        body = _strip(text)
+        op, _, rest = body.partition(" ")
+        name = op.split(".")[0]
+        if name == "HGMMA":
+            m = re.match(r"HGMMA\.(\d+)x(\d+)x(\d+)\.\w+\.(\w+)", op)
+            if not m:
+                continue
+            rows, cols, depth = (int(v) for v in m.groups()[:3])
+            size = _ELEMENT_BYTES.get(m.group(4), 2)
+            a_in_smem = rest.split(",")[1].strip().startswith("gdesc")
+            out["wgmma"] += (depth * cols + (rows * depth if a_in_smem else 0)) * size * warps // 4
+        elif name in ("STS", "LDS", "LDGSTS"):
+            bits = re.search(r"\.(\d+)(?:\.|$)", op.replace(".U.", "."))  # STS.128, LDS.U.64, LDGSTS.E.BYPASS.128
+            wide = int(bits.group(1)) if bits and int(bits.group(1)) in (8, 16, 32, 64, 128) else 32
+            key = {"STS": "stores", "LDS": "loads", "LDGSTS": "copies"}[name]
+            out[key] += wide // 8 * THREADS_PER_WARP * warps
+        elif name in ("STSM", "LDSM"):
+            matrices = re.search(r"\.M88\.(\d)", op)
+            out["stores" if name == "STSM" else "loads"] += 128 * int(matrices.group(1) if matrices else 1) * warps
+    out["total"] = sum(out.values())
+    return out
 
 
 def load_bytes(loop: Loop, warps: int) -> int:
