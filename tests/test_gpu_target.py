@@ -385,6 +385,9 @@ def test_fused_loss_kernels_sass_census_is_the_recorded_one(tmp_path):
         ss, regs = smem[("default", name)], smem[(rs, name)]
         assert (ss["stores"], regs["stores"]) == (2 * 64 * 128 * 2, 0), (name, ss, regs)
         assert ss["wgmma"] - regs["wgmma"] == 2 * 64 * 128 * 2, (name, ss, regs)
+    # and its table gradient loads two values a token, not four (the one-hot part is XLA's, after the kernel)
+    ss, regs = smem[("default", "fused_ce_dw_ws")], smem[(rs, "fused_ce_dw_ws")]
+    assert regs["loads"] * 2 == ss["loads"] > 0, (ss, regs)
     for k in rows:
         name = k["kernel"]
         logits = k["bt"] * k["bv"] // (k["warps"] * 32)  # per thread and iteration
@@ -397,4 +400,5 @@ def test_fused_loss_kernels_sass_census_is_the_recorded_one(tmp_path):
         assert k["spill_bytes"] == 0, name
         # the wgmma FLOPs the census walks are the kernel's GEMMs (`KERNELS`) over one tile, K = 128
         assert k["cycles"]["tensor"] == KERNELS[name] * 2 * k["bt"] * k["bv"] * 128 / 4096, name
-        assert abs(k["share"] - TENSOR_SHARE[name]) < 0.01, (name, k["share"], TENSOR_SHARE[name])
+        if k["tiles"] != rs:  # the share recorded is the default tiles' (Triton's for the Triton set)
+            assert abs(k["share"] - TENSOR_SHARE[name]) < 0.01, (name, k["share"], TENSOR_SHARE[name])
