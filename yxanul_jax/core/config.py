@@ -631,8 +631,8 @@ class TrainConfig:
     `fwd=256x64,dx=128x64s3` (KERNEL=BTxBV[wWARPS][sSTAGES], KERNEL fwd, dx or dw, each once; powers of 2 from 16
     to 256, at most 8 stages; a kernel given so runs in Triton). A `:mosaic` ending on dx or dw
     (`dx=128x128s2:mosaic`) asks for the Mosaic GPU kernel outright (head widths 64 or 128, a Hopper GPU; refused
-    where it cannot run or build), `:mosaic-rs` for its form that keeps the softmax in registers (not yet timed on
-    a GPU), `:auto` for the Mosaic GPU kernel where it can run.
+    where it cannot run or build), `:mosaic-rs` for its RS form, whose GEMMs take their left operand from registers
+    (not yet timed on a GPU), `:auto` for the Mosaic GPU kernel where it can run.
     `scripts/fused_ce_check.py --tiles` checks and times them on a GPU. Speed only: the loss is the same sum in
     another order."""
     z_loss: float = 0.0

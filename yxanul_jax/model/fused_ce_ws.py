@@ -28,11 +28,13 @@ Two forms of the accumulating GEMM (`_accumulate`): the softmax (or dlogits) rou
 memory for a GEMM of two shared-memory operands (the form an H200 checked and timed, 2026-11-28), or kept in registers
 as the GEMM's left operand (`registers=True`, tiles `:mosaic-rs`: FlashAttention-3's RS form, as jax's Mosaic GPU
 flash attention runs P @ V), which saves each consumer a 16 KB store, a fence and the tensor cores' re-read of it per
-block. In that form dw's kernel also leaves the one-hot part of dlogits to XLA (`table_grad`): two values a token
-loaded from shared memory, not four, and no compare per logit. The census sees no difference in clocks (it does not
-charge shared memory); what the loops move through it does (`kernel_census.smem_bytes`: 256 -> 192 KB a 128 x 128
-tile for the forward, 386 -> 258 for dw, against the 262 the shared memory gives in the census's 2,048 tensor
-clocks). A GPU decides.
+block, and the warpgroup barriers around it. That form also holds each consumer's own block (of x, or of w for dw)
+in registers through the walk (`_held`: 32 a thread), the logits GEMM's left operand, so that both GEMMs read only
+their right operand from shared memory; and dw's kernel leaves the one-hot part of dlogits to XLA (`table_grad`): two
+values a token loaded from shared memory, not four, and no compare per logit. The census sees no difference in
+clocks (it does not charge shared memory); what the loops move through it does (`kernel_census.smem_bytes`: 256 ->
+160 KB a 128 x 128 tile for the forward, 386 -> 226 for dw, where the shared memory gives 262 in the census's 2,048
+tensor clocks). A GPU decides.
 
 The forward keeps flash attention's online max, not the Triton kernel's anchor. That costs a max, a rescale and one
 more exp per row per block, in the exps' turn, under the other consumer's GEMMs. It needs no fallback walk: no sum
@@ -125,21 +127,23 @@ def _produce(rings, free, blocks: int, stages: int):
         plgpu.barrier_wait(free.at[j % stages])
 
 
-def _gemm_nt(a_smem, b_smem, sched, interpret: bool):
-    """a @ b^T in float32 ([ROWS, N]) from shared memory, the consumer's turn handed on while it runs."""
+def _gemm_nt(a, b_smem, sched, interpret: bool):
+    """a @ b^T in float32 ([ROWS, N]), the consumer's turn handed on while it runs: b from shared memory, `a` a ref
+    there or (the RS form) a BF16 array in registers in the WGMMA layout (`_held`)."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
     if interpret:  # no transposed wgmma operand there
-        s = lax.dot_general(a_smem[...], b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        a = a if isinstance(a, jax.Array) else a[...]
+        s = lax.dot_general(a, b_smem[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         _take_turn(sched)
         return s
 
     def gemm(s_ref):
-        plgpu.wgmma(s_ref, a_smem, plgpu.transpose_ref(b_smem, (1, 0)))
+        plgpu.wgmma(s_ref, a, plgpu.transpose_ref(b_smem, (1, 0)))
         _take_turn(sched)  # the other consumer's GEMMs go next, under this one's exps
         return s_ref[...]
-    return pl.run_scoped(gemm, plgpu.ACC((a_smem.shape[0], b_smem.shape[0]), jnp.float32))
+    return pl.run_scoped(gemm, plgpu.ACC((a.shape[0], b_smem.shape[0]), jnp.float32))
 
 
 def _gemm_acc(acc, a, b_smem, interpret: bool):
@@ -188,6 +192,14 @@ def _load(ref, layout, interpret: bool):
     return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
 
 
+def _held(ref, registers: bool, interpret: bool):
+    """A consumer's own block, the logits GEMM's left operand through the whole walk: in the RS form loaded once into
+    registers (64 x 128 BF16: 32 a thread), so that no iteration reads it from shared memory again; else the ref."""
+    import jax.experimental.pallas.mosaic_gpu as plgpu
+
+    return _load(ref, plgpu.Layout.WGMMA, interpret) if registers else ref
+
+
 def _swizzled():
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -224,13 +236,14 @@ def forward_dx(x_TxK, w_VxK, v_real: int, *, bt: int = 128, bv: int = 128, stage
             mine = pl.ds(lax.axis_index("blocks") * bt + wg * ROWS, ROWS)
             plgpu.copy_gmem_to_smem(x_ref.at[mine], x_smem, x_ready.at[wg])
             plgpu.barrier_wait(x_ready.at[wg])
+            x_held = _held(x_smem, registers, interpret)
             pl.when(wg == 1)(lambda: _take_turn(sched))  # consumer 0 goes first
 
             def step(j, carry, masked: bool):
                 acc_RxK, m_R, l_R = carry  # base 2: the running max and the sum of exps below it
                 slot = lax.rem(j, stages)
                 plgpu.barrier_wait(w_ready.at[slot])
-                s_RxN = _gemm_nt(x_smem, w_smem.at[slot], sched, interpret)
+                s_RxN = _gemm_nt(x_held, w_smem.at[slot], sched, interpret)
                 if masked:  # the one block that straddles v_real
                     cols = _lay(lax.broadcasted_iota(jnp.int32, (ROWS, bv), 1), wgmma, interpret)
                     s_RxN = jnp.where(cols < v_real - j * bv, s_RxN, -jnp.inf)
@@ -320,6 +333,7 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
             v0 = lax.axis_index("blocks") * bv + wg * ROWS
             plgpu.copy_gmem_to_smem(w_ref.at[pl.ds(v0, ROWS)], w_smem, w_ready.at[wg])
             plgpu.barrier_wait(w_ready.at[wg])
+            w_held = _held(w_smem, registers, interpret)
             pl.when(wg == 1)(lambda: _take_turn(sched))  # consumer 0 goes first
             if hot_inside:  # each logit's vocabulary row, against the targets
                 vocab_RxN = _lay(lax.broadcasted_iota(jnp.int32, (ROWS, bt), 0), wgmma, interpret).astype(jnp.float32)
@@ -329,7 +343,7 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
                 slot = lax.rem(i, stages)
                 plgpu.barrier_wait(x_ready.at[slot])
                 plgpu.barrier_wait(tok_ready.at[slot])
-                sT_RxN = _gemm_nt(w_smem, x_smem.at[slot], sched, interpret)  # the logits, transposed
+                sT_RxN = _gemm_nt(w_held, x_smem.at[slot], sched, interpret)  # the logits, transposed
                 rows = [lax.broadcast_in_dim(_load(tok_smem.at[slot, r], wgmma.reduce(0), interpret), sT_RxN.shape,
                                              [1]) for r in range(len(per_token))]
                 d_RxN = jnp.exp2(sT_RxN * LOG2E - rows[0]) * rows[1]
