@@ -386,9 +386,10 @@ def test_fused_loss_kernels_sass_census_is_the_recorded_one(tmp_path):
         ss, regs = smem[("default", name)], smem[(rs, name)]
         assert (ss["stores"], regs["stores"]) == (2 * 64 * 128 * 2, 0), (name, ss, regs)
         assert ss["wgmma"] - regs["wgmma"] == 2 * (2 * 64 * 128 * 2), (name, ss, regs)
-    # and its table gradient loads two values a token, not four (the one-hot part is XLA's, after the kernel)
-    ss, regs = smem[("default", "fused_ce_dw_ws")], smem[(rs, "fused_ce_dw_ws")]
-    assert regs["loads"] * 2 == ss["loads"] > 0, (ss, regs)
+    # it keeps the kernels' names, and so the timed form's rate (analysis/perf.py): its census within 1 % of that form's
+    clocks = {(k["tiles"], k["kernel"]): k["cycles"]["total"] for k in rows}
+    for name in ("fused_ce_fwd_dx_ws", "fused_ce_dw_ws"):
+        assert abs(clocks[(rs, name)] / clocks[("default", name)] - 1) < 0.01, (name, clocks)
     for k in rows:
         name = k["kernel"]
         logits = k["bt"] * k["bv"] // (k["warps"] * 32)  # per thread and iteration

@@ -105,12 +105,14 @@ def test_shared_memory_bytes_read_from_sass():
     # per lane at the opcode's width; matrix stores 128 bytes per 8 x 8 matrix and warp; cp.async and TMA copies
     body = ["WARPGROUP.ARRIVE", G1,  # SS: (64 x 16 + 16 x 128) x 2 bytes per warpgroup
             "HGMMA.64x128x16.F32.BF16 R88, R120, gdesc[UR12].tnspB, R88, gsb0",  # RS: B alone, 16 x 128 x 2
-            "HGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24",  # FP8: a byte an element, (64 x 32 + 32 x 128)
-            WAIT, *EXPS, "STS [R153+0x800], R166", "STS.128 [R5], R8", "LDS.U.64 R22, [R21+0x18000]",
-            "STSM.16.M88.4 [R190+0x20000], R56", "@!P0 LDGSTS.E.BYPASS.128 [R5], desc[UR20][R12.64]"]
+            "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24",  # FP8: a byte an element, (64 x 32 + 32 x 128)
+            "HGMMA.64x8x16.F16 R2, gdesc[UR4], R2",  # one type field (F16 in and out): (64 x 16 + 16 x 8) x 2
+            WAIT, *EXPS, "STS [R153+0x800], R166", "STS.128 [R5], R8", "STS.U8 [R6], R9", "LDS.U.64 R22, [R21+0x18000]",
+            "LDS.S16 R23, [R21]", "STSM.16.M88.4 [R190+0x20000], R56", "LDSM.16.MT88.2 R40, [R7]",
+            "@!P0 LDGSTS.E.BYPASS.128 [R5], desc[UR20][R12.64]"]
     got = kc.smem_bytes(kc.inner_loop(_sass(body)), warps=8, copied=1000)
-    assert got["wgmma"] == 2 * ((64 * 16 + 16 * 128) * 2 + 16 * 128 * 2 + (64 * 32 + 32 * 128))
-    assert got["stores"] == (4 + 16) * 32 * 8 + 4 * 128 * 8 and got["loads"] == 8 * 32 * 8
+    assert got["wgmma"] == 2 * ((64 * 16 + 16 * 128) * 2 + 16 * 128 * 2 + (64 * 32 + 32 * 128) + (64 * 16 + 16 * 8) * 2)
+    assert got["stores"] == (4 + 16 + 1) * 32 * 8 + 4 * 128 * 8 and got["loads"] == (8 + 2) * 32 * 8 + 2 * 128 * 8
     assert got["copies"] == 16 * 32 * 8 + 1000 and got["total"] == sum(v for k, v in got.items() if k != "total")
 
 

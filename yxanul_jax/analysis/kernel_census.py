@@ -40,7 +40,7 @@ TENSOR_FLOP_PER_CLOCK = 4096  # dense BF16 per SM per clock, GH100 (989.4 TFLOP/
 ISSUE_PER_CLOCK = 4  # warp instructions per SM per clock (4 schedulers)
 MUFU_PER_CLOCK = 16  # special-function results per SM per clock (ex2)
 SMEM_BYTES_PER_CLOCK = 128  # shared memory per SM per clock, GH100 (32 banks x 4 bytes)
-_ELEMENT_BYTES = {"BF16": 2, "F16": 2, "TF32": 4, "E4M3": 1, "E5M2": 1, "S8": 1, "U8": 1}  # a wgmma's operand types
+_WGMMA_BYTES = {"HGMMA": 2, "QGMMA": 1, "IGMMA": 1}  # a wgmma's operand element (16-bit; FP8; int8); TF32 takes 4
 THREADS_PER_WARP = 32
 
 
@@ -301,27 +301,27 @@ def smem_bytes(loop: Loop, warps: int, copied: int = 0) -> dict[str, int]:
     one), `copies` (LDGSTS, cp.async; and `copied`, the caller's count of TMA bytes, which SASS does not show), and
     `total`. A diagnostic beside `tile_cycles`, which does not charge shared memory: at SMEM_BYTES_PER_CLOCK a loop
     whose total / 128 approaches its tensor clocks asks the shared memory as much as the tensor cores. Bytes, not
-    bank wavefronts: a load every lane of a row group shares (a broadcast) is counted per lane."""
+    bank wavefronts, so an upper bound: a load that lanes share (a broadcast: a row's value to the lanes holding its
+    columns) takes fewer clocks than its bytes."""
     out = {"wgmma": 0, "stores": 0, "loads": 0, "copies": copied}
     for text in loop.body:
         body = _strip(text)
         op, _, rest = body.partition(" ")
         name = op.split(".")[0]
-        if name == "HGMMA":
-            m = re.match(r"HGMMA\.(\d+)x(\d+)x(\d+)\.\w+\.(\w+)", op)
+        if name in _WGMMA_BYTES:  # HGMMA.64x128x16.F32.BF16, QGMMA.64x128x32.F32.E4M3.E4M3, HGMMA.64x8x16.F16
+            m = re.match(r"\w+\.(\d+)x(\d+)x(\d+)", op)
             if not m:
                 continue
-            rows, cols, depth = (int(v) for v in m.groups()[:3])
-            size = _ELEMENT_BYTES.get(m.group(4), 2)
+            rows, cols, depth = (int(v) for v in m.groups())
+            size = 4 if ".TF32" in op else _WGMMA_BYTES[name]
             a_in_smem = rest.split(",")[1].strip().startswith("gdesc")
             out["wgmma"] += (depth * cols + (rows * depth if a_in_smem else 0)) * size * warps // 4
         elif name in ("STS", "LDS", "LDGSTS"):
-            bits = re.search(r"\.(\d+)(?:\.|$)", op.replace(".U.", "."))  # STS.128, LDS.U.64, LDGSTS.E.BYPASS.128
-            wide = int(bits.group(1)) if bits and int(bits.group(1)) in (8, 16, 32, 64, 128) else 32
+            bits = re.search(r"\.[US]?(8|16|32|64|128)(?=\.|$)", op)  # STS.128, LDS.U.64, STS.U8, LDGSTS.E.BYPASS.128
             key = {"STS": "stores", "LDS": "loads", "LDGSTS": "copies"}[name]
-            out[key] += wide // 8 * THREADS_PER_WARP * warps
+            out[key] += (int(bits.group(1)) if bits else 32) // 8 * THREADS_PER_WARP * warps
         elif name in ("STSM", "LDSM"):
-            matrices = re.search(r"\.M88\.(\d)", op)
+            matrices = re.search(r"\.MT?88\.(\d)", op)  # STSM.16.M88.4, LDSM.16.MT88.2 (transposed)
             out["stores" if name == "STSM" else "loads"] += 128 * int(matrices.group(1) if matrices else 1) * warps
     out["total"] = sum(out.values())
     return out

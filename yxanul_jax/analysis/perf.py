@@ -45,8 +45,7 @@ Efficiencies are assumptions, one place each, to be corrected by a measured run
     has timed is charged FUSED_CE_EFFICIENCY (the 2026-11-26 kernels' 40 %) x its census share /
     FUSED_CE_MEASURED_SHARE (theirs, 49.2 %), as all were before, and a measurement of it belongs in the table.
     The Mosaic kernels' RS form (`:mosaic-rs`, not yet timed) keeps their names, so it is charged at the timed
-    form's rate: its census clocks are within 0.2 % of that form's (the XLA scatter of its dw's one-hot part is
-    charged as any XLA kernel). A calibration multiplies a timed kernel by a
+    form's rate: its census clocks are within 1 % of that form's. A calibration multiplies a timed kernel by a
     ratio of its own (FUSED_CE_TIMED), not by its category's, which measured the error of the older guess;
   * HBM_EFFICIENCY: the share of the spec bandwidth a streaming kernel reaches (~90 %);
   * LAUNCH_S: the fixed cost of one kernel (launch and ramp, with XLA's CUDA graphs).

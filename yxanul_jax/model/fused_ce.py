@@ -118,8 +118,8 @@ KERNELS = {"fused_ce_fwd": 1, "fused_ce_fwd_dx": 2, "fused_ce_dw": 2, "fused_ce_
 # warp-specialized kernels (`model.fused_ce_ws`, the default training kernels on a Hopper GPU at K 64, 128): 501 and 555
 # instructions per consumer and iteration, two consumers taking turns at the tensor cores
 # (`kernel_census.pingpong_cycles`): 2,102 and 2,112 clocks per 128 x 128 tile; in their RS form (`:mosaic-rs`, the
-# softmax, dlogits and the held block in registers; dw's one-hot part in XLA) 454 and 349 instructions, 2,104 and 2,118
-# clocks (no predicted effect; 38 % and 41 % less moved through shared memory, `kernel_census.smem_bytes`).
+# softmax, dlogits and the held block in registers) 454 and 502 instructions, 2,104 and 2,110 clocks (no predicted
+# effect; 38 % and 25 % less moved through shared memory, `kernel_census.smem_bytes`).
 TENSOR_SHARE = {"fused_ce_fwd": 0.434, "fused_ce_fwd_dx": 0.853, "fused_ce_dw": 0.845, "fused_ce_fwd_dx_ws": 0.974,
                 "fused_ce_dw_ws": 0.970}
 

@@ -30,11 +30,9 @@ as the GEMM's left operand (`registers=True`, tiles `:mosaic-rs`: FlashAttention
 flash attention runs P @ V), which saves each consumer a 16 KB store, a fence and the tensor cores' re-read of it per
 block, and the warpgroup barriers around it. That form also holds each consumer's own block (of x, or of w for dw)
 in registers through the walk (`_held`: 32 a thread), the logits GEMM's left operand, so that both GEMMs read only
-their right operand from shared memory; and dw's kernel leaves the one-hot part of dlogits to XLA (`table_grad`): two
-values a token loaded from shared memory, not four, and no compare per logit. The census sees no difference in
-clocks (it does not charge shared memory); what the loops move through it does (`kernel_census.smem_bytes`: 256 ->
-160 KB a 128 x 128 tile for the forward, 386 -> 226 for dw, where the shared memory gives 262 in the census's 2,048
-tensor clocks). A GPU decides.
+their right operand from shared memory. The census sees no difference in clocks (it does not charge shared memory);
+what the loops move through it does (`kernel_census.smem_bytes`: 256 -> 160 KiB a 128 x 128 tile for the forward,
+386 -> 290 for dw, where the shared memory gives 256 KiB in the census's 2,048 tensor clocks). A GPU decides.
 
 The forward keeps flash attention's online max, not the Triton kernel's anchor. That costs a max, a rescale and one
 more exp per row per block, in the exps' turn, under the other consumer's GEMMs. It needs no fallback walk: no sum
@@ -298,10 +296,7 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
                stages: int = 2, registers: bool = False, interpret: bool = False):
     """dw [V, K] in float32 (module docstring): each program 2 x 64 rows of w (the blocks that hold real rows;
     the rows of padded blocks are zeros), walking the tokens bt at a time with their lse2 (base 2), g_lse, g_target
-    and target; a target outside [0, v_real) matches no row. In the RS form (`registers`) the kernel forms the
-    softmax part alone, from two values a token (lse2, g_lse), and XLA adds the one-hot part after it (a scatter of
-    g_target x x into the targets' rows, in float32): half the per-token loads each thread makes from shared memory
-    an iteration, and no compare and select per logit (`kernel_census.smem_bytes`)."""
+    and target; a target outside [0, v_real) matches no row."""
     import jax.experimental.pallas as pl
     import jax.experimental.pallas.mosaic_gpu as plgpu
 
@@ -315,11 +310,10 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
     stages = _ring(stages, blocks)
     dtype = x_TxK.dtype
     wgmma = plgpu.Layout.WGMMA
-    # each token's lse2, g_lse, g_target and target (exact in float32 below 2^24) as rows, copied with its block of x;
-    # the RS form's kernel takes the first two (the one-hot part is added after it)
-    hot_inside = not registers
-    per_token = [lse2_T, g_lse_T] + ([g_tl_T, targets_T.astype(jnp.float32)] if hot_inside else [])
-    tokens_NxT = jnp.stack(per_token).astype(jnp.float32)
+    # each token's lse2, g_lse, g_target and target (exact in float32 below 2^24) as rows, copied with its block of x.
+    # Both parts of dlogits are summed in float32 before its one rounding: near p = 1 they cancel, and rounding
+    # p x g_lse alone (adding g_target after the kernel) leaves the target's dlogit in steps of 2^-9 g_lse.
+    tokens_4xT = jnp.stack([lse2_T, g_lse_T, g_tl_T, targets_T.astype(jnp.float32)]).astype(jnp.float32)
 
     def kernel(x_ref, w_ref, tok_ref, dw_ref, scoped):
         (w_smem2, x_smem, tok_smem, d_smem2, dw_smem2), w_ready, x_ready, tok_ready, x_free, sched = scoped
@@ -335,20 +329,18 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
             plgpu.barrier_wait(w_ready.at[wg])
             w_held = _held(w_smem, registers, interpret)
             pl.when(wg == 1)(lambda: _take_turn(sched))  # consumer 0 goes first
-            if hot_inside:  # each logit's vocabulary row, against the targets
-                vocab_RxN = _lay(lax.broadcasted_iota(jnp.int32, (ROWS, bt), 0), wgmma, interpret).astype(jnp.float32)
-                vocab_RxN = vocab_RxN + v0.astype(jnp.float32)
+            vocab_RxN = _lay(lax.broadcasted_iota(jnp.int32, (ROWS, bt), 0), wgmma, interpret).astype(jnp.float32)
+            vocab_RxN = vocab_RxN + v0.astype(jnp.float32)
 
             def step(i, acc_RxK):
                 slot = lax.rem(i, stages)
                 plgpu.barrier_wait(x_ready.at[slot])
                 plgpu.barrier_wait(tok_ready.at[slot])
                 sT_RxN = _gemm_nt(w_held, x_smem.at[slot], sched, interpret)  # the logits, transposed
-                rows = [lax.broadcast_in_dim(_load(tok_smem.at[slot, r], wgmma.reduce(0), interpret), sT_RxN.shape,
-                                             [1]) for r in range(len(per_token))]
-                d_RxN = jnp.exp2(sT_RxN * LOG2E - rows[0]) * rows[1]
-                if hot_inside:  # both parts in float32, then one rounding
-                    d_RxN = d_RxN + jnp.where(vocab_RxN == rows[3], rows[2], 0.0)
+                lse2, g_lse, g_tl, tgt = (lax.broadcast_in_dim(
+                    _load(tok_smem.at[slot, r], wgmma.reduce(0), interpret), sT_RxN.shape, [1]) for r in range(4))
+                hot = jnp.where(vocab_RxN == tgt, g_tl, 0.0)
+                d_RxN = jnp.exp2(sT_RxN * LOG2E - lse2) * g_lse + hot  # both parts in float32, then one rounding
                 acc_RxK, _ = _accumulate(acc_RxK, d_RxN, (), x_smem.at[slot], d_smem, sched, interpret)
                 plgpu.barrier_arrive(x_free.at[slot])
                 return acc_RxK
@@ -374,7 +366,7 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
     def body(x_ref, w_ref, tok_ref, dw_ref):
         smem = (plgpu.SMEM((CONSUMERS, ROWS, K), dtype, transforms=_swizzled()),
                 plgpu.SMEM((stages, bt, K), dtype, transforms=_swizzled()),
-                plgpu.SMEM((stages, len(per_token), bt), jnp.float32),
+                plgpu.SMEM((stages, 4, bt), jnp.float32),
                 None if registers else plgpu.SMEM((CONSUMERS, ROWS, bt), dtype, transforms=_swizzled()),
                 plgpu.SMEM((CONSUMERS, ROWS, K), jnp.float32))
         pl.run_scoped(lambda *scoped: kernel(x_ref, w_ref, tok_ref, dw_ref, scoped), smem,
@@ -383,12 +375,8 @@ def table_grad(x_TxK, w_VxK, targets_T, lse2_T, g_lse_T, g_tl_T, v_real: int, *,
                       plgpu.Barrier(num_arrivals=CONSUMERS), collective_axes="wg")
 
     dw = _run(body, TABLE_GRAD, jax.ShapeDtypeStruct((programs * bv, K), jnp.float32), programs, interpret,
-              x_TxK, w_VxK, tokens_NxT)
-    dw = jnp.pad(dw, ((0, V - programs * bv), (0, 0))) if programs * bv < V else dw
-    if hot_inside:
-        return dw
-    rows_T = jnp.where((targets_T >= 0) & (targets_T < v_real), targets_T, V)  # V: dropped (no row)
-    return dw.at[rows_T].add(g_tl_T[:, None] * x_TxK.astype(jnp.float32), mode="drop")
+              x_TxK, w_VxK, tokens_4xT)
+    return jnp.pad(dw, ((0, V - programs * bv), (0, 0))) if programs * bv < V else dw
 
 
 def reference(x_TxK, w_VxK, v_real: int):
