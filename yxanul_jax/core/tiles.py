@@ -28,8 +28,9 @@ class Tiles:
     or for the training kernels `mosaic`, the warp-specialized Mosaic GPU kernels (`model.fused_ce_ws`: two consumer
     warpgroups of 64 rows and a loading one, `check_mosaic`; `warps` unused), `mosaic-rs` (the same with the
     softmax or dlogits kept in registers for the accumulating GEMM, FlashAttention-3's RS form, so with room for one
-    more ring slot: `mosaic_max_stages`; its own block held in registers too; not yet timed on a GPU), or `auto` (the default training kernels only):
-    mosaic where it can run, Triton with the same blocks elsewhere (`runs_mosaic`)."""
+    more ring slot: `mosaic_max_stages`; its own block held in registers too; not yet timed on a GPU), or `auto`
+    (the default training kernels only): mosaic where it can run, Triton with the same blocks elsewhere
+    (`runs_mosaic`)."""
 
     bt: int = 128
     bv: int = 128
