@@ -138,9 +138,11 @@ def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: l
                                    key, **static)
     compile_s = time.perf_counter() - start
 
+    # the host's arrays moved with device_put: jnp.asarray stages each new shape through a small program that
+    # compiles on first use (jax 0.10: `lax.stage`), which would land in the timed prefill and decode
+    inputs = jax.block_until_ready(jax.device_put((tokens_BxP, positions_BxP, lengths_B - 1)))
     start = time.perf_counter()
-    logits_BxV, cache = prefill(variables, jnp.asarray(tokens_BxP), jnp.asarray(positions_BxP), cache,
-                                jnp.asarray(lengths_B - 1))
+    logits_BxV, cache = prefill(variables, *inputs[:2], cache, inputs[2])
     logits_BxV.block_until_ready()
     prefill_s = time.perf_counter() - start
 
@@ -160,7 +162,7 @@ def generate(model_cfg: ModelConfig, fp8: FP8Config, variables: dict, prompts: l
                 done[b] = eos_id is not None and int(next_B[b]) == eos_id
         if done.all() or i + 1 == max_new_tokens:
             break
-        logits_BxV, cache = step(variables, jnp.asarray(next_B[:, None]), jnp.asarray((lengths_B + i)[:, None]), cache)
+        logits_BxV, cache = step(variables, *jax.device_put((next_B[:, None], (lengths_B + i)[:, None])), cache)
     decode_s = time.perf_counter() - start
     return {"tokens": out, "prompt_tokens": int(lengths_B.sum()), "new_tokens": sum(len(o) for o in out),
             "compile_s": compile_s, "prefill_s": prefill_s, "decode_s": decode_s, "stopped": stopped}
