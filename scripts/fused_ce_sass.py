@@ -11,7 +11,7 @@ kernel: registers, spills, SASS instructions, exps (MUFU) and wgmma (HGMMA) per 
 tensor, issue and MUFU parts of an iteration and of the whole walked iteration, the clocks the tensor cores stand
 idle before the iteration's first GEMM, between its GEMMs and after the last (`idle b/m/a`: what a faster loop must
 remove), the tensor cores' share of the iteration (what `model.fused_ce.TENSOR_SHARE` records for the performance
-model), the bytes it loads per clock, the kilobytes an iteration moves through shared memory (`smem KB`:
+model), the bytes it loads per clock, the KiB an iteration moves through shared memory (`smem KiB`:
 `kernel_census.smem_bytes`, the wgmma operands read there, the stores, loads and copies) and their clocks at 128
 bytes a clock over the iteration's (`smem`: above 1, the loop asks the shared memory for longer than the census
 gives it; the census does not charge it), and the kernel's milliseconds by this cycle model alone at `--tokens` x the
@@ -171,14 +171,14 @@ def main() -> int:
     measured = measured_ms(args.measured, args.tokens) if args.measured else {}
     tw = max([22] + [len(spec) + 2 for spec in args.tiles])  # the tiles column
     print(f"{'tiles':<{tw}}{'kernel':<19}{'regs':>5}{'spill':>6}{'instr':>6}{'mufu':>5}{'hgmma':>6}{'tensor':>8}"
-          f"{'issue':>7}{'mufu':>6}{'clk/it':>7}{'idle b/m/a':>13}{'share':>7}{'B/clk':>6}{'smem KB':>8}{'smem':>6}"
+          f"{'issue':>7}{'mufu':>6}{'clk/it':>7}{'idle b/m/a':>13}{'share':>7}{'B/clk':>6}{'smem KiB':>9}{'smem':>6}"
           f"{'ms':>8}")
     for r in rows:
         c = r["cycles"]
         idle = f"{c['idle_before']:.0f}/{c['idle_between']:.0f}/{c['idle_after']:.0f}"
         print(f"{r['tiles']:<{tw}}{r['kernel']:<19}{r['registers']:>5}{r['spill_bytes']:>6}{r['instructions']:>6}"
               f"{r['mufu']:>5}{r['hgmma']:>6}{c['tensor']:>8.0f}{c['issue']:>7.0f}{c['mufu']:>6.0f}{c['total']:>7.0f}"
-              f"{idle:>13}{r['share']:>7.3f}{r['load_bytes_per_clock']:>6.1f}{r['smem_bytes']['total'] / 1024:>8.0f}"
+              f"{idle:>13}{r['share']:>7.3f}{r['load_bytes_per_clock']:>6.1f}{r['smem_bytes']['total'] / 1024:>9.0f}"
               f"{r['smem_share']:>6.2f}{r['ms']:>8.2f}")
     sets = []
     for spec in (s for s in args.tiles if s not in failed):

@@ -37,8 +37,9 @@
 # gate and up) against BF16 weight gradients (fp8.wgrad=bf16, the eighth session's config) and against the whole
 # micro-batch with `attention` (the seventh session's choice), then stage 1 likewise against `full`.
 # Plan mosaic (the fifteenth session's changes: the default training kernels of the fused loss are the Mosaic GPU
-# ones, core/tiles.py `auto`; their RS form, $RS, keeps the softmax in registers): the fused loss checked against
-# float32 and timed with the default tiles, with $TRITON (the Triton kernels the default ran before) and with $RS,
+# ones, core/tiles.py `auto`; their RS form, $RS, takes every GEMM's left operand from registers): the fused loss
+# checked against float32 and timed with the default tiles, with $TRITON (the Triton kernels the default ran before),
+# with $RS and with $RS3,
 # then the config as shipped (its layers unrolled: the step compiles for minutes on a cold machine, hence limits of
 # 200-260 s) at stage 9 FP8, stage 9 FP8 with $RS (where its kernels were timed faster), stage 0 FP8 and stage 9
 # BF16.
@@ -99,7 +100,7 @@ fi
 BENCH=("$PY" scripts/gpu_bench.py --baseline '' --steps 10 --warmup 3)
 # the fused loss's training kernels at the default's blocks (core/tiles.py: training_form), in each form: MOSAIC
 # warp-specialized (model/fused_ce_ws.py), TRITON (the default's until 2026-11-28), RS the Mosaic GPU kernels with the
-# softmax kept in registers, RS3 that and a third ring slot in the shared memory that frees
+# GEMMs' left operands in registers (the softmax, the block each consumer holds), RS3 that and a third ring slot
 read -r MOSAIC TRITON RS RS3 < <("$PY" -c "from yxanul_jax.core.tiles import training_form as f
 print(f('mosaic'), f('triton'), f('mosaic-rs'), f('mosaic-rs', 3))")
 [ -n "$RS3" ] || { echo "core.tiles.training_form failed: stop"; exit 1; }

@@ -59,18 +59,24 @@ def test_a_row_far_above_its_other_logits_needs_no_fallback():
     _check(x, w, 250)
 
 
-def _table_grad_check(T, V, K, v_real, bt, stages, seed=0, registers=False, confident=False):
+def _table_grad_inputs(T, V, K, v_real, seed=0, confident=False):
+    """(x, w, targets, g_lse, g_target) for a table-gradient check; `confident`: each token's x its target's row of w,
+    scaled, so that the target's softmax is near 1 (every target real)."""
     x, w = _inputs(T, V, K, seed)
     k = jax.random.split(jax.random.key(seed + 1), 2)
     targets = jax.random.randint(k[0], (T,), -1, v_real + 8)  # some outside [0, v_real): they match no row
-    if confident:  # each token's x its target's row of w, scaled: the target's softmax near 1
+    if confident:
         targets = jnp.clip(targets, 0, v_real - 1)
-        x = (0.8 * w[targets].astype(jnp.float32)).astype(jnp.bfloat16)
+        x = w[targets]
         p = jax.nn.softmax(x.astype(jnp.float32) @ w[:v_real].astype(jnp.float32).T, axis=1)
-        assert np.median(np.asarray(p[jnp.arange(T), targets])) > 0.95  # the regime this case is for
+        assert np.median(np.asarray(p[jnp.arange(T), targets])) > 0.99  # the regime this case is for
     g_lse = jax.random.uniform(k[1], (T,), minval=0.5, maxval=1.5) / T
     # the NLL's -g_lse at real targets; elsewhere too, where no row may take it (a target outside [0, v_real))
-    g_tl = -g_lse
+    return x, w, targets, g_lse, -g_lse
+
+
+def _table_grad_check(T, V, K, v_real, bt, stages, seed=0, registers=False, confident=False):
+    x, w, targets, g_lse, g_tl = _table_grad_inputs(T, V, K, v_real, seed, confident)
     lse2, _ = fused_ce_ws.reference(x, w, v_real)
     dw = fused_ce_ws.table_grad(x, w, targets, lse2, g_lse, g_tl, v_real, bt=bt, stages=stages, registers=registers,
                                 interpret=True)
@@ -93,6 +99,13 @@ def test_the_table_gradient_of_confident_tokens_rounds_dlogits_once():
     # and rounded once to BF16 they stay within the bound; rounding the softmax part alone first (the one-hot part
     # added after it: tried for the RS form, found by review) leaves the target's dlogit in steps of 2^-9 g_lse and
     # fails it, where the random cases above pass either way
+    x, w, targets, g_lse, g_tl = _table_grad_inputs(384, 256, 128, 200, confident=True)
+    ref = np.asarray(fused_ce_ws.table_grad_reference(x, w, targets, g_lse, g_tl, 200))
+    xf, wf = x.astype(jnp.float32), w[:200].astype(jnp.float32)
+    soft = (jax.nn.softmax(xf @ wf.T, axis=1) * g_lse[:, None]).astype(jnp.bfloat16).astype(jnp.float32)
+    hot = jnp.where(jnp.arange(200)[None, :] == targets[:, None], g_tl[:, None], 0.0)
+    apart = np.asarray(jnp.pad((soft + hot).T @ xf, ((0, 56), (0, 0))))  # the softmax part rounded alone
+    assert np.abs(apart - ref).max() > 2 * A_RTOL * np.abs(ref).max()  # this case tells the two apart
     _table_grad_check(384, 256, 128, 200, 128, 2, confident=True)
 
 

@@ -49,9 +49,9 @@ def test_batched_prompts_of_different_lengths_equal_one_at_a_time():
     from yxanul_jax.inference.sampling import _programs
 
     compiled = dict(_programs(m, OFF).executables)
-    again = generate(m, OFF, variables, prompts, 8)
+    again, compiles, _ = _with_compiles(lambda: generate(m, OFF, variables, prompts, 8))
     assert again["tokens"] == together
-    assert _programs(m, OFF).executables == compiled and again["compile_s"] < 0.05
+    assert _programs(m, OFF).executables == compiled and compiles == [], compiles
 
 
 def _with_compiles(fn):

@@ -107,13 +107,17 @@ def test_shared_memory_bytes_read_from_sass():
             "HGMMA.64x128x16.F32.BF16 R88, R120, gdesc[UR12].tnspB, R88, gsb0",  # RS: B alone, 16 x 128 x 2
             "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24",  # FP8: a byte an element, (64 x 32 + 32 x 128)
             "HGMMA.64x8x16.F16 R2, gdesc[UR4], R2",  # one type field (F16 in and out): (64 x 16 + 16 x 8) x 2
+            "IGMMA.64x64x32.S32.S8.S8 R8, gdesc[UR8], R8",  # int8: (64 x 32 + 32 x 64)
+            "HGMMA.64x64x8.F32.TF32 R8, gdesc[UR8], R8",  # TF32: 4 bytes an element, (64 x 8 + 8 x 64) x 4
             WAIT, *EXPS, "STS [R153+0x800], R166", "STS.128 [R5], R8", "STS.U8 [R6], R9", "LDS.U.64 R22, [R21+0x18000]",
             "LDS.S16 R23, [R21]", "STSM.16.M88.4 [R190+0x20000], R56", "LDSM.16.MT88.2 R40, [R7]",
             "@!P0 LDGSTS.E.BYPASS.128 [R5], desc[UR20][R12.64]"]
     got = kc.smem_bytes(kc.inner_loop(_sass(body)), warps=8, copied=1000)
-    assert got["wgmma"] == 2 * ((64 * 16 + 16 * 128) * 2 + 16 * 128 * 2 + (64 * 32 + 32 * 128) + (64 * 16 + 16 * 8) * 2)
-    assert got["stores"] == (4 + 16 + 1) * 32 * 8 + 4 * 128 * 8 and got["loads"] == (8 + 2) * 32 * 8 + 2 * 128 * 8
-    assert got["copies"] == 16 * 32 * 8 + 1000 and got["total"] == sum(v for k, v in got.items() if k != "total")
+    wgmma = 2 * ((64 * 16 + 16 * 128) * 2 + 16 * 128 * 2 + (64 * 32 + 32 * 128) + (64 * 16 + 16 * 8) * 2
+                 + (64 * 32 + 32 * 64) + (64 * 8 + 8 * 64) * 4)
+    stores, loads, copies = (4 + 16 + 1) * 32 * 8 + 4 * 128 * 8, (8 + 2) * 32 * 8 + 2 * 128 * 8, 16 * 32 * 8 + 1000
+    assert (got["wgmma"], got["stores"], got["loads"], got["copies"]) == (wgmma, stores, loads, copies)
+    assert got["total"] == wgmma + stores + loads + copies
 
 
 def test_an_mma_sync_counts_as_tensor_work():

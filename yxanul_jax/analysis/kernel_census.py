@@ -301,8 +301,9 @@ def smem_bytes(loop: Loop, warps: int, copied: int = 0) -> dict[str, int]:
     one), `copies` (LDGSTS, cp.async; and `copied`, the caller's count of TMA bytes, which SASS does not show), and
     `total`. A diagnostic beside `tile_cycles`, which does not charge shared memory: at SMEM_BYTES_PER_CLOCK a loop
     whose total / 128 approaches its tensor clocks asks the shared memory as much as the tensor cores. Bytes, not
-    bank wavefronts, so an upper bound: a load that lanes share (a broadcast: a row's value to the lanes holding its
-    columns) takes fewer clocks than its bytes."""
+    bank wavefronts, so neither bound: a load that lanes share (a broadcast: a row's value to the lanes holding its
+    columns) takes fewer clocks than its bytes, a sub-word or bank-conflicting access more. Each wgmma is taken to read
+    its shared-memory operands once per warpgroup."""
     out = {"wgmma": 0, "stores": 0, "loads": 0, "copies": copied}
     for text in loop.body:
         body = _strip(text)
