@@ -61,10 +61,10 @@ def head_operands(trained, tokens: int, seq_len: int) -> tuple[np.ndarray, np.nd
     from yxanul_jax.core.errors import UserError
     from yxanul_jax.data.dataset import open_dataset
     from yxanul_jax.data.loader import TokenStream
-    from yxanul_jax.inference.trained import dataset_path_of
+    from yxanul_jax.data.corpus import training_dataset_path
     from yxanul_jax.model.transformer import Yxanul
 
-    ds = open_dataset(dataset_path_of(trained.cfg))
+    ds = open_dataset(training_dataset_path(trained.cfg.data.train, trained.cfg.model.vocab_size))
     stream = TokenStream(ds.split("val"), ds.eos_id, seed=None)
     rows = min(tokens // seq_len, (stream.length - 1) // (seq_len + 1))
     if rows < 1:

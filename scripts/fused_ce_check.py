@@ -377,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         # set the overflow rows too (its forward keeps an online max where the Triton one falls back)
         mosaic = runs_mosaic(spec)
         t = tiles_of(spec)
-        # enough blocks of 128 that a ring of more than 2 slots wraps in both training kernels
-        n = 128 * max(t.dx.stages, t.dw.stages) + 72 if mosaic and max(t.dx.stages, t.dw.stages) > 2 else 200
+        ring = max(t.dx.stages, t.dw.stages)
+        n = 128 * ring + 72 if mosaic and ring > 2 else 200  # enough blocks of 128 that a larger ring wraps in both
         cases = [((n, n + 100, MOSAIC_WIDTHS[0] if mosaic else 32, n + 90), {})]
         if mosaic:
             cases.append(((256, 640, 128, 600), {"overflow": True}))

@@ -174,8 +174,8 @@ DEFAULT_TILES = KernelTiles()
 
 def training_form(kernel: str, stages: int | None = None) -> str:
     """The spec of the default tiles' two training kernels (dx, dw) in one form (`KERNEL_FORMS`: `triton`, `mosaic`,
-    `mosaic-rs`, `auto`), at the default's blocks and `stages` (the default's when None): the sets the GPU scripts compare
-    (scripts/gpu_lease.sh, scripts/fused_ce_check.py), named here once."""
+    `mosaic-rs`, `auto`), at the default's blocks and `stages` (the default's when None): the sets the GPU scripts
+    compare (scripts/gpu_lease.sh, scripts/fused_ce_check.py), named here once."""
     if kernel not in KERNEL_FORMS:
         raise ValueError(f"training_form: a kernel form is one of {KERNEL_FORMS}, got {kernel!r}")
     parts = []

@@ -97,6 +97,14 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def training_dataset_path(train: str | dict | None, vocab_size: int) -> str:
+    """The prepared dataset a run trains on, from its `data.train`: the path, a mixture's first (its datasets share
+    one tokenizer), or without one the demo corpus's at `vocab_size` (built on first use)."""
+    if train:
+        return next(iter(train.values())) if isinstance(train, dict) else train
+    return ensure_demo_dataset(vocab_size=vocab_size)
+
+
 def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, max_bytes: int = MAX_BYTES) -> str:
     """Path of the prepared demo dataset (stdlib sources, BPE of exactly `vocab_size`), built on first use.
 

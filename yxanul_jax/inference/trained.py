@@ -43,25 +43,16 @@ class Trained:
 def tokenizer_path_of(cfg: Config, run_dir: str | None = None) -> str:
     """The tokenizer.json the run trained with: the run directory's copy, else its prepared dataset's,
     or the demo corpus's."""
+    from yxanul_jax.data.corpus import training_dataset_path
     from yxanul_jax.data.dataset import open_dataset
 
     if run_dir and os.path.isfile(os.path.join(run_dir, TOKENIZER_FILE)):
         return os.path.join(run_dir, TOKENIZER_FILE)
-    path = open_dataset(dataset_path_of(cfg)).tokenizer_path
+    path = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size)).tokenizer_path
     if path is None:
         raise UserError(f"the run's dataset '{cfg.data.train}' has no tokenizer.json; re-prepare it with "
                         "python -m yxanul_jax.prepare")
     return path
-
-
-def dataset_path_of(cfg: Config) -> str:
-    """The prepared dataset the run trained on: `data.train`, a mixture's first (they share one tokenizer), or the
-    demo corpus's (built on first use)."""
-    if cfg.data.train:
-        train = cfg.data.train
-        return next(iter(train.values())) if isinstance(train, dict) else train
-    from yxanul_jax.data.corpus import ensure_demo_dataset
-    return ensure_demo_dataset(vocab_size=cfg.model.vocab_size)
 
 
 def add_source_args(parser) -> None:

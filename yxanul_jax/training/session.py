@@ -57,14 +57,12 @@ def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
 def open_training_data(cfg: Config) -> PreparedDataset:
     """The prepared dataset of a single `data.train`, or the embedded demo corpus (built on first use); a
     mixture goes through `open_training_sets`."""
-    if cfg.data.train:
-        ds = open_dataset(cfg.data.train)
-    else:
-        from yxanul_jax.data.corpus import ensure_demo_dataset
+    from yxanul_jax.data.corpus import training_dataset_path
 
+    if not cfg.data.train:
         console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
                      "built on first use)")
-        ds = open_dataset(ensure_demo_dataset(vocab_size=cfg.model.vocab_size))
+    ds = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size))
     ds.check_vocab(cfg.model.vocab_size)
     return ds
 
