@@ -1,5 +1,6 @@
 """Export to Hugging Face: the real `transformers` loads what we write, its logits equal our float32
-forward, its greedy generation equals ours, and importing the export gives the same model back."""
+forward, its greedy generation equals ours, it samples as our `generate` does when told nothing, and
+importing the export gives the same model back."""
 import dataclasses
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from yxanul_jax.core.config import FP8Config
 from yxanul_jax.export import export
 from yxanul_jax.export import main as export_main
+from yxanul_jax.inference import sampling
 from yxanul_jax.inference.sampling import generate
 from yxanul_jax.inference.trained import Trained, load_trained
 from yxanul_jax.model import hf
@@ -62,6 +64,16 @@ def test_exported_trained_model_matches_in_transformers(trained_run, tmp_path):
     m = dataclasses.replace(trained.cfg.model, dtype="float32")
     got = generate(m, OFF, {"params": trained.params}, [prompt], 20)["tokens"][0]
     assert got == want
+    # told nothing, transformers samples as our `generate` does by default (greedy loops a small model on one token)
+    gen = transformers.GenerationConfig.from_pretrained(out)
+    assert gen.do_sample and (gen.temperature, gen.top_k, gen.top_p, gen.max_new_tokens) == (
+        sampling.TEMPERATURE, sampling.TOP_K, sampling.TOP_P, sampling.MAX_NEW_TOKENS)
+    assert gen.eos_token_id == gen.pad_token_id == trained.tokenizer().eos_id
+    drawn = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        drawn.append(model.generate(torch.tensor([prompt]))[0, len(prompt):].tolist())
+    assert drawn[0] != drawn[1] and all(0 < len(d) <= sampling.MAX_NEW_TOKENS for d in drawn)
 
 
 @pytest.mark.parametrize("overrides", [dict(head="factorized"), dict(head="untied", embed_rank=0),

@@ -9,7 +9,7 @@ import pytest
 
 from yxanul_jax.core.config import FP8Config
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.inference.sampling import filter_logits, generate, sample
+from yxanul_jax.inference.sampling import describe, filter_logits, generate, sample
 from yxanul_jax.model.transformer import Yxanul, init_variables
 
 from conftest import micro_model
@@ -117,6 +117,12 @@ def test_sampling_filters():
     draws = [int(sample(logits, k, temperature=1.0)[0]) for k in jax.random.split(key, 400)]
     assert 0.4 < draws.count(0) / 400 < 0.6 and set(draws) <= {0, 1, 2, 3}
     assert int(sample(logits, key, temperature=0.0)[0]) == 0
+
+
+def test_the_default_sampling_in_words():
+    """`sampling.describe`: what the end-of-run sample prints beside its text (the `generate` command's defaults)."""
+    assert describe() == "temperature 0.8, top-k 50, top-p 0.95"
+    assert describe(0.0) == "greedy" and describe(1.0, 0, 1.0) == "temperature 1"
 
 
 def test_user_errors():

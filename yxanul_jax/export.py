@@ -5,9 +5,9 @@
 
 Writes `config.json` (LlamaForCausalLM), `model.safetensors` (the `safetensors` library; the
 factorized embedding materialized as E·P, see `yxanul_jax.model.hf`), `tokenizer.json` +
-`tokenizer_config.json` (the run's tokenizer) and `generation_config.json` (EOS). Everything is
-written into a temporary folder beside the output and renamed into place at the end; an existing
-output is refused. Then:
+`tokenizer_config.json` (the run's tokenizer) and `generation_config.json` (EOS, and sampling as our
+`generate` command samples by default). Everything is written into a temporary folder beside the output
+and renamed into place at the end; an existing output is refused. Then:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained("hf/tiny"); tok = AutoTokenizer.from_pretrained("hf/tiny")

@@ -18,7 +18,7 @@ from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
 from yxanul_jax.core.config import FP8Config
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.inference.sampling import generate
+from yxanul_jax.inference import sampling
 
 
 def _prompts(args) -> list[str]:
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     add_source_args(p)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable: decoded as one batch)")
     p.add_argument("--prompt-file", action="append", help="a file whose whole text is one prompt (repeatable)")
-    p.add_argument("--max-new-tokens", type=Ranged(int, 1), default=64)
-    p.add_argument("--temperature", type=Ranged(float, 0), default=0.8, help="0 for greedy decoding")
-    p.add_argument("--top-k", type=Ranged(int, 0), default=50, help="0 keeps every token")
-    p.add_argument("--top-p", type=Ranged(float, 0, 1, lo_open=True), default=0.95,
+    p.add_argument("--max-new-tokens", type=Ranged(int, 1), default=sampling.MAX_NEW_TOKENS)
+    p.add_argument("--temperature", type=Ranged(float, 0), default=sampling.TEMPERATURE, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=Ranged(int, 0), default=sampling.TOP_K, help="0 keeps every token")
+    p.add_argument("--top-p", type=Ranged(float, 0, 1, lo_open=True), default=sampling.TOP_P,
                    help="nucleus mass; 1 keeps every token")
     p.add_argument("--seed", type=Ranged(int, 0), default=0)
     p.add_argument("--num-samples", type=Ranged(int, 1), default=1, help="samples per prompt")
@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.disable_fp8:
         fp8, variables = FP8Config(enabled=False), {"params": trained.params}
     prompts = [list(map(int, tok.tokenizer.encode(t).ids)) for t in texts for _ in range(args.num_samples)]
-    result = generate(trained.cfg.model, fp8, variables, prompts, args.max_new_tokens, temperature=args.temperature,
-                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id)
+    result = sampling.generate(trained.cfg.model, fp8, variables, prompts, args.max_new_tokens,
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                               eos_id=tok.eos_id)
     samples = []
     for i, new in enumerate(result["tokens"]):
         text = tok.tokenizer.decode([t for t in new if t != tok.eos_id])

@@ -645,7 +645,7 @@ class TrainConfig:
     sample_prompt: str = field(default="def ", metadata=RESUME)
     """Prompt of the short sample printed when a run finishes (the demo corpus is Python source)."""
     sample_tokens: int = field(default=48, metadata=RESUME)
-    """Tokens of that sample (temperature 0.8, top-k 40, seeded by train.seed); 0: no sample."""
+    """Tokens of that sample (drawn as `generate` draws by default, seeded by train.seed); 0: no sample."""
     xla_options: dict[str, Union[bool, int, float, str]] = field(default_factory=dict, metadata=RESUME)
     """XLA compiler options of the train step (e.g. `xla_gpu_enable_triton_gemm: false`), passed to
     `.compile(compiler_options=...)` and shown in the run header; empty: XLA's defaults (no GPU

@@ -7,6 +7,7 @@ import shutil
 
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import check_new_output, staged_dir
+from yxanul_jax.inference import sampling
 from yxanul_jax.model.hf import hf_config, to_hf
 
 DTYPES = ("bfloat16", "float32")
@@ -31,8 +32,7 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
         os.umask(umask)
         os.chmod(weights, 0o666 & ~umask)  # safetensors writes it owner-only; the folder's other files are not
         _write_json(tmp, "config.json", hf_config(m, tied, tok.eos_id, dtype))
-        _write_json(tmp, "generation_config.json", {"bos_token_id": tok.eos_id, "eos_token_id": tok.eos_id,
-                                                     "do_sample": False})
+        _write_json(tmp, "generation_config.json", generation_config(tok.eos_id))
         shutil.copyfile(trained.tokenizer_path, os.path.join(tmp, "tokenizer.json"))
         _write_json(tmp, "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
                                                     "eos_token": tok.eos_token, "bos_token": tok.eos_token,
@@ -40,6 +40,16 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
     n = sum(int(v.size) for v in tensors.values())
     return {"output": output, "step": trained.step, "tensors": len(tensors), "values": n, "dtype": dtype,
             "tie_word_embeddings": tied, "vocab_size": m.vocab_size}
+
+
+def generation_config(eos_id: int) -> dict:
+    """`generation_config.json`: what `transformers`' `generate` and pipelines do with the export unless told
+    otherwise. It samples as our `generate` command does by default (`sampling.TEMPERATURE` and the rest): greedy
+    decoding sends a small model into a loop of one token, which reads as a broken export. The tokenizer has no BOS
+    (`add_bos_token: false`); its EOS separates documents, so it also stands for BOS and padding."""
+    return {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "do_sample": True,
+            "temperature": sampling.TEMPERATURE, "top_k": sampling.TOP_K, "top_p": sampling.TOP_P,
+            "max_new_tokens": sampling.MAX_NEW_TOKENS}
 
 
 def _write_json(folder: str, name: str, obj: dict) -> None:

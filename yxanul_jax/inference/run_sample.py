@@ -1,9 +1,10 @@
 """The end-of-run sample: a training-loop hook that prints a short continuation of `train.sample_prompt`.
 
 `python -m yxanul_jax.train` adds it to `fit(..., hooks=[EndOfRunSample()])`, so a finished run ends in
-text written by the model it trained (temperature 0.8, top-k 40, seeded by train.seed; process 0
-only; `train.sample_tokens=0` turns it off). A SIGTERM/SIGINT during it ends it at the next token (the
-loop's `interrupted`): the run is finished and saved by then, and nothing is printed.
+text written by the model it trained (drawn as the `generate` command draws by default, `sampling.TEMPERATURE`
+and the rest; seeded by train.seed; process 0 only; `train.sample_tokens=0` turns it off). A SIGTERM/SIGINT during
+it ends it at the next token (the loop's `interrupted`): the run is finished and saved by then, and nothing is
+printed.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import jax
 
 from yxanul_jax.core import console
 from yxanul_jax.data.tokenizer import load_tokenizer
-from yxanul_jax.inference.sampling import generate
+from yxanul_jax.inference import sampling
 from yxanul_jax.inference.trained import tokenizer_path_of
 from yxanul_jax.training.hooks import Hook
 
@@ -27,14 +28,15 @@ def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> N
     if not prompt or len(prompt) + cfg.train.sample_tokens > cfg.model.max_position:
         return
     variables = {"params": jax.device_get(state.params), **jax.device_get(state.fp8)}
-    result = generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens, temperature=0.8, top_k=40,
-                      seed=cfg.train.seed, eos_id=tok.eos_id, should_stop=should_stop)
+    result = sampling.generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens,
+                               temperature=sampling.TEMPERATURE, top_k=sampling.TOP_K, top_p=sampling.TOP_P,
+                               seed=cfg.train.seed, eos_id=tok.eos_id, should_stop=should_stop)
     if result["stopped"]:
         console.note("end-of-run sample skipped: the run was asked to stop")
         return
     out = result["tokens"][0]
     text = tok.tokenizer.decode([t for t in out if t != tok.eos_id])
-    console.info(f"sample (train.sample_prompt, {len(out)} tokens, temperature 0.8, top-k 40):\n"
+    console.info(f"sample (train.sample_prompt, {len(out)} tokens, {sampling.describe()}):\n"
                  f"{cfg.train.sample_prompt}{text}")
 
 

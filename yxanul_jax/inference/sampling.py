@@ -24,6 +24,22 @@ from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import DTYPES, Yxanul, init_cache
 
 
+# What a sample is drawn with unless asked otherwise: the `generate` command's defaults, the end-of-run sample's, and
+# the `generation_config.json` an export writes (so `transformers`' `generate` and pipelines sample as we do).
+TEMPERATURE = 0.8
+TOP_K = 50
+TOP_P = 0.95
+MAX_NEW_TOKENS = 64
+
+
+def describe(temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float = TOP_P) -> str:
+    """How tokens are drawn, in words ("temperature 0.8, top-k 50, top-p 0.95"; "greedy")."""
+    if temperature <= 0:
+        return "greedy"
+    return ", ".join([f"temperature {temperature:g}", *([f"top-k {top_k}"] if top_k else []),
+                      *([f"top-p {top_p:g}"] if top_p < 1 else [])])
+
+
 def filter_logits(logits_BxV, temperature: float, top_k: int, top_p: float):
     """Logits scaled by 1/temperature with everything outside the top-k and the top-p mass at -inf."""
     logits_BxV = logits_BxV.astype(jnp.float32) / temperature
