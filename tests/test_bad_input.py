@@ -46,7 +46,8 @@ def _numeric_keys(cls=Config, prefix="") -> list[tuple[str, type]]:
 
 def test_every_numeric_config_field_refuses_an_out_of_range_value_naming_its_key():
     """-2 is outside every int field's range (-1 is the lowest any field means something by), -1.0, NaN and inf
-    outside every float field's: each is one UserError line naming the key. A field added without a rule fails."""
+    outside every float field's: each is one UserError line naming the key, and no other key (a rule that covered
+    two keys named both, so the user could not tell which was wrong). A field added without a rule fails."""
     keys = _numeric_keys()
     assert len(keys) > 50 and ("data.num_workers", int) in keys and ("optim.eps", float) in keys
     missed = []
@@ -56,7 +57,8 @@ def test_every_numeric_config_field_refuses_an_out_of_range_value_naming_its_key
                 load_config(None, [f"{key}={bad}"])
                 missed.append(f"{key}={bad} accepted")
             except UserError as e:
-                if f"'{key}'" not in str(e) or "\n" in str(e):
+                others = [k for k, _ in keys if k != key and f"'{k}'" in str(e)]
+                if f"'{key}'" not in str(e) or "\n" in str(e) or others:
                     missed.append(f"{key}={bad}: {e}")
     assert not missed, "\n".join(missed)
 
@@ -114,6 +116,27 @@ def test_every_numeric_flag_is_range_checked_before_anything_runs(tmp_path, monk
                 assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"error: {flag} {bad} must be "), err
                 tried += 1
     assert tried >= 15 and not os.listdir(tmp_path)
+
+
+def test_no_flag_or_argument_takes_an_empty_value(tmp_path, monkeypatch):
+    """`--run-dir "$RUN"` with RUN unset: every value-taking flag and argument of every command refuses "" while the
+    flags are read (before, an empty --run-dir or --checkpoint read as left out, and `prepare --input ""` tokenized
+    the working directory)."""
+    from yxanul_jax.cli import main
+
+    tried = 0
+    monkeypatch.chdir(tmp_path)
+    for command, prefix, parser in _parsers():
+        for action in parser._actions:
+            if action.nargs == 0 or isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            args = [action.option_strings[-1], ""] if action.option_strings else [""]
+            rc, out, err = run_cli(main, [command, *prefix, *args])
+            lines = err.splitlines()
+            assert rc == 2 and len(lines) == 1 and " is empty (an unset shell variable?)" in lines[0], (args, err)
+            assert (action.option_strings[-1] if action.option_strings else "an argument where") in lines[0]
+            tried += 1
+    assert tried >= 40 and not os.listdir(tmp_path)
 
 
 # ---- (c) no progress bar (or anything else) before the one-line error

@@ -137,7 +137,7 @@ def test_export_cli_refuses_an_existing_output_and_bad_sources(trained_run, tmp_
 
 def test_export_cli_refuses_an_empty_or_unwritable_output_before_the_restore(tmp_path):
     """Checked before anything is read: the --run-dir here is no run at all, so a later check would say so."""
-    for output, needle in (("", "--output is empty; --output must name a path"),
+    for output, needle in (("", "--output is empty (an unset shell variable?)"),
                            ("/proc/yxanul-export", "'/proc/yxanul-export'")):
         rc, _, err = run_cli(export_main, ["--run-dir", str(tmp_path), "--output", output])
         assert rc == 2 and err.count("\n") == 1 and needle in err and ".tmp-" not in err, err
@@ -145,7 +145,7 @@ def test_export_cli_refuses_an_empty_or_unwritable_output_before_the_restore(tmp
 
 
 @pytest.mark.slow
-def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
+def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path, capsys):
     # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights
     from yxanul_jax.core.config import load_config
     from yxanul_jax.training.loop import fit
@@ -158,6 +158,9 @@ def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path):
                                            "optim.weight_decay=0", "model.d_model=8", "model.n_layers=1"])
     run = tmp_path / "run"
     fit(cfg, str(run))
+    said = capsys.readouterr().err  # the sizes the config asked for and did not get are named, not dropped silently
+    assert "init.from_hf: the model's sizes are those of" in said
+    assert "model.d_model 8 -> 64" in said and "model.n_layers 1 -> 2" in said and "model.embed_rank 16 -> 0" in said
     started = load_trained(run_dir=str(run))
     m = started.cfg.model
     assert (m.d_model, m.n_layers, m.embed_rank, m.head) == (64, 2, 0, "tied")  # sizes from config.json

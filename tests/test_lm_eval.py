@@ -169,7 +169,7 @@ def test_a_device_output_or_column_it_cannot_use_is_refused_before_the_evaluatio
     cases = [
         (run + ["--device", "quantum"], "--device quantum: 'quantum' is not a device lm-eval can run on here"),
         (run + ["--device", "cuda:99"], "--device cuda:99"),
-        (run + ["--output", ""], "--output is empty; --output must name a path"),
+        (run + ["--output", ""], "--output is empty (an unset shell variable?)"),
         (run + ["--output", str(folder)], "already exists"),
         (run + ["--output", "/proc/yxanul-eval.json"], "'/proc/yxanul-eval.json'"),
         (run + ["--text-column", "foo"], "--text-column applies to .jsonl / .parquet inputs only"),

@@ -50,12 +50,15 @@ def test_plot_refuses_a_binary_metrics_file_and_outputs_it_cannot_write(tmp_path
     folder.mkdir()
     binary = f"'{run / 'metrics.jsonl'}' line 1 holds invalid UTF-8"
     for argv, needle in (([run, "--output", tmp_path / "x.png"], binary),
-                         ([run, "--output", ""], "--output is empty; --output must name a path"),
+                         ([run, "--output", ""], "--output is empty (an unset shell variable?)"),
                          ([run, "--output", folder], f"--output '{folder}' is a folder"),
                          ([run, "--output", "/proc/yxanul-plot.png"], "'/proc/yxanul-plot.png'")):
         rc, _, stderr = run_cli(plot.main, argv)
         assert rc == 2 and needle in stderr and stderr.count("\n") == 1 and ".tmp-" not in stderr, stderr
     assert sorted(os.listdir(tmp_path)) == ["d.png", "run"] and os.listdir(folder) == []
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')  # rows, but none with a metric to draw (was a traceback)
+    rc, _, stderr = run_cli(plot.main, [run, "--output", tmp_path / "x.png"])
+    assert rc == 2 and "holds loss, " in stderr and stderr.count("\n") == 1 and not (tmp_path / "x.png").exists()
 
 
 def test_tokens_to_target_interpolates_and_summary_compares_arms():

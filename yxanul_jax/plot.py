@@ -68,6 +68,9 @@ def plot_runs(runs: dict[str, list[dict]], output: str, panels=PANELS, colors: d
               title: str = "") -> str:
     """Draw `panels` (metric key, label) for every labelled run's rows into `output` (PNG, written
     atomically). Runs sharing a color (e.g. seeds of one arm) are drawn alike."""
+    if not any(series(rows, key)[0] for rows in runs.values() for key, _ in panels):
+        raise UserError(f"no row of {', '.join(runs)} holds {', '.join(key for key, _ in panels)} with its tokens; "
+                        "plot a run of `python -m yxanul_jax.train` after its first logged step")
     plt = _pyplot()
     import io
 
@@ -81,12 +84,10 @@ def plot_runs(runs: dict[str, list[dict]], output: str, panels=PANELS, colors: d
         ax.set_xlabel("tokens")
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if not handles:
-        handles, labels = axes[0][1].get_legend_handles_labels()
     seen = {}
-    for h, lab in zip(handles, labels):
-        seen.setdefault(lab, h)
+    for ax in axes[0]:  # every run once, from whichever panel drew it
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
     fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(len(seen), 6), fontsize=8,
                frameon=False)
     if title:

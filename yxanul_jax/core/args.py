@@ -38,6 +38,16 @@ class ArgumentParser(argparse.ArgumentParser):
                 hint = f"; config keys are set as key=value, e.g. {keys[0]}=VALUE"
         raise UserError(f"{message}{hint}; see {self.prog} --help")
 
+    def _get_value(self, action, arg_string):
+        """Each value as argparse converts it, an empty one refused: no flag or argument of ours takes "", and an
+        unset shell variable (`--run-dir "$RUN"`) would otherwise read as the flag left out, or as the working
+        directory for a path (`prepare --input ""` tokenized everything below it)."""
+        if arg_string == "" and not isinstance(action, argparse._SubParsersAction):  # its parser checks its own
+            name = (action.option_strings[-1] if action.option_strings
+                    else f"an argument where {action.metavar or action.dest} goes")
+            raise UserError(f"{name} is empty (an unset shell variable?); give it a value, or leave it out")
+        return super()._get_value(action, arg_string)
+
 
 class Ranged:
     """The `type=` of every numeric flag: parses an int or a finite float and checks it lies in [lo, hi] (an

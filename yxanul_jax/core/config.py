@@ -49,6 +49,16 @@ TRITON_GEMM_OPTION = "xla_gpu_enable_triton_gemm"
 def triton_gemm_asked(xla_options) -> bool:
     """Whether XLA options set Triton GEMMs to anything but off (unset: XLA's default, which the caller decides)."""
     return xla_options.get(TRITON_GEMM_OPTION) not in (None, False)
+
+
+def each_in_range(section_obj, section: str, names: tuple[str, ...], ok, words: str) -> None:
+    """UserError naming the first of `names` (fields of `section_obj`, config section `section`) whose value fails
+    `ok`, with that value: "config key 'train.log_every' must be >= 1, got 0"."""
+    for name in names:
+        value = getattr(section_obj, name)
+        if not ok(value):
+            raise UserError(f"config key '{section}.{name}' must be {words}, got {value!r}")
+
 RESUME = {"resumable": True}
 """Field metadata: a resumed run may change this field (and all below it), as it changes neither the model
 nor the data stream. The rest (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused by the
@@ -169,8 +179,7 @@ class ModelConfig:
         if self.padded_vocab > 2**31 - 1:
             raise UserError(f"config key 'model.vocab_size' ({self.vocab_size:,}, padded {self.padded_vocab:,}) is "
                             "beyond int32 token ids (2,147,483,647); set it to your tokenizer's vocabulary size")
-        if self.head_dim < 0 or self.embed_rank < 0:
-            raise UserError("config keys 'model.head_dim' and 'model.embed_rank' must be >= 0")
+        each_in_range(self, "model", ("head_dim", "embed_rank"), lambda v: v >= 0, ">= 0")
         if self.n_heads % self.n_kv_heads:
             raise UserError(f"config key 'model.n_kv_heads' ({self.n_kv_heads}) must divide model.n_heads "
                             f"({self.n_heads})")
@@ -189,8 +198,7 @@ class ModelConfig:
             # jax would run the leftover layers outside the loop, where remat's CSE barrier is off (`layer_loop`)
             raise UserError(f"config key 'model.scan_unroll' ({self.scan_unroll}) must divide model.n_layers "
                             f"({self.n_layers}) or be at least it; set model.scan_unroll={self.n_layers} for no loop")
-        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
-            raise UserError("config keys 'model.norm_eps', 'model.init_std', 'model.rope_theta' must be positive")
+        each_in_range(self, "model", ("norm_eps", "init_std", "rope_theta"), lambda v: v > 0, "positive")
         safe_name("config key 'model.name'", self.name)  # runs/<model.name>: a name, never a path
 
 
@@ -367,24 +375,19 @@ class OptimConfig:
     """Written by the trainer: the learning rate (before stage scaling) at `continue_from`, where `decay` starts."""
 
     def check(self) -> None:
-        if self.lr <= 0 or self.muon_lr <= 0:
-            raise UserError(f"config keys 'optim.lr' and 'optim.muon_lr' must be positive, got {self.lr} and "
-                            f"{self.muon_lr}")
-        if not 0 <= self.muon_momentum < 1 or self.muon_weight_decay < 0:
-            raise UserError("config key 'optim.muon_momentum' must be in [0, 1) and 'optim.muon_weight_decay' >= 0")
+        each_in_range(self, "optim", ("lr", "muon_lr"), lambda v: v > 0, "positive")
+        each_in_range(self, "optim", ("muon_momentum",), lambda v: 0 <= v < 1, "in [0, 1)")
+        each_in_range(self, "optim", ("muon_weight_decay",), lambda v: v >= 0, ">= 0")
         if not 0 <= self.min_lr_ratio <= 1:
             raise UserError(f"config key 'optim.min_lr_ratio' must be in [0, 1], got {self.min_lr_ratio}")
         if not 0 < self.decay_fraction <= 1:
             raise UserError(f"config key 'optim.decay_fraction' must be in (0, 1], got {self.decay_fraction}")
-        if self.warmup_steps < 0 or self.weight_decay < 0:
-            raise UserError("config keys 'optim.warmup_steps' and 'optim.weight_decay' must be >= 0")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
-            raise UserError("config keys 'optim.b1' and 'optim.b2' must be in [0, 1)")
+        each_in_range(self, "optim", ("warmup_steps", "weight_decay"), lambda v: v >= 0, ">= 0")
+        each_in_range(self, "optim", ("b1", "b2"), lambda v: 0 <= v < 1, "in [0, 1)")
         if self.eps <= 0:
             raise UserError(f"config key 'optim.eps' must be positive, got {self.eps}")
-        if self.continue_from < 0 or self.continue_lr < 0:
-            raise UserError("config keys 'optim.continue_from' and 'optim.continue_lr' must be >= 0 (the trainer "
-                            "writes them; set train.extend instead)")
+        each_in_range(self, "optim", ("continue_from", "continue_lr"), lambda v: v >= 0,
+                      ">= 0 (the trainer writes it; set train.extend instead)")
 
 
 @dataclass(frozen=True)
@@ -479,9 +482,8 @@ class EvalConfig:
         if self.seq_len < 0 or self.seq_len > max_position:
             raise UserError(f"config key 'eval.seq_len' ({self.seq_len}) must be in [0, model.max_position "
                             f"({max_position})]; 0 validates at each stage's seq_len")
-        if self.batch_size < 1 or self.max_batches < 0:
-            raise UserError(f"config keys 'eval.batch_size' ({self.batch_size}) must be >= 1 and "
-                            f"'eval.max_batches' ({self.max_batches}) >= 0")
+        each_in_range(self, "eval", ("batch_size",), lambda v: v >= 1, ">= 1")
+        each_in_range(self, "eval", ("max_batches",), lambda v: v >= 0, ">= 0")
         if self.interval < 0:
             raise UserError(f"config key 'eval.interval' must be >= 0 (0: only at the end), got {self.interval}")
         for name in self.domains:  # the cache's eval/<name>-<hash>: a name, never a path
@@ -538,8 +540,8 @@ class MeshConfig:
     last checkpoint."""
 
     def check(self) -> None:
-        if self.data == 0 or self.fsdp == 0 or self.data < -1 or self.fsdp < -1:
-            raise UserError("config keys 'mesh.data' and 'mesh.fsdp' must be positive or -1 (all remaining devices)")
+        each_in_range(self, "mesh", ("data", "fsdp"), lambda v: v >= 1 or v == -1,
+                      "positive or -1 (all remaining devices)")
         if self.data == -1 and self.fsdp == -1:
             raise UserError("only one of 'mesh.data' and 'mesh.fsdp' may be -1")
         if self.heartbeat_timeout_s < 1:
@@ -656,10 +658,8 @@ class TrainConfig:
             raise UserError(f"config key 'train.steps' must be >= 1, got {self.steps}")
         if self.sample_tokens < 0:
             raise UserError(f"config key 'train.sample_tokens' must be >= 0, got {self.sample_tokens}")
-        if self.loss_chunk < 1 or self.log_every < 1:
-            raise UserError("config keys 'train.loss_chunk' and 'train.log_every' must be >= 1")
-        if self.seed < 0 or self.z_loss < 0:
-            raise UserError(f"config keys 'train.seed' ({self.seed}) and 'train.z_loss' ({self.z_loss}) must be >= 0")
+        each_in_range(self, "train", ("loss_chunk", "log_every"), lambda v: v >= 1, ">= 1")
+        each_in_range(self, "train", ("seed", "z_loss"), lambda v: v >= 0, ">= 0")
         if self.micro_split < 1:
             raise UserError(f"config key 'train.micro_split' must be >= 1, got {self.micro_split}")
         try:

@@ -81,12 +81,16 @@ class PreparedDataset:
     def __repr__(self) -> str:
         return f"PreparedDataset({self.path!r}, vocab={self.vocab_size}, eos={self.eos_id})"
 
-    def check_vocab(self, model_vocab_size: int) -> None:
-        """UserError unless the model's embedding has exactly the dataset tokenizer's vocabulary."""
+    def check_vocab(self, model_vocab_size: int, from_hf: str = "") -> None:
+        """UserError unless the model's embedding has exactly the dataset tokenizer's vocabulary. `from_hf`: the
+        folder the model's sizes come from (`init.from_hf`), whose vocabulary no config key changes."""
         if model_vocab_size != self.vocab_size:
             src = self.manifest.get("tokenizer", {}).get("source", "its tokenizer")
-            raise UserError(f"dataset '{self.path}' was tokenized with vocab {self.vocab_size} ({src}) but "
-                            f"model.vocab_size is {model_vocab_size}; set model.vocab_size={self.vocab_size} "
+            said = f"dataset '{self.path}' was tokenized with vocab {self.vocab_size} ({src}) but "
+            if from_hf:
+                raise UserError(f"{said}the model of init.from_hf ('{from_hf}') has {model_vocab_size} entries; "
+                                "prepare the data with that model's tokenizer (its tokenizer.json)")
+            raise UserError(f"{said}model.vocab_size is {model_vocab_size}; set model.vocab_size={self.vocab_size} "
                             f"or prepare the data with a {model_vocab_size}-entry tokenizer")
 
     def split(self, name: str) -> SplitIndex:

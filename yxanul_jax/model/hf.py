@@ -95,15 +95,22 @@ def read_hf(folder: str) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def resolve_init(cfg):
-    """`cfg` with the model sizes of `init.from_hf`'s config.json (unchanged when it is empty)."""
+    """`cfg` with the model sizes of `init.from_hf`'s config.json (unchanged when it is empty). Where the config asked
+    for other sizes (a YAML file's or an override's), one note names them and the values taken instead."""
     import dataclasses
 
+    from yxanul_jax.core import console
     from yxanul_jax.core.config import validate
 
     if not cfg.init.from_hf:
         return cfg
     config = read_hf_config(cfg.init.from_hf)
-    return validate(dataclasses.replace(cfg, model=model_config_from_hf(config, cfg.model)))
+    model = model_config_from_hf(config, cfg.model)
+    replaced = [f"model.{f.name} {getattr(cfg.model, f.name)!r} -> {getattr(model, f.name)!r}"
+                for f in dataclasses.fields(model) if getattr(cfg.model, f.name) != getattr(model, f.name)]
+    if replaced:
+        console.note(f"init.from_hf: the model's sizes are those of '{cfg.init.from_hf}': {', '.join(replaced)}")
+    return validate(dataclasses.replace(cfg, model=model))
 
 
 def read_hf_config(folder: str) -> dict:

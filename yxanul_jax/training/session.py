@@ -41,7 +41,7 @@ def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
     sets: dict[str, PreparedDataset] = {}
     for name, path in cfg.data.train.items():
         ds = open_dataset(path)
-        ds.check_vocab(cfg.model.vocab_size)
+        ds.check_vocab(cfg.model.vocab_size, cfg.init.from_hf)
         if sets:
             first_name, first = next(iter(sets.items()))
             theirs, ours = (d.manifest.get("tokenizer", {}) for d in (first, ds))
@@ -63,7 +63,7 @@ def open_training_data(cfg: Config) -> PreparedDataset:
         console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
                      "built on first use)")
     ds = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size))
-    ds.check_vocab(cfg.model.vocab_size)
+    ds.check_vocab(cfg.model.vocab_size, cfg.init.from_hf)
     return ds
 
 
