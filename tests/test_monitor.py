@@ -105,6 +105,29 @@ def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
     with RunLock(str(tmp_path)) as lock:  # a stale lock of a process that is gone
         assert lock.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    for foreign in ("1", "[]", '"x"', "{"):  # JSON, but not a lock this wrote (a bare number was a traceback)
+        (tmp_path / LOCK_FILE).write_text(foreign)
+        with RunLock(str(tmp_path)) as lock:
+            assert lock.held and json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_a_folder_with_a_runs_files_but_no_config_is_refused_not_written_over(tmp_path):
+    """Training into a folder that holds what a run writes, without a config.yaml: one line, nothing changed; with
+    --overwrite its files are moved aside, as a run's are."""
+    run_dir = tmp_path / "notes"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"my": "data"}\n')
+    (run_dir / "tokenizer.json").write_text("{}")
+    (run_dir / "README.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(UserError, match=r"holds tokenizer.json, metrics.jsonl but no config.yaml.*--overwrite"):
+        prepare_run_dir(str(run_dir), _cfg())
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    prepare_run_dir(str(tmp_path / "empty"), _cfg())  # a new or empty folder is a new run
+    prepare_run_dir(str(tmp_path / "empty"), _cfg())  # ... and then a run: the same config is kept
+    prepare_run_dir(str(run_dir), _cfg(), overwrite=True)
+    (aside,) = [p for p in run_dir.iterdir() if p.name.startswith("replaced-")]
+    assert (aside / "metrics.jsonl").read_text() == '{"my": "data"}\n' and (run_dir / "README.txt").exists()
 
 
 def test_fresh_start_refuses_existing_checkpoints(tmp_path):

@@ -319,7 +319,9 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     given, as `tokenizer.json`), and return its checkpoint directory. `record=False`: the same
     checks, nothing written (a finished run asked to train again changes nothing).
 
-    * No config there yet: write it.
+    * No config there yet: write it, unless the folder holds what a run writes (a metrics file, checkpoints, a
+      tokenizer copy...) without a config: not a run this can continue, and its files would be overwritten
+      (UserError, unless `overwrite`, which moves them aside).
     * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
       with `resume=False` existing checkpoints are refused (UserError) rather than clobbered.
     * A different config: UserError naming the first differing key, unless `overwrite`.
@@ -347,7 +349,13 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             for name in present:
                 os.replace(os.path.join(run_dir, name), os.path.join(aside, name))
             console.info(f"--overwrite: the previous run's {', '.join(present)} moved to {aside}")
-    elif os.path.exists(config_path):
+    elif not os.path.exists(config_path):
+        foreign = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
+        if foreign:
+            raise UserError(f"run directory '{run_dir}' holds {', '.join(foreign)} but no {CONFIG_FILE}, so it is not a "
+                            "run to continue and training would write over them; pass a new --run-dir, or "
+                            "--overwrite to move them aside and start over")
+    else:
         try:
             with open(config_path, encoding="utf-8") as fh:
                 old = yaml.safe_load(fh)
@@ -423,9 +431,10 @@ class RunLock:
     def _holder(self) -> dict | None:
         try:
             with open(self.path, encoding="utf-8") as fh:
-                return json.load(fh)
+                holder = json.load(fh)
         except (OSError, ValueError):
             return None
+        return holder if isinstance(holder, dict) else None  # not a lock this wrote: a dead process's, taken over
 
     def release(self) -> None:
         if self.held:
