@@ -125,6 +125,23 @@ def test_the_default_sampling_in_words():
     assert describe(0.0) == "greedy" and describe(1.0, 0, 1.0) == "temperature 1"
 
 
+def test_an_end_of_run_sample_that_cannot_run_says_why(trained_run, capsys):
+    """An empty train.sample_prompt, or one that with train.sample_tokens overruns the context: one note each, no
+    sample (both used to return without a word). Neither reaches the model, so no state is passed."""
+    from yxanul_jax.inference.run_sample import print_sample
+    from yxanul_jax.inference.trained import load_trained
+
+    cfg = load_trained(run_dir=str(trained_run)).cfg
+    train = cfg.train
+    for changed, needle in (({"sample_prompt": ""}, "train.sample_prompt is empty"),
+                            ({"sample_tokens": cfg.model.max_position}, f"exceed model.max_position "
+                                                                         f"{cfg.model.max_position}; lower")):
+        print_sample(dataclasses.replace(cfg, train=dataclasses.replace(train, **changed)), state=None)
+        out, err = capsys.readouterr()
+        assert err.startswith("end-of-run sample skipped: ") and needle in err and err.count("\n") == 1, err
+        assert not out
+
+
 def test_user_errors():
     m = dataclasses.replace(micro_model(), max_position=16)
     variables = init_variables(m, OFF, jax.random.key(0))

@@ -16,21 +16,28 @@ import jax
 from yxanul_jax.core import console
 from yxanul_jax.data.tokenizer import load_tokenizer
 from yxanul_jax.inference import sampling
+from yxanul_jax.inference.sampling import generate
 from yxanul_jax.inference.trained import tokenizer_path_of
 from yxanul_jax.training.hooks import Hook
 
 
 def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> None:
-    """Print a continuation of `train.sample_prompt` by the model in `state` (skipped when it cannot fit, or
-    when `should_stop()` ends it early: `sampling.generate`)."""
+    """Print a continuation of `train.sample_prompt` by the model in `state` (skipped, with a note, when the prompt
+    is empty or cannot fit, or when `should_stop()` ends it early: `sampling.generate`)."""
     tok = load_tokenizer(tokenizer_path_of(cfg))
     prompt = list(map(int, tok.tokenizer.encode(cfg.train.sample_prompt).ids))
-    if not prompt or len(prompt) + cfg.train.sample_tokens > cfg.model.max_position:
+    if not prompt:
+        console.note("end-of-run sample skipped: train.sample_prompt is empty (train.sample_tokens=0 turns it off)")
+        return
+    if len(prompt) + cfg.train.sample_tokens > cfg.model.max_position:
+        console.note(f"end-of-run sample skipped: its prompt ({len(prompt)} tokens) and train.sample_tokens="
+                     f"{cfg.train.sample_tokens} exceed model.max_position {cfg.model.max_position}; lower "
+                     "train.sample_tokens")
         return
     variables = {"params": jax.device_get(state.params), **jax.device_get(state.fp8)}
-    result = sampling.generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens,
-                               temperature=sampling.TEMPERATURE, top_k=sampling.TOP_K, top_p=sampling.TOP_P,
-                               seed=cfg.train.seed, eos_id=tok.eos_id, should_stop=should_stop)
+    result = generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens,
+                      temperature=sampling.TEMPERATURE, top_k=sampling.TOP_K, top_p=sampling.TOP_P,
+                      seed=cfg.train.seed, eos_id=tok.eos_id, should_stop=should_stop)
     if result["stopped"]:
         console.note("end-of-run sample skipped: the run was asked to stop")
         return
