@@ -83,6 +83,21 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path):
     assert os.path.exists(path)
 
 
+def test_a_key_given_twice_is_refused_naming_it_not_the_last_one_kept(tmp_path):
+    """PyYAML keeps the last of a duplicated key silently; a config file or an override's value names it instead."""
+    from yxanul_jax.core.config import load_config
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("model:\n  d_model: 64\n  n_layers: 2\n  d_model: 96\n")
+    with pytest.raises(UserError, match=r"not valid YAML: found the key 'd_model' twice in one mapping; keep one "
+                                        r"\(line 4, column 3\)$"):
+        read_yaml(str(path))
+    with pytest.raises(UserError, match=r"found the key 'seq_len' twice"):
+        load_config(None, ["curriculum=[{start_step: 0, seq_len: 32, seq_len: 64, batch_size: 4}]"])
+    path.write_text("model:\n  d_model: 64\ntrain:\n  steps: 3\n")  # the same key in two sections is two keys
+    assert read_yaml(str(path)) == {"model": {"d_model": 64}, "train": {"steps": 3}}
+
+
 def test_no_command_and_a_zero_memory_size_are_error_lines():
     from yxanul_jax import cli, plan
 

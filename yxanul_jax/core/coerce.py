@@ -149,7 +149,9 @@ def to_dict(obj) -> Any:
 
 def _parse_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        return load_yaml(text) if text != "" else ""
+    except _DuplicateKey as e:  # never read as a string
+        raise UserError(f"the override value '{text}': {yaml_problem(e)}") from None
     except yaml.YAMLError:
         return text
 
@@ -266,6 +268,30 @@ def to_yaml(obj) -> str:
     return yaml.safe_dump(to_dict(obj), sort_keys=False)
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A key given twice in one YAML mapping (`_UniqueKeys`)."""
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a key given twice in one mapping (it keeps the last one silently: a config
+    that sets `d_model` twice would train the second without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(None, None, f"found the key '{key}' twice in one mapping; keep one",
+                                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text):
+    """`yaml.safe_load` of a config's text (a file, or an override's value), with keys given twice refused."""
+    return yaml.load(text, Loader=_UniqueKeys)
+
+
 def yaml_problem(e: Exception) -> str:
     """A YAML parse error in one line with where it is: PyYAML's problem and its line and column (1-based), e.g.
     "found character '\\t' that cannot start any token (line 3, column 1)"; other errors as `one_line`."""
@@ -276,17 +302,21 @@ def yaml_problem(e: Exception) -> str:
     return one_line(e)
 
 
-def read_yaml(path: str) -> dict:
-    """The mapping in a YAML config file ({} for an empty one); UserError naming the file otherwise."""
+def read_yaml(path: str, run: bool = False) -> dict:
+    """The mapping in a YAML config file ({} for an empty one); UserError naming the file otherwise. `run`: a run
+    directory's resolved config, which is never empty (an emptied one would read as the defaults)."""
     if not os.path.exists(path):
         raise UserError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
     if os.path.isdir(path):
         raise UserError(f"config file '{path}' is a directory; pass a YAML file in it (see configs/)")
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = load_yaml(fh)
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise UserError(f"config file '{path}' is not valid YAML: {yaml_problem(e)}") from None
+    if data is None and run:
+        raise UserError(f"run config '{path}' is empty, so the run's model and data are unknown; restore it (the "
+                        "resolved config the run wrote when it started), or pass another --run-dir")
     if data is None:
         return {}
     if not isinstance(data, dict):
