@@ -130,6 +130,22 @@ def test_a_folder_with_a_runs_files_but_no_config_is_refused_not_written_over(tm
     assert (aside / "metrics.jsonl").read_text() == '{"my": "data"}\n' and (run_dir / "README.txt").exists()
 
 
+def test_an_emptied_run_config_is_refused_not_read_as_the_defaults(tmp_path):
+    """An empty config.yaml read as the defaults gave advice that contradicted itself (train: "pass model.d_model=64",
+    then "the run's model.d_model is 128"; generate: a missing FP8 key); every reader of a run's config refuses it."""
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.inference.trained import load_trained
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), _cfg())
+    (run_dir / "config.yaml").write_text("")
+    with pytest.raises(UserError, match=r"config.yaml' is empty, so the run's model and data are unknown; restore it"):
+        prepare_run_dir(str(run_dir), _cfg())
+    with pytest.raises(UserError, match=r"run config '.*config.yaml' is empty"):
+        load_trained(run_dir=str(run_dir))
+    assert load_config(str(run_dir / "config.yaml")) == load_config()  # a user's empty --config file: the defaults
+
+
 def test_fresh_start_refuses_existing_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
     prepare_run_dir(str(run_dir), _cfg())

@@ -39,7 +39,7 @@ def load_run_config(args) -> Config:
     --disable-fp8 last."""
     saved = os.path.join(args.run_dir, CONFIG_FILE) if args.run_dir else None
     if args.eval_only and args.config is None and saved and os.path.isfile(saved):
-        cfg = load_config(saved, args.overrides)  # validate the run as it was trained
+        cfg = load_config(saved, args.overrides, run=True)  # validate the run as it was trained
     elif args.eval_only and args.config is None and args.checkpoint:
         cfg = checkpoint_config(args.checkpoint, args.overrides)  # the model the checkpoint was trained as
     else:

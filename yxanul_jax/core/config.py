@@ -784,9 +784,10 @@ def model_mismatch(saved: dict, model: ModelConfig) -> tuple[str, object, object
     return None
 
 
-def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> Config:
-    """Defaults <- YAML file <- dotted overrides, then `validate`."""
-    cfg = from_dict(Config, read_yaml(path)) if path else Config()
+def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None, *, run: bool = False) -> Config:
+    """Defaults <- YAML file <- dotted overrides, then `validate`. `run`: the file is a run directory's resolved
+    config (`read_yaml`)."""
+    cfg = from_dict(Config, read_yaml(path, run=run)) if path else Config()
     cfg = apply_overrides(cfg, list(overrides or []))
     return validate(cfg)
 

@@ -362,7 +362,10 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
             raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
                             "pass a new --run-dir, or --overwrite to start over")
-        if old is not None and not isinstance(old, dict):  # a list or a scalar: no run's config, nothing to compare
+        if old is None:  # emptied: compared with the defaults it would give advice that contradicts itself
+            raise UserError(f"'{config_path}' is empty, so the run's model and data are unknown; restore it, pass a new "
+                            "--run-dir, or --overwrite to start over")
+        if not isinstance(old, dict):  # a list or a scalar: no run's config, nothing to compare
             raise UserError(f"'{config_path}' does not hold a run's config (a YAML {type(old).__name__}, not a mapping "
                             "of sections); pass a new --run-dir, or --overwrite to start over")
         diffs = differences(_with_defaults(old), yaml.safe_load(text))

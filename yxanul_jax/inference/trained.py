@@ -71,7 +71,7 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
         if not os.path.isfile(config_path):
             raise UserError(f"'{run_dir}' is not a run directory (no {CONFIG_FILE}); pass the --run-dir of a "
                             "training run, or --checkpoint PATH")
-        cfg = load_config(config_path)  # a damaged file: one line naming it (`core.coerce.read_yaml`)
+        cfg = load_config(config_path, run=True)  # a damaged or emptied file: one line naming it (`read_yaml`)
         directory, step = os.path.join(run_dir, CHECKPOINT_DIR), None
     else:
         directory, step = resolve_checkpoint_path(checkpoint)
