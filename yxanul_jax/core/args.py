@@ -83,7 +83,8 @@ class Ranged:
                 self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)) or (
                 self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)):
             why = f" ({self.why})" if self.why else ""
-            raise argparse.ArgumentTypeError(f"{text} must be {self.describe()}{why}")
+            finite = "" if math.isfinite(value) else "a finite number "  # inf is >= 0, and NaN is neither
+            raise argparse.ArgumentTypeError(f"{text} must be {finite}{self.describe()}{why}")
         return value
 
 

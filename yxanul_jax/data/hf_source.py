@@ -64,6 +64,9 @@ class HFDatasetSource(DocumentSource):
                 loaded = datasets.load_dataset(str(path.parent), data_files=path.name, streaming=True)
             elif path.exists():  # a folder of data files, the same
                 loaded = datasets.load_dataset(str(path), streaming=True)
+            elif self.ref.startswith((".", "/", "~")) or self.ref.count("/") > 1:
+                raise UserError(f"--hf-dataset '{self.ref}' does not exist (a path: a dataset's name is NAME or "
+                                "OWNER/NAME); pass an existing save_to_disk folder, data file or folder of them")
             else:
                 loaded = datasets.load_dataset(self.ref)
         except UserError:
