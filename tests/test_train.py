@@ -364,6 +364,8 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
     assert not (tmp_path / "new").exists()
     (tmp_path / "afile").write_text("x")
     refused("--run-dir", str(tmp_path / "afile"), *FAST, needle="is a file; pass a directory")
+    refused("--run-dir", str(tmp_path / "afile" / "sub"), *FAST, needle=f"'{tmp_path / 'afile'}' is a file; pass a "
+                                                                       "--run-dir that is not inside it")
     refused("--run-dir", str(tmp_path / "empty"), *FAST, "--eval-only", needle="no checkpoint in run directory")
     # a finished run asked for fewer steps and another lr trains nothing and records nothing
     rc, out, err = cli("--run-dir", str(run), *FAST, "train.steps=10", "optim.lr=1e-4")

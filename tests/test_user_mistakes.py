@@ -83,6 +83,21 @@ def test_a_yaml_error_names_its_line_and_column(tmp_path):
     assert os.path.exists(path)
 
 
+def test_a_config_named_without_its_folder_and_ending_is_pointed_to(tmp_path, monkeypatch):
+    from yxanul_jax.core.config import load_config
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "mine.yaml").write_text("train:\n  steps: 3\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"config file 'mine' does not exist; .*\(did you mean configs/mine.yaml\?\)$"):
+        load_config("mine")
+    with pytest.raises(UserError, match=r"config file 'other' does not exist; .*configs/ folder has examples\)$"):
+        load_config("other")
+    with pytest.raises(UserError, match=r"index 2 out of range, 'curriculum' has 2 entries; to add one, set the whole "
+                                        r"list: curriculum=\[\{\.\.\.\}, \.\.\.\]$"):
+        load_config(None, ["curriculum.2.seq_len=64"])
+
+
 def test_a_key_given_twice_is_refused_naming_it_not_the_last_one_kept(tmp_path):
     """PyYAML keeps the last of a duplicated key silently; a config file or an override's value names it instead."""
     from yxanul_jax.core.config import load_config

@@ -165,7 +165,8 @@ def _set_path(obj, path: list[str], raw: Any, done: str):
             raise UserError(f"config key '{here}': '{done}' is a list, index it with a number")
         i = int(key)
         if not -len(obj) <= i < len(obj):
-            raise UserError(f"config key '{here}': index {i} out of range, '{done}' has {len(obj)} entries")
+            raise UserError(f"config key '{here}': index {i} out of range, '{done}' has {len(obj)} entries; to add "
+                            f"one, set the whole list: {done}=[{{...}}, ...]")
         items = list(obj)
         if len(path) == 1:
             raise UserError(f"config key '{here}': set a field of the entry, e.g. '{here}.seq_len=...'")
@@ -306,7 +307,9 @@ def read_yaml(path: str, run: bool = False) -> dict:
     """The mapping in a YAML config file ({} for an empty one); UserError naming the file otherwise. `run`: a run
     directory's resolved config, which is never empty (an emptied one would read as the defaults)."""
     if not os.path.exists(path):
-        raise UserError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
+        near = f"configs/{path}.yaml"  # `--config yxanul_197m`: the file's name without its folder and ending
+        hint = f"did you mean {near}?" if os.path.isfile(near) else "the repository's configs/ folder has examples"
+        raise UserError(f"config file '{path}' does not exist; pass an existing YAML file ({hint})")
     if os.path.isdir(path):
         raise UserError(f"config file '{path}' is a directory; pass a YAML file in it (see configs/)")
     try:

@@ -308,9 +308,14 @@ def checkpoint_steps(directory: str) -> list[int]:
 
 
 def check_run_dir(run_dir: str) -> None:
-    """UserError when `run_dir` exists and is not a directory."""
+    """UserError when `run_dir`, or the nearest of its folders that exists, is not a directory."""
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise UserError(f"run directory '{run_dir}' is a file; pass a directory as --run-dir")
+    ancestor = Path(run_dir).expanduser().absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"run directory '{run_dir}': '{ancestor}' is a file; pass a --run-dir that is not inside it")
 
 
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
