@@ -125,6 +125,10 @@ def test_a_folder_with_a_runs_files_but_no_config_is_refused_not_written_over(tm
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
     prepare_run_dir(str(tmp_path / "empty"), _cfg())  # a new or empty folder is a new run
     prepare_run_dir(str(tmp_path / "empty"), _cfg())  # ... and then a run: the same config is kept
+    copied = tmp_path / "copied"  # checkpoints alone are a run (each holds its config, the resume checks it)
+    (copied / "checkpoints" / "100").mkdir(parents=True)
+    (copied / "metrics.jsonl").write_text("")
+    prepare_run_dir(str(copied), _cfg())
     prepare_run_dir(str(run_dir), _cfg(), overwrite=True)
     (aside,) = [p for p in run_dir.iterdir() if p.name.startswith("replaced-")]
     assert (aside / "metrics.jsonl").read_text() == '{"my": "data"}\n' and (run_dir / "README.txt").exists()

@@ -324,9 +324,10 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     given, as `tokenizer.json`), and return its checkpoint directory. `record=False`: the same
     checks, nothing written (a finished run asked to train again changes nothing).
 
-    * No config there yet: write it, unless the folder holds what a run writes (a metrics file, checkpoints, a
-      tokenizer copy...) without a config: not a run this can continue, and its files would be overwritten
-      (UserError, unless `overwrite`, which moves them aside).
+    * No config there yet: write it, unless the folder holds what a run writes (a metrics file, a tokenizer
+      copy, TensorBoard files...) without a config or a checkpoint: not a run this can continue, and its files
+      would be overwritten (UserError, unless `overwrite`, which moves them aside). Checkpoints alone (copied from
+      elsewhere) are a run: each holds its resolved config, which the resume checks.
     * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
       with `resume=False` existing checkpoints are refused (UserError) rather than clobbered.
     * A different config: UserError naming the first differing key, unless `overwrite`.
@@ -356,7 +357,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             console.info(f"--overwrite: the previous run's {', '.join(present)} moved to {aside}")
     elif not os.path.exists(config_path):
         foreign = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
-        if foreign:
+        if foreign and not checkpoint_steps(ckpt_dir):  # checkpoints alone are a run: each holds its config
             raise UserError(f"run directory '{run_dir}' holds {', '.join(foreign)} but no {CONFIG_FILE}, so it is not a "
                             "run to continue and training would write over them; pass a new --run-dir, or "
                             "--overwrite to move them aside and start over")

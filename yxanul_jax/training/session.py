@@ -18,7 +18,7 @@ from yxanul_jax.core import console
 from yxanul_jax.core.coerce import apply_overrides, from_dict
 from yxanul_jax.core.config import Config, ModelConfig, model_mismatch, stream_lanes, validate
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, checkpoint_steps
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, cache_root, checkpoint_steps
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
 from yxanul_jax.data.loader import BatchStream, TrainStream
 from yxanul_jax.data.mixture import MixtureStream
@@ -60,8 +60,8 @@ def open_training_data(cfg: Config) -> PreparedDataset:
     from yxanul_jax.data.corpus import training_dataset_path
 
     if not cfg.data.train:
-        console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; "
-                     "built on first use)")
+        console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; built "
+                     f"once, then read from {cache_root()})")
     ds = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size))
     ds.check_vocab(cfg.model.vocab_size, cfg.init.from_hf)
     return ds
