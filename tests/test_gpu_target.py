@@ -118,6 +118,55 @@ print(json.dumps(out))
     assert got["dequant"]["writes"] == ["bf16", "bf16", "f32"] and got["dequant"]["casts"] == [], got
 
 
+def test_your_own_step_under_fp8_jit_runs_fp8_gemms_for_sm90_and_under_a_plain_jit_none():
+    """The README's own training loop (fp8.value_and_grad, optax), in the GEMM form a GPU runs (`dequant`): under a
+    plain `jax.jit` XLA's Triton GEMMs take the dequantized operands, and not one cuBLASLt FP8 GEMM is left; under
+    `fp8.jit` (the options `required_xla_options` names) every FP8 target's three GEMMs are FP8 (found by a review
+    that compiled the README's snippet for sm_90, 2026-11-28)."""
+    code = r'''
+import dataclasses, json, jax, jax.numpy as jnp, optax
+from yxanul_jax.analysis import hlo
+from yxanul_jax.analysis.gpu_target import compile_device
+s = jax.sharding.SingleDeviceSharding(compile_device("h100"))
+from yxanul_jax.core.config import Config
+from yxanul_jax.model import fp8
+from yxanul_jax.model.transformer import Yxanul, init_variables
+
+cfg = Config()
+f8 = dataclasses.replace(cfg.fp8, gemm_form="dequant")  # what `auto` runs on a GPU
+model = Yxanul(cfg.model, f8)
+params, fp8_state = fp8.split_state(jax.eval_shape(lambda: init_variables(cfg.model, f8, jax.random.key(0))))
+optimizer = optax.adamw(1e-3)
+opt_state = jax.eval_shape(optimizer.init, params)
+
+def loss_fn(params, fp8_state, tokens_BxL):
+    logits_BxLxV = model.apply({"params": params, **fp8_state}, tokens_BxL[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, tokens_BxL[:, 1:]).mean()
+
+grad_fn = fp8.value_and_grad(loss_fn)
+
+def step(params, fp8_state, opt_state, tokens_BxL):
+    loss, (grads, fp8_state) = grad_fn(params, fp8_state, tokens_BxL)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), fp8_state, opt_state, loss
+
+on = lambda t: jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), t)
+args = (on(params), on(fp8_state), on(opt_state), jax.ShapeDtypeStruct((8, 65), jnp.int32, sharding=s))
+out = {}
+for name, jitted in (("jax.jit", jax.jit(step)), ("fp8.jit", fp8.jit(step, f8))):
+    out[name] = hlo.gemm_kinds(hlo.gemms(jitted.lower(*args).compile().as_text()))
+print(json.dumps({"kinds": out, "layers": cfg.model.n_layers, "targets": len(f8.targets)}))
+'''
+    proc = subprocess.run([gpu_python(), "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env=gpu_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    plain, ours = got["kinds"]["jax.jit"], got["kinds"]["fp8.jit"]
+    assert "fp8 cublaslt" not in plain and "bf16 triton" in plain, got
+    assert ours["fp8 cublaslt"]["executed"] == 3 * got["layers"] * got["targets"], got
+    assert not [k for k in ours if "triton" in k], got
+
+
 def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100(tmp_path):
     hlo_path = tmp_path / "step.hlo"
     on = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention",

@@ -208,6 +208,15 @@ def required_xla_options(cfg, xla_options=None, platform: str | None = None) -> 
     return {}
 
 
+def jit(fun, cfg, **jit_kwargs):
+    """`jax.jit` of your own step with FP8 layers of `cfg` (an `FP8Config`), compiled with the XLA options its GEMM
+    form needs (`required_xla_options`). On a GPU the form is `dequant`, and XLA's Triton GEMMs would take its
+    dequantized operands as BF16 GEMMs: under a plain `jax.jit` no FP8 GEMM is left (checked for sm_90,
+    tests/test_gpu_target.py). `compiler_options` given here add to those."""
+    options = {**required_xla_options(cfg), **(jit_kwargs.pop("compiler_options", None) or {})}
+    return jax.jit(fun, compiler_options=options or None, **jit_kwargs)
+
+
 def scaled_dot(a_q: jax.Array, a_scale: jax.Array, b_q: jax.Array, b_scale: jax.Array, dims, out_dtype,
                form: str = "f32") -> jax.Array:
     """dot_general of two FP8 operands with float32 accumulation, times their (scalar) scales, in `out_dtype`,

@@ -260,6 +260,10 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     TrainingDiverged (a UserError naming the step, and the newest checkpoint whose training loss was finite and
     not diverging) when the loss becomes NaN/inf; the checkpoints are left intact either way. The run
     directory is locked while it trains.
+
+    It turns on JAX's persistent compilation cache (`stages.enable_compilation_cache`: a folder you configured for
+    JAX, else `rundir.cache_root()`'s `xla`, programs compiling 0.5 s or more). That is JAX's own setting, so it
+    stays on in this process after `fit` returns: your later compiles are cached there too.
     """
     fp8_lib.check_backend(cfg.fp8)
     check_wandb(cfg)  # monitor.wandb without wandb installed: refused before anything is written
