@@ -251,6 +251,10 @@ def test_column_options_for_text_files_only_and_an_empty_output_are_refused(tmp_
     rc, _, err = run_cli(prepare.main, ["--input", txt, "--tokenizer", tiny_tok_path, "--output", ""])
     assert rc == 2 and err == ("error: --output is empty (an unset shell variable?); give it a value, or leave it "
                                "out\n"), err
+    (tmp_path / "afile").write_text("x")  # a file where the output's folder would be: named before tokenizing
+    inside = tmp_path / "afile" / "x"
+    rc, _, err = run_cli(prepare.main, ["--input", txt, "--tokenizer", tiny_tok_path, "--output", inside])
+    assert rc == 2 and err == f"error: --output '{inside}': '{tmp_path / 'afile'}' is a file; choose another --output\n"
 
 
 def test_an_output_the_system_refuses_is_one_line_naming_it_not_a_temp_path(tmp_path, tiny_tok_path):

@@ -14,7 +14,7 @@ from typing import Sequence
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import output_path
+from yxanul_jax.core.rundir import check_output_parent
 from yxanul_jax.data.hf_source import hf_source_from_args
 from yxanul_jax.data.prepare import prepare_dataset
 from yxanul_jax.data.sources import add_source_args, source_from_args, warn_replaced
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UserError("pass the documents as --input PATH... or as --hf-dataset NAME_OR_PATH (one of them)")
     if args.split is not None and not args.hf_dataset:
         raise UserError("--split chooses a split of --hf-dataset; leave it out with --input")
-    output_path(args.output)  # an empty --output is refused, not taken for the working directory
+    check_output_parent(args.output)  # its folder can be made: no file in the way, writable (before any tokenizing)
     if args.workers is not None:
         os.environ["RAYON_NUM_THREADS"] = str(args.workers)  # read once, at the encoder's first use
     tok = load_tokenizer(args.tokenizer, superbpe=superbpe_flag(args.superbpe))
