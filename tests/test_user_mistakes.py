@@ -98,6 +98,21 @@ def test_a_config_named_without_its_folder_and_ending_is_pointed_to(tmp_path, mo
         load_config(None, ["curriculum.2.seq_len=64"])
 
 
+def test_what_yaml_makes_of_an_unquoted_word_is_named_with_the_fix():
+    """`model.name=on` (a boolean), `train.sample_prompt=#include` (a comment: nothing): the error says why and how to
+    quote; the quoted forms are taken. `train.steps=1e3` (YAML 1.1: a string) is the integer 1000."""
+    from yxanul_jax.core.config import load_config
+
+    for override, got in (("model.name=on", "True"), ("train.sample_prompt=#include", "None")):
+        with pytest.raises(UserError, match=rf"must be a string, got {got} \(YAML reads .*quote it, on the command "
+                                            rf"line as \"{override.split('=')[0]}='\.\.\.'\"$"):
+            load_config(None, [override])
+    cfg = load_config(None, ["model.name='on'", "train.sample_prompt='#include'", "train.steps=1e3"])
+    assert (cfg.model.name, cfg.train.sample_prompt, cfg.train.steps) == ("on", "#include", 1000)
+    with pytest.raises(UserError, match=r"'train.steps' must be an integer, got 1.5$"):
+        load_config(None, ["train.steps=1.5e0"])
+
+
 def test_a_key_given_twice_is_refused_naming_it_not_the_last_one_kept(tmp_path):
     """PyYAML keeps the last of a duplicated key silently; a config file or an override's value names it instead."""
     from yxanul_jax.core.config import load_config

@@ -91,6 +91,11 @@ def _coerce(value: Any, tp, key: str) -> Any:
             raise UserError(f"config key '{key}' must be true or false, got {value!r}")
         return value
     if tp is int:
+        if isinstance(value, str):  # YAML 1.1 reads "1e3" (no dot) as a string, as for floats below
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
@@ -107,7 +112,11 @@ def _coerce(value: Any, tp, key: str) -> Any:
         return float(value)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise UserError(f"config key '{key}' must be a string, got {value!r}")
+            how = ""
+            if value is None or isinstance(value, bool):  # what YAML made of an unquoted word
+                how = (f" (YAML reads an unquoted yes/no/on/off/true/false as a boolean, and ~, null or a leading # "
+                       f"as nothing); quote it, on the command line as \"{key}='...'\"")
+            raise UserError(f"config key '{key}' must be a string, got {value!r}{how}")
         return str(value)
     raise TypeError(f"unsupported config annotation {tp!r} for {key}")  # a bug, not a user error
 
