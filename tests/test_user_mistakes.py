@@ -126,6 +126,14 @@ def test_a_key_given_twice_is_refused_naming_it_not_the_last_one_kept(tmp_path):
         load_config(None, ["curriculum=[{start_step: 0, seq_len: 32, seq_len: 64, batch_size: 4}]"])
     path.write_text("model:\n  d_model: 64\ntrain:\n  steps: 3\n")  # the same key in two sections is two keys
     assert read_yaml(str(path)) == {"model": {"d_model": 64}, "train": {"steps": 3}}
+    # a merge key's fields may be set again beside it (that is what `<<:` is for); an unhashable key stays PyYAML's
+    path.write_text("curriculum:\n  - &s {start_step: 0, seq_len: 32, batch_size: 4}\n  - <<: *s\n"
+                    "    start_step: 3\n    seq_len: 64\n")
+    stages = load_config(str(path)).curriculum
+    assert [(c.start_step, c.seq_len, c.batch_size) for c in stages] == [(0, 32, 4), (3, 64, 4)]
+    path.write_text("train:\n  ? [a]\n  : 1\n")
+    with pytest.raises(UserError, match=r"not valid YAML: found unhashable key \(line 2, column 5\)$"):
+        read_yaml(str(path))
 
 
 def test_no_command_and_a_zero_memory_size_are_error_lines():

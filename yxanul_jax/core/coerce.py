@@ -289,11 +289,17 @@ class _UniqueKeys(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be set again here, by design
+                continue
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                twice = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: PyYAML's own error names it
+                continue
+            if twice:
                 raise _DuplicateKey(None, None, f"found the key '{key}' twice in one mapping; keep one",
                                     key_node.start_mark)
-            seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 
