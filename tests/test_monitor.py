@@ -15,7 +15,7 @@ import yaml
 from tensorboardX.proto import event_pb2
 
 from yxanul_jax.analysis.accounting import flops_per_token
-from yxanul_jax.core.coerce import from_dict
+from yxanul_jax.core.coerce import from_dict, to_yaml
 from yxanul_jax.core.config import Config, ModelConfig, load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import prepare_run_dir
@@ -125,10 +125,16 @@ def test_a_folder_with_a_runs_files_but_no_config_is_refused_not_written_over(tm
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
     prepare_run_dir(str(tmp_path / "empty"), _cfg())  # a new or empty folder is a new run
     prepare_run_dir(str(tmp_path / "empty"), _cfg())  # ... and then a run: the same config is kept
-    copied = tmp_path / "copied"  # checkpoints alone are a run (each holds its config, the resume checks it)
+    copied = tmp_path / "copied"  # checkpoints alone are a run: the config saved with them stands for config.yaml
     (copied / "checkpoints" / "100").mkdir(parents=True)
     (copied / "metrics.jsonl").write_text("")
-    prepare_run_dir(str(copied), _cfg())
+    saved = yaml.safe_load(to_yaml(_cfg()))
+    with pytest.raises(UserError, match=r"holds a run whose 'data.shuffle_seed' is 0, not 5: that changes"):
+        prepare_run_dir(str(copied), _cfg("data.shuffle_seed=5"), checkpoint_config=saved)
+    assert sorted(p.name for p in copied.iterdir()) == ["checkpoints", "metrics.jsonl"]  # refused before writing
+    moved = _cfg("train.log_every=3", "data.train=/elsewhere/prepared")  # a resumable change and data moved: taken
+    prepare_run_dir(str(copied), moved, checkpoint_config=saved)  # (the stream's restore checks the data by content)
+    assert from_dict(Config, yaml.safe_load((copied / "config.yaml").read_text())).train.log_every == 3
     prepare_run_dir(str(run_dir), _cfg(), overwrite=True)
     (aside,) = [p for p in run_dir.iterdir() if p.name.startswith("replaced-")]
     assert (aside / "metrics.jsonl").read_text() == '{"my": "data"}\n' and (run_dir / "README.txt").exists()

@@ -41,7 +41,7 @@ from typing import Any, Iterator
 import yaml
 
 from yxanul_jax.core import console
-from yxanul_jax.core.coerce import from_dict, to_dict, to_yaml
+from yxanul_jax.core.coerce import from_dict, load_yaml, to_dict, to_yaml
 from yxanul_jax.core.config import Config, load_config, resumable
 from yxanul_jax.core.errors import UserError, one_line, write_error, writing
 
@@ -318,8 +318,25 @@ def check_run_dir(run_dir: str) -> None:
         raise UserError(f"run directory '{run_dir}': '{ancestor}' is a file; pass a --run-dir that is not inside it")
 
 
+def _read_run_config(config_path: str) -> dict:
+    """A run directory's config.yaml as a mapping; UserError when it is unreadable, emptied or not a mapping."""
+    try:
+        with open(config_path, encoding="utf-8") as fh:
+            old = load_yaml(fh)
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
+                        "pass a new --run-dir, or --overwrite to start over")
+    if old is None:  # emptied: compared with the defaults it would give advice that contradicts itself
+        raise UserError(f"'{config_path}' is empty, so the run's model and data are unknown; restore it, pass a "
+                        "new --run-dir, or --overwrite to start over")
+    if not isinstance(old, dict):  # a list or a scalar: no run's config, nothing to compare
+        raise UserError(f"'{config_path}' does not hold a run's config (a YAML {type(old).__name__}, not a mapping "
+                        "of sections); pass a new --run-dir, or --overwrite to start over")
+    return old
+
+
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
-                    tokenizer: str | None = None, record: bool = True) -> str:
+                    tokenizer: str | None = None, record: bool = True, checkpoint_config: dict | None = None) -> str:
     """Create `run_dir`, write its resolved `config.yaml` (and a copy of the `tokenizer` file, when
     given, as `tokenizer.json`), and return its checkpoint directory. `record=False`: the same
     checks, nothing written (a finished run asked to train again changes nothing).
@@ -327,7 +344,8 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     * No config there yet: write it, unless the folder holds what a run writes (a metrics file, a tokenizer
       copy, TensorBoard files...) without a config or a checkpoint: not a run this can continue, and its files
       would be overwritten (UserError, unless `overwrite`, which moves them aside). Checkpoints alone (copied from
-      elsewhere) are a run: each holds its resolved config, which the resume checks.
+      elsewhere) are a run: `checkpoint_config`, the resolved config saved with the one it resumes from, stands
+      for the missing config.yaml, and is compared as that would be before anything is written.
     * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
       with `resume=False` existing checkpoints are refused (UserError) rather than clobbered.
     * A different config: UserError naming the first differing key, unless `overwrite`.
@@ -355,33 +373,25 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             for name in present:
                 os.replace(os.path.join(run_dir, name), os.path.join(aside, name))
             console.info(f"--overwrite: the previous run's {', '.join(present)} moved to {aside}")
-    elif not os.path.exists(config_path):
+    elif not os.path.exists(config_path) and not (checkpoint_config and checkpoint_steps(ckpt_dir)):
         foreign = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
-        if foreign and not checkpoint_steps(ckpt_dir):  # checkpoints alone are a run: each holds its config
-            raise UserError(f"run directory '{run_dir}' holds {', '.join(foreign)} but no {CONFIG_FILE}, so it is not a "
-                            "run to continue and training would write over them; pass a new --run-dir, or "
+        if foreign and not checkpoint_steps(ckpt_dir):  # checkpoints whose config was not read: the restore checks
+            raise UserError(f"run directory '{run_dir}' holds {', '.join(foreign)} but no {CONFIG_FILE}, so it is "
+                            "not a run to continue and training would write over them; pass a new --run-dir, or "
                             "--overwrite to move them aside and start over")
-    else:
-        try:
-            with open(config_path, encoding="utf-8") as fh:
-                old = yaml.safe_load(fh)
-        except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-            raise UserError(f"'{config_path}' is unreadable ({type(e).__name__}); "
-                            "pass a new --run-dir, or --overwrite to start over")
-        if old is None:  # emptied: compared with the defaults it would give advice that contradicts itself
-            raise UserError(f"'{config_path}' is empty, so the run's model and data are unknown; restore it, pass a new "
-                            "--run-dir, or --overwrite to start over")
-        if not isinstance(old, dict):  # a list or a scalar: no run's config, nothing to compare
-            raise UserError(f"'{config_path}' does not hold a run's config (a YAML {type(old).__name__}, not a mapping "
-                            "of sections); pass a new --run-dir, or --overwrite to start over")
+    else:  # the run's config: its config.yaml, or for checkpoints copied without it the latest one's own
+        written = os.path.exists(config_path)
+        old = _read_run_config(config_path) if written else checkpoint_config
         diffs = differences(_with_defaults(old), yaml.safe_load(text))
+        if not written:  # copied checkpoints, maybe with their data to another path: the stream's restore checks the
+            diffs = [d for d in diffs if not d[0].startswith("data.train")]  # dataset by content (its fingerprint)
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
         if fixed and checkpoint_steps(ckpt_dir):
             key, was, now = fixed[0]
             raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "
                             "changes the model or the data; pass a new --run-dir (add --checkpoint "
                             f"{ckpt_dir} to start from its weights) or --overwrite to start over")
-        if diffs and record:  # nothing trained yet, or only settings a resume may change: take the new config
+        if diffs and record and written:  # nothing trained yet, or only settings a resume may change: take the new
             changes = {k: [was, now] for k, was, now in diffs}
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:

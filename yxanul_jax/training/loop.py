@@ -329,13 +329,17 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     saved = checkpoint_steps(ckpt_dir)
     if not saved and explicit is None and not overwrite and quarantined(ckpt_dir):
         raise UserError(none_usable(ckpt_dir, []))  # every checkpoint was found damaged: refuse again, never step 0
+    resumed_from = None  # the config saved with the checkpoint this run resumes from, where it resumes its own
     if explicit is not None or (saved and not overwrite):  # train.steps changed: train.extend's way on, or refused
-        ctx = dataclasses.replace(ctx, cfg=continued(cfg, *_resume_point(ckpt_dir, saved, explicit)))
+        saved_config, at = _resume_point(ckpt_dir, saved, explicit)
+        resumed_from = saved_config if explicit is None and isinstance(saved_config, dict) else None
+        ctx = dataclasses.replace(ctx, cfg=continued(cfg, saved_config, at))
         cfg = ctx.cfg
     # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
     finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
     if lead:
-        prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ctx.ds.tokenizer_path, record=not finished)
+        prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ctx.ds.tokenizer_path, record=not finished,
+                        checkpoint_config=resumed_from)
         console.info(run_header(cfg, with_config=False, run_dir=run_dir))
         budget, platform = memory.device_budget()
         if platform == "gpu" and budget is not None and (hint := micro_batch_hint(cfg, budget)):
