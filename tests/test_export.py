@@ -66,14 +66,15 @@ def test_exported_trained_model_matches_in_transformers(trained_run, tmp_path):
     assert got == want
     # told nothing, transformers samples as our `generate` does by default (greedy loops a small model on one token)
     gen = transformers.GenerationConfig.from_pretrained(out)
-    assert gen.do_sample and (gen.temperature, gen.top_k, gen.top_p, gen.max_new_tokens) == (
-        sampling.TEMPERATURE, sampling.TOP_K, sampling.TOP_P, sampling.MAX_NEW_TOKENS)
-    assert gen.eos_token_id == gen.pad_token_id == trained.tokenizer().eos_id
+    assert gen.do_sample and (gen.temperature, gen.top_k, gen.top_p) == (sampling.TEMPERATURE, sampling.TOP_K,
+                                                                         sampling.TOP_P)
+    assert gen.eos_token_id == gen.pad_token_id == trained.tokenizer().eos_id and gen.max_new_tokens is None
     drawn = []
-    for seed in (0, 1):
+    for seed in (0, 1):  # lm-eval's way: a max_length, which a max_new_tokens in the file would override
         torch.manual_seed(seed)
-        drawn.append(model.generate(torch.tensor([prompt]))[0, len(prompt):].tolist())
-    assert drawn[0] != drawn[1] and all(0 < len(d) <= sampling.MAX_NEW_TOKENS for d in drawn)
+        drawn.append(model.generate(torch.tensor([prompt]), max_length=len(prompt) + 90)[0, len(prompt):].tolist())
+    assert drawn[0] != drawn[1] and all(0 < len(d) <= 90 for d in drawn)  # sampled, within the caller's length
+    assert 90 in map(len, drawn) or trained.tokenizer().eos_id in drawn[0] + drawn[1]
 
 
 @pytest.mark.parametrize("overrides", [dict(head="factorized"), dict(head="untied", embed_rank=0),

@@ -45,11 +45,12 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
 def generation_config(eos_id: int) -> dict:
     """`generation_config.json`: what `transformers`' `generate` and pipelines do with the export unless told
     otherwise. It samples as our `generate` command does by default (`sampling.TEMPERATURE` and the rest): greedy
-    decoding sends a small model into a loop of one token, which reads as a broken export. The tokenizer has no BOS
-    (`add_bos_token: false`); its EOS separates documents, so it also stands for BOS and padding."""
+    decoding sends a small model into a loop of one token, which reads as a broken export. No length: a
+    `max_new_tokens` here would override every caller's `max_length` (lm-eval's generation tasks, through `evaluate`,
+    would stop at it). The tokenizer has no BOS (`add_bos_token: false`); its EOS separates documents, so it also
+    stands for BOS and padding."""
     return {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "do_sample": True,
-            "temperature": sampling.TEMPERATURE, "top_k": sampling.TOP_K, "top_p": sampling.TOP_P,
-            "max_new_tokens": sampling.MAX_NEW_TOKENS}
+            "temperature": sampling.TEMPERATURE, "top_k": sampling.TOP_K, "top_p": sampling.TOP_P}
 
 
 def _write_json(folder: str, name: str, obj: dict) -> None:

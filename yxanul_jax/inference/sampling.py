@@ -25,7 +25,7 @@ from yxanul_jax.model.transformer import DTYPES, Yxanul, init_cache
 
 
 # What a sample is drawn with unless asked otherwise: the `generate` command's defaults, the end-of-run sample's, and
-# the `generation_config.json` an export writes (so `transformers`' `generate` and pipelines sample as we do).
+# (all but the length) the `generation_config.json` an export writes, so `transformers` samples as we do.
 TEMPERATURE = 0.8
 TOP_K = 50
 TOP_P = 0.95
