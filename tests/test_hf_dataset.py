@@ -84,7 +84,7 @@ def test_command_line_mistakes_are_one_line(tmp_path, tiny_tok_path):
     assert "one of them" in one_error(*prepare(*out)[:3:2])
     assert "one of them" in one_error(*prepare("--input", tmp_path / "a.parquet", "--hf-dataset", tmp_path, *out)[:3:2])
     assert "--split" in one_error(*prepare("--input", tmp_path / "a.parquet", "--split", "train", *out)[:3:2])
-    for missing in (tmp_path / "missing", "./missing", "some/where/else"):  # a path, never a name the Hub is asked
+    for missing in (tmp_path / "missing", "./missing", "some/where/else", "corpus.parquet", "data/train.jsonl"):
         line = one_error(*prepare("--hf-dataset", missing, *out)[:3:2])
         assert f"--hf-dataset '{missing}' does not exist" in line and "save_to_disk folder" in line
     assert not (tmp_path / "o").exists()

@@ -39,6 +39,10 @@ def _is_saved(path: Path) -> bool:
                               or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file()))
 
 
+DATA_FILE_SUFFIXES = (".parquet", ".json", ".jsonl", ".csv", ".tsv", ".txt", ".arrow", ".gz", ".zst")
+"""Endings that make an --hf-dataset a file's path, never a dataset's name (`data/train.parquet`)."""
+
+
 @dataclass
 class HFDatasetSource(DocumentSource):
     """One split of a `datasets` dataset as documents (module docstring); `inputs` is [NAME_OR_PATH]."""
@@ -64,7 +68,8 @@ class HFDatasetSource(DocumentSource):
                 loaded = datasets.load_dataset(str(path.parent), data_files=path.name, streaming=True)
             elif path.exists():  # a folder of data files, the same
                 loaded = datasets.load_dataset(str(path), streaming=True)
-            elif self.ref.startswith((".", "/", "~")) or self.ref.count("/") > 1:
+            elif (self.ref.startswith((".", "/", "~")) or self.ref.count("/") > 1
+                  or path.suffix.lower() in DATA_FILE_SUFFIXES):
                 raise UserError(f"--hf-dataset '{self.ref}' does not exist (a path: a dataset's name is NAME or "
                                 "OWNER/NAME); pass an existing save_to_disk folder, data file or folder of them")
             else:
