@@ -1,13 +1,13 @@
 """`python -m yxanul_jax.generate`: sample text from a trained model with a KV cache.
 
     python -m yxanul_jax.generate --run-dir runs/tiny --prompt "def parse(" [--prompt ...]
-        [--prompt-file F] [--max-new-tokens 64] [--temperature 0.8] [--top-k 50] [--top-p 0.95]
+        [--prompt-file F] [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]
         [--seed 0] [--num-samples 1] [--disable-fp8] [--json]
 
 Prompts of different lengths are decoded together as one batch; a row stops at the tokenizer's EOS.
-`--temperature 0` is greedy; otherwise top-k, then top-p (nucleus) filtering, then sampling (how:
-`yxanul_jax/inference/sampling.py`). Prints each sample, then prefill and decode tokens/s measured after
-compilation (compile time reported apart); `--json` adds one JSON line with those numbers.
+`--temperature 0` is greedy; otherwise top-k, then top-p (nucleus) filtering, then sampling (how, and the
+defaults `--help` prints: `yxanul_jax/inference/sampling.py`). Prints each sample, then prefill and decode
+tokens/s measured after compilation (compile time reported apart); `--json` adds one JSON line with those numbers.
 """
 from __future__ import annotations
 
@@ -56,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     add_source_args(p)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable: decoded as one batch)")
     p.add_argument("--prompt-file", action="append", help="a file whose whole text is one prompt (repeatable)")
-    p.add_argument("--max-new-tokens", type=Ranged(int, 1), default=sampling.MAX_NEW_TOKENS)
-    p.add_argument("--temperature", type=Ranged(float, 0), default=sampling.TEMPERATURE, help="0 for greedy decoding")
-    p.add_argument("--top-k", type=Ranged(int, 0), default=sampling.TOP_K, help="0 keeps every token")
+    p.add_argument("--max-new-tokens", type=Ranged(int, 1), default=sampling.MAX_NEW_TOKENS,
+                   help="default %(default)s")
+    p.add_argument("--temperature", type=Ranged(float, 0), default=sampling.TEMPERATURE,
+                   help="0 for greedy decoding; default %(default)s")
+    p.add_argument("--top-k", type=Ranged(int, 0), default=sampling.TOP_K,
+                   help="0 keeps every token; default %(default)s")
     p.add_argument("--top-p", type=Ranged(float, 0, 1, lo_open=True), default=sampling.TOP_P,
-                   help="nucleus mass; 1 keeps every token")
+                   help="nucleus mass; 1 keeps every token; default %(default)s")
     p.add_argument("--seed", type=Ranged(int, 0), default=0)
     p.add_argument("--num-samples", type=Ranged(int, 1), default=1, help="samples per prompt")
     p.add_argument("--disable-fp8", action="store_true", help="decode with BF16 GEMMs even if the model trained in FP8")

@@ -59,6 +59,7 @@ def each_in_range(section_obj, section: str, names: tuple[str, ...], ok, words: 
         if not ok(value):
             raise UserError(f"config key '{section}.{name}' must be {words}, got {value!r}")
 
+
 RESUME = {"resumable": True}
 """Field metadata: a resumed run may change this field (and all below it), as it changes neither the model
 nor the data stream. The rest (model, FP8, curriculum, optimizer shape, data, seed, mesh) is refused by the

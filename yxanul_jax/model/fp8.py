@@ -212,7 +212,8 @@ def jit(fun, cfg, **jit_kwargs):
     """`jax.jit` of your own step with FP8 layers of `cfg` (an `FP8Config`), compiled with the XLA options its GEMM
     form needs (`required_xla_options`). On a GPU the form is `dequant`, and XLA's Triton GEMMs would take its
     dequantized operands as BF16 GEMMs: under a plain `jax.jit` no FP8 GEMM is left (checked for sm_90,
-    tests/test_gpu_target.py). `compiler_options` given here add to those."""
+    tests/test_gpu_target.py). `compiler_options` given here are added, and win where they name the same option
+    (turning Triton GEMMs back on brings the BF16 GEMMs back)."""
     options = {**required_xla_options(cfg), **(jit_kwargs.pop("compiler_options", None) or {})}
     return jax.jit(fun, compiler_options=options or None, **jit_kwargs)
 

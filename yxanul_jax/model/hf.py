@@ -95,8 +95,9 @@ def read_hf(folder: str) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def resolve_init(cfg):
-    """`cfg` with the model sizes of `init.from_hf`'s config.json (unchanged when it is empty). Where the config asked
-    for other sizes (a YAML file's or an override's), one note names them and the values taken instead."""
+    """`cfg` with the model sizes of `init.from_hf`'s config.json (unchanged when it is empty). One note names every
+    model field this changes, from the value the config gave it (a YAML file's, an override's or the default) to
+    the checkpoint's, so a size asked for on the command line is never dropped silently."""
     import dataclasses
 
     from yxanul_jax.core import console
