@@ -64,7 +64,8 @@ def test_exported_trained_model_matches_in_transformers(trained_run, tmp_path):
     m = dataclasses.replace(trained.cfg.model, dtype="float32")
     got = generate(m, OFF, {"params": trained.params}, [prompt], 20)["tokens"][0]
     assert got == want
-    # told nothing, transformers samples as our `generate` does by default (greedy loops a small model on one token)
+    # told nothing, transformers samples as our `generate` does by default (greedy loops a small model on one token);
+    # the length stays the caller's (or transformers' own default)
     gen = transformers.GenerationConfig.from_pretrained(out)
     assert gen.do_sample and (gen.temperature, gen.top_k, gen.top_p) == (sampling.TEMPERATURE, sampling.TOP_K,
                                                                          sampling.TOP_P)

@@ -134,6 +134,8 @@ def test_a_folder_with_a_runs_files_but_no_config_is_refused_not_written_over(tm
     assert sorted(p.name for p in copied.iterdir()) == ["checkpoints", "metrics.jsonl"]  # refused before writing
     moved = _cfg("train.log_every=3", "data.train=/elsewhere/prepared")  # a resumable change and data moved: taken
     prepare_run_dir(str(copied), moved, checkpoint_config=saved)  # (the stream's restore checks the data by content)
+    assert not (copied / "config.yaml").exists()  # ... and recorded only once the run has resumed: the next call
+    prepare_run_dir(str(copied), moved)
     assert from_dict(Config, yaml.safe_load((copied / "config.yaml").read_text())).train.log_every == 3
     prepare_run_dir(str(run_dir), _cfg(), overwrite=True)
     (aside,) = [p for p in run_dir.iterdir() if p.name.startswith("replaced-")]

@@ -344,8 +344,9 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     * No config there yet: write it, unless the folder holds what a run writes (a metrics file, a tokenizer
       copy, TensorBoard files...) without a config or a checkpoint: not a run this can continue, and its files
       would be overwritten (UserError, unless `overwrite`, which moves them aside). Checkpoints alone (copied from
-      elsewhere) are a run: `checkpoint_config`, the resolved config saved with the one it resumes from, stands
-      for the missing config.yaml, and is compared as that would be before anything is written.
+      elsewhere) are a run: `checkpoint_config`, the resolved config saved with the latest of them, stands for the
+      missing config.yaml and is compared as that would be; nothing is written then (the caller calls again
+      without it once the run has resumed).
     * The same resolved config: keep it; with `resume` the trainer continues from the checkpoints,
       with `resume=False` existing checkpoints are refused (UserError) rather than clobbered.
     * A different config: UserError naming the first differing key, unless `overwrite`.
@@ -401,8 +402,8 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     if steps and not resume:
         raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
                         "resume from them, pass a new --run-dir, or --overwrite to start over")
-    if not record:
-        return ckpt_dir
+    if not record or (checkpoint_config is not None and not os.path.exists(config_path)):  # copied checkpoints:
+        return ckpt_dir  # recorded once the run has resumed (a later call): a refusal on the way leaves no config
     if not os.path.exists(config_path):
         atomic_write(config_path, text)
     if tokenizer:

@@ -329,17 +329,21 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     saved = checkpoint_steps(ckpt_dir)
     if not saved and explicit is None and not overwrite and quarantined(ckpt_dir):
         raise UserError(none_usable(ckpt_dir, []))  # every checkpoint was found damaged: refuse again, never step 0
-    resumed_from = None  # the config saved with the checkpoint this run resumes from, where it resumes its own
+    own = None  # the config saved with this folder's latest checkpoint: where it has no config.yaml, it stands for it
     if explicit is not None or (saved and not overwrite):  # train.steps changed: train.extend's way on, or refused
         saved_config, at = _resume_point(ckpt_dir, saved, explicit)
-        resumed_from = saved_config if explicit is None and isinstance(saved_config, dict) else None
+        if explicit is None:
+            own = saved_config
+        elif saved and not overwrite:  # --checkpoint from elsewhere into a folder that holds checkpoints of its own
+            own = _resume_point(ckpt_dir, saved, None)[0]
         ctx = dataclasses.replace(ctx, cfg=continued(cfg, saved_config, at))
         cfg = ctx.cfg
+    own = own if isinstance(own, dict) and not os.path.exists(os.path.join(run_dir, CONFIG_FILE)) else None
     # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
     finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
     if lead:
         prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ctx.ds.tokenizer_path, record=not finished,
-                        checkpoint_config=resumed_from)
+                        checkpoint_config=own)
         console.info(run_header(cfg, with_config=False, run_dir=run_dir))
         budget, platform = memory.device_budget()
         if platform == "gpu" and budget is not None and (hint := micro_batch_hint(cfg, budget)):
@@ -370,6 +374,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             if restored is not None:
                 loop.resume_from(meta)
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
+            if own is not None and lead and not finished:  # copied checkpoints, checked and resumed: record the run
+                prepare_run_dir(run_dir, cfg, tokenizer=ctx.ds.tokenizer_path)
             console.info(_describe(ctx, run_dir))
             return _run(loop, state, start, meta, signals)
         except TrainingDiverged as e:
