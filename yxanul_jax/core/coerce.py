@@ -49,6 +49,16 @@ def type_name(tp) -> str:
     return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
+def _yaml11_number(value: Any) -> Any:
+    """`value`, or the float a string spells: YAML 1.1 reads "1e-3" and "1e3" (no dot) as strings."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
 def _coerce(value: Any, tp, key: str) -> Any:
     """Check `value` against the annotation `tp`; convert lossless cases (int -> float, list -> tuple)."""
     origin = typing.get_origin(tp)
@@ -91,22 +101,14 @@ def _coerce(value: Any, tp, key: str) -> Any:
             raise UserError(f"config key '{key}' must be true or false, got {value!r}")
         return value
     if tp is int:
-        if isinstance(value, str):  # YAML 1.1 reads "1e3" (no dot) as a string, as for floats below
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = _yaml11_number(value)
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             raise UserError(f"config key '{key}' must be an integer, got {value!r}")
         return value
     if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = _yaml11_number(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"config key '{key}' must be a number, got {value!r}")
         return float(value)

@@ -99,14 +99,20 @@ def output_path(path: str | os.PathLike, flag: str = "--output") -> Path:
     return Path(path).expanduser().absolute()
 
 
+def _existing_ancestor(final: Path) -> Path:
+    """The nearest of `final`'s folders that exists (what a write would have to create its missing folders in)."""
+    ancestor = final.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    return ancestor
+
+
 def check_output_parent(path: str | os.PathLike, flag: str = "--output") -> None:
     """UserError unless `path`'s folder can be made: its nearest existing ancestor is a writable
     directory (the missing folders are created when it is written) where a file can be created now
     (a hidden probe, removed at once: /proc passes the permission check and refuses new files)."""
     final = output_path(path, flag)
-    ancestor = final.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
+    ancestor = _existing_ancestor(final)
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
         what = "is a file" if not ancestor.is_dir() else "is not writable"
         raise UserError(f"{flag} '{path}': '{ancestor}' {what}; choose another {flag}")
@@ -311,9 +317,7 @@ def check_run_dir(run_dir: str) -> None:
     """UserError when `run_dir`, or the nearest of its folders that exists, is not a directory."""
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise UserError(f"run directory '{run_dir}' is a file; pass a directory as --run-dir")
-    ancestor = Path(run_dir).expanduser().absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
+    ancestor = _existing_ancestor(Path(run_dir).expanduser().absolute())
     if not ancestor.is_dir():
         raise UserError(f"run directory '{run_dir}': '{ancestor}' is a file; pass a --run-dir that is not inside it")
 
@@ -360,6 +364,8 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     config_path = os.path.join(run_dir, CONFIG_FILE)
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     text = to_yaml(cfg)
+    written, held = os.path.exists(config_path), checkpoint_steps(ckpt_dir)
+    copied = checkpoint_config is not None and not written and bool(held)  # checkpoints without their config.yaml
 
     if overwrite:
         present = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
@@ -374,20 +380,19 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             for name in present:
                 os.replace(os.path.join(run_dir, name), os.path.join(aside, name))
             console.info(f"--overwrite: the previous run's {', '.join(present)} moved to {aside}")
-    elif not os.path.exists(config_path) and not (checkpoint_config and checkpoint_steps(ckpt_dir)):
+    elif not written and not copied:
         foreign = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
-        if foreign and not checkpoint_steps(ckpt_dir):  # checkpoints whose config was not read: the restore checks
+        if foreign and not held:  # checkpoints whose config was not read: the restore checks them
             raise UserError(f"run directory '{run_dir}' holds {', '.join(foreign)} but no {CONFIG_FILE}, so it is "
                             "not a run to continue and training would write over them; pass a new --run-dir, or "
                             "--overwrite to move them aside and start over")
     else:  # the run's config: its config.yaml, or for checkpoints copied without it the latest one's own
-        written = os.path.exists(config_path)
         old = _read_run_config(config_path) if written else checkpoint_config
         diffs = differences(_with_defaults(old), yaml.safe_load(text))
-        if not written:  # copied checkpoints, maybe with their data to another path: the stream's restore checks the
-            diffs = [d for d in diffs if not d[0].startswith("data.train")]  # dataset by content (its fingerprint)
+        if copied:  # maybe with their data at another path: the stream's restore checks the dataset by content
+            diffs = [d for d in diffs if not d[0].startswith("data.train")]  # (its fingerprint)
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
-        if fixed and checkpoint_steps(ckpt_dir):
+        if fixed and held:
             key, was, now = fixed[0]
             raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "
                             "changes the model or the data; pass a new --run-dir (add --checkpoint "
@@ -402,8 +407,8 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     if steps and not resume:
         raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
                         "resume from them, pass a new --run-dir, or --overwrite to start over")
-    if not record or (checkpoint_config is not None and not os.path.exists(config_path)):  # copied checkpoints:
-        return ckpt_dir  # recorded once the run has resumed (a later call): a refusal on the way leaves no config
+    if not record or copied:  # copied checkpoints are recorded once the run has resumed from them (a later call):
+        return ckpt_dir  # a refusal on the way leaves no config that contradicts the next attempt
     if not os.path.exists(config_path):
         atomic_write(config_path, text)
     if tokenizer:

@@ -16,7 +16,7 @@ import jax
 from yxanul_jax.core import console
 from yxanul_jax.data.tokenizer import load_tokenizer
 from yxanul_jax.inference import sampling
-from yxanul_jax.inference.sampling import generate
+from yxanul_jax.inference.sampling import generate  # this module's own name for it (test_train's stop test patches it)
 from yxanul_jax.inference.trained import tokenizer_path_of
 from yxanul_jax.training.hooks import Hook
 
