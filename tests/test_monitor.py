@@ -164,6 +164,11 @@ def test_fresh_start_refuses_existing_checkpoints(tmp_path):
     (run_dir / "checkpoints" / "300").mkdir(parents=True)
     with pytest.raises(UserError, match="already holds checkpoints \\(latest step 300\\)"):
         prepare_run_dir(str(run_dir), _cfg(), resume=False)
+    # a setting a resume may change, refused with the rest: nothing written on the way (no history, same config)
+    before = (run_dir / "config.yaml").read_text()
+    with pytest.raises(UserError, match="already holds checkpoints \\(latest step 300\\)"):
+        prepare_run_dir(str(run_dir), _cfg("train.steps=900"), resume=False)
+    assert not (run_dir / "config_history.jsonl").exists() and (run_dir / "config.yaml").read_text() == before
     prepare_run_dir(str(run_dir), _cfg(), resume=True)
 
 

@@ -339,6 +339,11 @@ def _read_run_config(config_path: str) -> dict:
     return old
 
 
+def _refuse_fresh_start(run_dir: str, steps: list[int]):
+    raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
+                    "resume from them, pass a new --run-dir, or --overwrite to start over")
+
+
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
                     tokenizer: str | None = None, record: bool = True, checkpoint_config: dict | None = None) -> str:
     """Create `run_dir`, write its resolved `config.yaml` (and a copy of the `tokenizer` file, when
@@ -397,6 +402,8 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "
                             "changes the model or the data; pass a new --run-dir (add --checkpoint "
                             f"{ckpt_dir} to start from its weights) or --overwrite to start over")
+        if held and not resume:  # refused before the history below is written
+            _refuse_fresh_start(run_dir, held)
         if diffs and record and written:  # nothing trained yet, or only settings a resume may change: take the new
             changes = {k: [was, now] for k, was, now in diffs}
             stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -405,8 +412,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             atomic_write(config_path, text)
     steps = checkpoint_steps(ckpt_dir)
     if steps and not resume:
-        raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
-                        "resume from them, pass a new --run-dir, or --overwrite to start over")
+        _refuse_fresh_start(run_dir, steps)
     if not record or copied:  # copied checkpoints are recorded once the run has resumed from them (a later call):
         return ckpt_dir  # a refusal on the way leaves no config that contradicts the next attempt
     if not os.path.exists(config_path):
