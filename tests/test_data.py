@@ -208,6 +208,19 @@ def test_restore_refuses_other_seed_or_dataset(prepared, tmp_path, docs, tiny_to
     prepare_documents([docs[:40]], tiny_tok, other, request={"t": 1}, val_fraction=0.0, progress=False)
     with pytest.raises(UserError, match="another dataset"):
         TrainStream(open_dataset(other), seed=1).set_state(state)
+    # the same documents prepared in another order: equal counts and tokenizer, and still refused (the stored
+    # position would point at other documents)
+    for name, order in (("all", docs), ("reordered", docs[::-1])):
+        prepare_documents([order], tiny_tok, tmp_path / name, request={"t": name}, val_fraction=0.0, progress=False)
+    ds_all, ds_rev = open_dataset(tmp_path / "all"), open_dataset(tmp_path / "reordered")
+    saved = TrainStream(ds_all, seed=1).get_state()
+    assert {k: v for k, v in saved["dataset"].items() if k != "order"} == \
+        {k: v for k, v in ds_rev.fingerprint().items() if k != "order"}
+    with pytest.raises(UserError, match="another dataset .* their order"):
+        TrainStream(ds_rev, seed=1).set_state(saved)
+    # a position saved before the order was recorded still resumes on its dataset
+    TrainStream(ds_all, seed=1).set_state({**saved, "dataset": {k: v for k, v in saved["dataset"].items()
+                                                                if k != "order"}})
     with pytest.raises(UserError, match="no 'val' documents"):
         next(eval_batches(other, seq_len=8, batch_size=2))
     only_val = tmp_path / "only_val"

@@ -8,6 +8,7 @@ memory-mapped; only the per-document offsets are held in memory, never the corpu
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -54,6 +55,15 @@ class SplitIndex:
         self.num_documents = len(self.lengths)
         self.num_tokens = int(self.lengths.sum())
         self._maps: list[np.ndarray] | None = None
+        self._order: str | None = None
+
+    def order_digest(self) -> str:
+        """A digest of the document lengths in stored order: the same files prepared in another order (another
+        glob, renamed files, an export of another order) give another, so a saved stream position is not read as
+        pointing at the documents it did."""
+        if self._order is None:
+            self._order = hashlib.blake2b(self.lengths.astype("<i8").tobytes(), digest_size=16).hexdigest()
+        return self._order
 
     def __getstate__(self):  # never pickle memory maps (that would copy the shards)
         return {**self.__dict__, "_maps": None}
@@ -114,9 +124,21 @@ class PreparedDataset:
         return int(self.manifest["splits"][split]["tokens"])
 
     def fingerprint(self, split: str = "train") -> dict:
-        """What a saved stream position is only valid for."""
+        """What a saved stream position is only valid for (`same_dataset` compares two): the split's size, the
+        tokenizer, and the order of its documents (`SplitIndex.order_digest`)."""
         return {"documents": self.num_documents(split), "tokens": self.num_tokens(split),
-                "tokenizer_sha256": self.manifest.get("tokenizer", {}).get("sha256")}
+                "tokenizer_sha256": self.manifest.get("tokenizer", {}).get("sha256"),
+                "order": self.split(split).order_digest()}
+
+
+LATER_FINGERPRINT_KEYS = ("order",)  # keys a stream position saved before they existed lacks
+
+
+def same_dataset(saved, now: dict) -> bool:
+    """Whether a saved stream position's dataset `fingerprint` is `now`'s. A key in LATER_FINGERPRINT_KEYS is
+    compared only when the saved one has it (a checkpoint written before it existed still resumes)."""
+    return isinstance(saved, dict) and all(saved.get(k) == v for k, v in now.items()
+                                           if k in saved or k not in LATER_FINGERPRINT_KEYS)
 
 
 def open_dataset(path: str | os.PathLike) -> PreparedDataset:

@@ -39,7 +39,7 @@ import grain
 import numpy as np
 
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.data.dataset import PreparedDataset, SplitIndex, open_dataset
+from yxanul_jax.data.dataset import PreparedDataset, SplitIndex, open_dataset, same_dataset
 
 _STATE_KIND = "yxanul-train-stream"
 MIXTURE_STATE_KIND = "yxanul-mixture-stream"
@@ -349,9 +349,9 @@ class TrainStream(BatchStream):
             raise UserError("saved data-stream state is not a yxanul train stream state; "
                             "restore it from the same run's checkpoint")
         self._check_resume(state, self.seed, state.get("lanes", 1), self.lanes.lanes)
-        if state.get("dataset") != self.ds.fingerprint("train"):
-            raise UserError(f"saved data-stream state belongs to another dataset than '{self.ds.path}' "
-                            "(documents, tokens or tokenizer differ); resume with the same data.train")
+        if not same_dataset(state.get("dataset"), self.ds.fingerprint("train")):
+            raise UserError(f"saved data-stream state belongs to another dataset than '{self.ds.path}' (its "
+                            "documents, their order or the tokenizer differ); resume with the same data.train")
         self.close()
         self.cursor = int(state["cursor"])
 

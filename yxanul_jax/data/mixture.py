@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.data.dataset import PreparedDataset
+from yxanul_jax.data.dataset import PreparedDataset, same_dataset
 from yxanul_jax.data.loader import MIXTURE_STATE_KIND, BatchStream, Lanes, TokenStream
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -200,10 +200,10 @@ class MixtureStream(BatchStream):
                             f"{self.weights}; set the same data.weights to resume exactly")
         for n in self.names:
             info = state["domains"][n]
-            if info.get("dataset") != self.datasets[n].fingerprint("train"):
+            if not same_dataset(info.get("dataset"), self.datasets[n].fingerprint("train")):
                 raise UserError(f"saved data-stream state of data.train.{n} belongs to another dataset than "
-                                f"'{self.datasets[n].path}' (documents, tokens or tokenizer differ); resume with "
-                                "the same data.train")
+                                f"'{self.datasets[n].path}' (its documents, their order or the tokenizer differ); "
+                                "resume with the same data.train")
             if len(info.get("offsets", ())) != self.lanes:
                 raise UserError(f"saved data-stream state of data.train.{n} is damaged; restore it from the same "
                                 "run's checkpoint")
