@@ -42,6 +42,20 @@ def test_taken_names_and_a_missing_held_out_split_are_one_line(prepared, tmp_pat
     assert [d.name for d in resolve_domains({"code": code}, train_only, in_domain={})] == ["code"]
 
 
+def test_a_prepared_domain_of_another_tokenizer_is_refused(prepared, tmp_path, docs):
+    from yxanul_jax.data.tokenizer import train_bpe
+
+    ds = open_dataset(prepared)
+    other = train_bpe([docs[::-1][:200]], ds.vocab_size)  # another tokenizer of the same vocabulary size
+    prepare_documents([docs[:100]], other, tmp_path / "other", request={"t": 1}, val_fraction=0.5, progress=False)
+    assert open_dataset(tmp_path / "other").vocab_size == ds.vocab_size  # the vocabulary check alone passes
+    with pytest.raises(UserError, match=r"eval domain 'web' \('.*other'\) was tokenized with another tokenizer "
+                                        r".* than the training data .*prepare it with the training data's tokenizer"):
+        resolve_domains({"web": str(tmp_path / "other")}, ds)
+    # the same tokenizer's prepared dataset is taken
+    assert [d.name for d in resolve_domains({"same": str(prepared)}, ds, in_domain={})] == ["same"]
+
+
 def test_in_domain_off_needs_a_domain():
     with pytest.raises(UserError, match="eval.in_domain.*nothing to validate on"):
         load_config(None, ["eval.in_domain=false"])

@@ -103,6 +103,16 @@ class PreparedDataset:
             raise UserError(f"{said}model.vocab_size is {model_vocab_size}; set model.vocab_size={self.vocab_size} "
                             f"or prepare the data with a {model_vocab_size}-entry tokenizer")
 
+    def check_tokenizer(self, first: "PreparedDataset", said: str, first_said: str, fix: str) -> None:
+        """UserError unless this dataset was tokenized with `first`'s tokenizer (the sha256 of its tokenizer.json in
+        the manifests): two tokenizers of one vocabulary size give the same ids other meanings. `said`/`first_said`
+        name the two in the message, `fix` ends it."""
+        ours, theirs = (d.manifest.get("tokenizer", {}) for d in (self, first))
+        if ours.get("sha256") != theirs.get("sha256"):
+            raise UserError(f"{said} was tokenized with another tokenizer ({ours.get('source', '?')}, sha256 "
+                            f"{str(ours.get('sha256'))[:12]}) than {first_said} ({theirs.get('source', '?')}, sha256 "
+                            f"{str(theirs.get('sha256'))[:12]}); {fix}")
+
     def split(self, name: str) -> SplitIndex:
         """The document table of split `name` ('train' or 'val'); UserError if it has no documents."""
         if name not in self._splits:

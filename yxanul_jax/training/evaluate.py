@@ -86,6 +86,9 @@ def resolve_domains(domains: dict[str, str], train_ds: PreparedDataset,
         else:
             ds = _prepare_raw(name, path, template, train_ds)
         ds.check_vocab(train_ds.vocab_size)
+        ds.check_tokenizer(train_ds, f"eval domain '{name}' ('{path}')", f"the training data ('{train_ds.path}')",
+                           "prepare it with the training data's tokenizer (its tokenizer.json), or give "
+                           f"eval.domains.{name} the raw text file to have it tokenized so")
         out.append(Domain(name, ds))
     for d in out:  # no validation split: a UserError now, not at the first validation after training
         d.dataset.split(d.split)

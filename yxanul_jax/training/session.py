@@ -44,12 +44,8 @@ def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
         ds.check_vocab(cfg.model.vocab_size, cfg.init.from_hf)
         if sets:
             first_name, first = next(iter(sets.items()))
-            theirs, ours = (d.manifest.get("tokenizer", {}) for d in (first, ds))
-            if ours.get("sha256") != theirs.get("sha256"):
-                raise UserError(f"data.train.{name} ('{path}') was tokenized with another tokenizer ("
-                                f"{ours.get('source', '?')}, sha256 {str(ours.get('sha256'))[:12]}) than "
-                                f"data.train.{first_name} ({theirs.get('source', '?')}, sha256 "
-                                f"{str(theirs.get('sha256'))[:12]}); prepare every dataset of a mixture with one tokenizer")
+            ds.check_tokenizer(first, f"data.train.{name} ('{path}')", f"data.train.{first_name}",
+                               "prepare every dataset of a mixture with one tokenizer")
         sets[name] = ds
     return sets
 
