@@ -55,13 +55,16 @@ def cache_root() -> Path:
 
 CONFIG_FILE = "config.yaml"
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_EOS_FILE = "special_tokens_map.json"
+"""Beside tokenizer.json, Hugging Face's file whose `eos_token` names the end-of-text token, which a tokenizer.json
+alone does not say (`eos_map`; `data.tokenizer` reads it, and writes it beside every copy it makes)."""
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"
 PROFILE_DIR = "profile"
 HLO_DIR = "hlo"
-RUN_ARTIFACTS = (CONFIG_FILE, TOKENIZER_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR, HLO_DIR)
+RUN_ARTIFACTS = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_EOS_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR, HLO_DIR)
 """What `prepare_run_dir(overwrite=True)` moves aside before a fresh start."""
 
 
@@ -344,10 +347,17 @@ def _refuse_fresh_start(run_dir: str, steps: list[int]):
                     "resume from them, pass a new --run-dir, or --overwrite to start over")
 
 
+def eos_map(eos_token: str) -> bytes:
+    """The TOKENIZER_EOS_FILE that names `eos_token` the end-of-text token."""
+    return (json.dumps({"eos_token": eos_token}) + "\n").encode()
+
+
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
-                    tokenizer: str | None = None, record: bool = True, checkpoint_config: dict | None = None) -> str:
+                    tokenizer: str | None = None, tokenizer_eos: str | None = None, record: bool = True,
+                    checkpoint_config: dict | None = None) -> str:
     """Create `run_dir`, write its resolved `config.yaml` (and a copy of the `tokenizer` file, when
-    given, as `tokenizer.json`), and return its checkpoint directory. `record=False`: the same
+    given, as `tokenizer.json`, with `tokenizer_eos` named its end-of-text token in TOKENIZER_EOS_FILE beside it),
+    and return its checkpoint directory. `record=False`: the same
     checks, nothing written (a finished run asked to train again changes nothing).
 
     * No config there yet: write it, unless the folder holds what a run writes (a metrics file, a tokenizer
@@ -418,10 +428,13 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     if not os.path.exists(config_path):
         atomic_write(config_path, text)
     if tokenizer:
-        data = Path(tokenizer).read_bytes()
-        copy = Path(run_dir, TOKENIZER_FILE)
-        if not copy.is_file() or copy.read_bytes() != data:
-            atomic_write_bytes(str(copy), data)
+        files = {TOKENIZER_FILE: Path(tokenizer).read_bytes()}
+        if tokenizer_eos:
+            files[TOKENIZER_EOS_FILE] = eos_map(tokenizer_eos)
+        for name, data in files.items():
+            copy = Path(run_dir, name)
+            if not copy.is_file() or copy.read_bytes() != data:
+                atomic_write_bytes(str(copy), data)
     return ckpt_dir
 
 

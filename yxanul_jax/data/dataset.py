@@ -91,6 +91,20 @@ class PreparedDataset:
     def __repr__(self) -> str:
         return f"PreparedDataset({self.path!r}, vocab={self.vocab_size}, eos={self.eos_id})"
 
+    @property
+    def eos_token(self) -> str | None:
+        """The end-of-text token's text, as the manifest records it (None in a manifest without it)."""
+        return self.manifest.get("tokenizer", {}).get("eos_token")
+
+    def tokenizer(self):
+        """The tokenizer copy this dataset holds (`data.tokenizer.LoadedTokenizer`; UserError without one), its EOS
+        the manifest's: the id that ends each document here, whatever a copy alone would guess."""
+        from yxanul_jax.data.tokenizer import load_tokenizer
+
+        if self.tokenizer_path is None:
+            raise UserError(f"dataset '{self.path}' has no {TOKENIZER}; prepare it again")
+        return load_tokenizer(self.tokenizer_path, eos_id=self.eos_id)
+
     def check_vocab(self, model_vocab_size: int, from_hf: str = "") -> None:
         """UserError unless the model's embedding has exactly the dataset tokenizer's vocabulary. `from_hf`: the
         folder the model's sizes come from (`init.from_hf`), whose vocabulary no config key changes."""

@@ -2,6 +2,7 @@
 
     DIR/manifest.json                  `MANIFEST`: what is inside (`yxanul_jax.data.dataset`)
     DIR/tokenizer.json                 `TOKENIZER`: a copy of the tokenizer used (self-contained)
+    DIR/special_tokens_map.json        its EOS (`data.tokenizer.SPECIAL_TOKENS_MAP`; the manifest's eos_id too)
     DIR/<split>/NNNNN.tokens.npy       `tokens_file(split, k)`: shard k's tokens, documents back to back
     DIR/<split>/NNNNN.offsets.npy      `offsets_file(split, k)`: shard k's document offsets
 

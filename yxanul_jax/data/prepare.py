@@ -133,7 +133,7 @@ def prepare_documents(batches: Iterable[list[str]], tokenizer: LoadedTokenizer, 
     start = time.perf_counter()
     try:
         with staged_dir(output) as tmp:
-            tokenizer.save(tmp / TOKENIZER)
+            tokenizer.save(tmp / TOKENIZER, with_eos=True)
             writers = {s: _ShardWriter(tmp, s, dtype, shard_tokens) for s in SPLITS}
             bar = tqdm(total=documents_hint, unit="doc", disable=not console.progress_wanted(progress),
                        desc="tokenizing", file=sys.stderr)  # on a terminal only: no bar line in a log

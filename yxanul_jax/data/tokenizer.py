@@ -24,11 +24,13 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
 from yxanul_jax.core.errors import UserError, one_line, writing
+from yxanul_jax.core.rundir import TOKENIZER_EOS_FILE, eos_map
 from yxanul_jax.data.sources import DocumentSource
 
 # The stage-2 pre-tokenizer regex of SuperBPE (scripts/extend_tokenizer.sh in PythonNut/superbpe).
 SUPERBPE_REGEX = r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]{2,}[\r\n/]*| +(?!\S)"
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")
+SPECIAL_TOKENS_MAP = TOKENIZER_EOS_FILE  # without it, EOS_CANDIDATES is a guess
 SUPERWORD_MIN_FRACTION = 0.01
 _SUPERWORD = re.compile("[^Ġ]Ġ")  # a space marker after some other character: a multi-word token
 
@@ -78,10 +80,15 @@ class LoadedTokenizer:
         return {"source": self.source, "sha256": self.sha256, "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id, "eos_token": self.eos_token, "superbpe": self.superbpe}
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write tokenizer.json to `path`; a full or read-only disk is one UserError line naming it."""
+    def save(self, path: str | os.PathLike, with_eos: bool = False) -> None:
+        """Write tokenizer.json to `path` (with_eos: and SPECIAL_TOKENS_MAP naming its EOS beside it); a
+        full or read-only disk is one UserError line naming it."""
         with writing(path):  # the Rust library raises a bare Exception "... (os error 28)"
             self.tokenizer.save(str(path))
+        if with_eos:
+            side = Path(path).parent / SPECIAL_TOKENS_MAP
+            with writing(side):
+                side.write_bytes(eos_map(self.eos_token))
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -99,9 +106,9 @@ def _special_names(folder: Path) -> tuple[set[str], str | None]:
     """Special-token contents and the EOS content from special_tokens_map.json / tokenizer_config.json."""
     specials: set[str] = set()
     eos = None
-    stm = folder / "special_tokens_map.json"
+    stm = folder / SPECIAL_TOKENS_MAP
     if stm.is_file():
-        for key, value in _read_json(stm, "fix or delete special_tokens_map.json").items():
+        for key, value in _read_json(stm, f"fix or delete {SPECIAL_TOKENS_MAP}").items():
             content = value.get("content") if isinstance(value, dict) else value
             if isinstance(content, str):
                 specials.add(content)
@@ -160,11 +167,13 @@ def _load_vocab_merges(folder: Path, superbpe: bool | None) -> LoadedTokenizer:
     return LoadedTokenizer(tok, str(folder), eos_id, eos, use_superbpe)
 
 
-def load_tokenizer(path: str | os.PathLike, *, superbpe: bool | None = None) -> LoadedTokenizer:
+def load_tokenizer(path: str | os.PathLike, *, superbpe: bool | None = None, eos_id: int | None = None) -> LoadedTokenizer:
     """Load a tokenizer.json file, or a directory with tokenizer.json or vocab.json + merges.txt.
 
     superbpe: None picks the SuperBPE pre-tokenizer for vocab.json + merges.txt when the vocabulary
     holds superwords (a tokenizer.json keeps its own pre-tokenizer); True / False force it on / off.
+    eos_id: the end-of-text id when the caller knows it (a prepared dataset's manifest); otherwise the
+    SPECIAL_TOKENS_MAP / tokenizer_config.json beside the file names it, else the first of EOS_CANDIDATES.
     """
     p = Path(path).expanduser()
     if not p.exists():
@@ -187,6 +196,8 @@ def load_tokenizer(path: str | os.PathLike, *, superbpe: bool | None = None) -> 
         tok.pre_tokenizer = superbpe_pre_tokenizer()
     elif superbpe is False and _is_superbpe(tok):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if eos_id is not None and tok.id_to_token(eos_id) is not None:
+        return LoadedTokenizer(tok, str(p), eos_id, tok.id_to_token(eos_id), _is_superbpe(tok))
     _, eos_hint = _special_names(p.parent)
     eos_id, eos = _find_eos(tok, eos_hint, str(p))
     return LoadedTokenizer(tok, str(p), eos_id, eos, _is_superbpe(tok))

@@ -14,17 +14,16 @@ from typing import Callable
 import jax
 
 from yxanul_jax.core import console
-from yxanul_jax.data.tokenizer import load_tokenizer
 from yxanul_jax.inference import sampling
 from yxanul_jax.inference.sampling import generate  # this module's own name for it (test_train's stop test patches it)
-from yxanul_jax.inference.trained import tokenizer_path_of
+from yxanul_jax.inference.trained import run_tokenizer
 from yxanul_jax.training.hooks import Hook
 
 
 def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> None:
     """Print a continuation of `train.sample_prompt` by the model in `state` (skipped, with a note, when the prompt
     is empty or cannot fit, or when `should_stop()` ends it early: `sampling.generate`)."""
-    tok = load_tokenizer(tokenizer_path_of(cfg))
+    tok = run_tokenizer(cfg)
     prompt = list(map(int, tok.tokenizer.encode(cfg.train.sample_prompt).ids))
     if not prompt:
         console.note("end-of-run sample skipped: train.sample_prompt is empty (train.sample_tokens=0 turns it off)")

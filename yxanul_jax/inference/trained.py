@@ -30,6 +30,8 @@ class Trained:
     fp8: dict
     step: int
     tokenizer_path: str
+    eos_id: int | None = None  # the training data manifest's, when the tokenizer is the dataset's copy
+
 
     @property
     def variables(self) -> dict:
@@ -37,22 +39,29 @@ class Trained:
         return {"params": self.params, **self.fp8}
 
     def tokenizer(self) -> LoadedTokenizer:
-        return load_tokenizer(self.tokenizer_path)
+        return load_tokenizer(self.tokenizer_path, eos_id=self.eos_id)
 
 
-def tokenizer_path_of(cfg: Config, run_dir: str | None = None) -> str:
-    """The tokenizer.json the run trained with: the run directory's copy, else its prepared dataset's,
-    or the demo corpus's."""
+def tokenizer_source(cfg: Config, run_dir: str | None = None) -> tuple[str, int | None]:
+    """(the tokenizer.json the run trained with, its EOS id when only a manifest says it): the run directory's copy
+    (whose `data.tokenizer.SPECIAL_TOKENS_MAP` beside it names the EOS), else its prepared dataset's, or the demo
+    corpus's, with the dataset manifest's EOS id."""
     from yxanul_jax.data.corpus import training_dataset_path
     from yxanul_jax.data.dataset import open_dataset
 
     if run_dir and os.path.isfile(os.path.join(run_dir, TOKENIZER_FILE)):
-        return os.path.join(run_dir, TOKENIZER_FILE)
-    path = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size)).tokenizer_path
-    if path is None:
+        return os.path.join(run_dir, TOKENIZER_FILE), None
+    ds = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size))
+    if ds.tokenizer_path is None:
         raise UserError(f"the run's dataset '{cfg.data.train}' has no tokenizer.json; re-prepare it with "
                         "python -m yxanul_jax.prepare")
-    return path
+    return ds.tokenizer_path, ds.eos_id
+
+
+def run_tokenizer(cfg: Config, run_dir: str | None = None) -> LoadedTokenizer:
+    """The tokenizer the run trained with (`tokenizer_source`), its EOS the one the training data ended documents with."""
+    path, eos_id = tokenizer_source(cfg, run_dir)
+    return load_tokenizer(path, eos_id=eos_id)
 
 
 def add_source_args(parser) -> None:
@@ -86,4 +95,4 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
     finally:
         ckpt.close()
     state = jax.device_get(state)
-    return Trained(cfg, state["params"], state["fp8"], int(step), tokenizer_path_of(cfg, run_dir))
+    return Trained(cfg, state["params"], state["fp8"], int(step), *tokenizer_source(cfg, run_dir))

@@ -40,13 +40,13 @@ def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedD
                         f"'{path}' with; point eval.domains.{name} at a prepared dataset instead")
     st = os.stat(path)
     key = json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns, template,
-                      train_ds.manifest.get("tokenizer", {}).get("sha256"), train_ds.vocab_size])
+                      train_ds.manifest.get("tokenizer", {}).get("sha256"), train_ds.vocab_size, train_ds.eos_id])
     out = cache_root() / "eval" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if not is_prepared(out):
         fix = (f"name its text with a template in the config: eval.domains.{name}={path}::{{column}} "
                "(several columns: ::{question}\\n{answer})")
         source = DocumentSource([path], text_template=template, fix=fix)
-        prepare_dataset(source, train_ds.tokenizer_path, out, val_fraction=1.0, progress=False)
+        prepare_dataset(source, train_ds.tokenizer(), out, val_fraction=1.0, progress=False)
     return open_dataset(out)
 
 

@@ -341,9 +341,9 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     own = own if isinstance(own, dict) and not os.path.exists(os.path.join(run_dir, CONFIG_FILE)) else None
     # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
     finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
+    copy = {"tokenizer": ctx.ds.tokenizer_path, "tokenizer_eos": ctx.ds.eos_token}  # the run's copy of the tokenizer
     if lead:
-        prepare_run_dir(run_dir, cfg, overwrite=overwrite, tokenizer=ctx.ds.tokenizer_path, record=not finished,
-                        checkpoint_config=own)
+        prepare_run_dir(run_dir, cfg, overwrite=overwrite, **copy, record=not finished, checkpoint_config=own)
         console.info(run_header(cfg, with_config=False, run_dir=run_dir))
         budget, platform = memory.device_budget()
         if platform == "gpu" and budget is not None and (hint := micro_batch_hint(cfg, budget)):
@@ -355,7 +355,7 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
         rescheduled = resumed != cfg  # the latest checkpoint was unusable: the schedule goes on from an earlier step
         ctx, cfg = dataclasses.replace(ctx, cfg=resumed), resumed
         if (finished and start < cfg.train.steps or rescheduled) and lead:  # it trains after all / on that schedule
-            prepare_run_dir(run_dir, cfg, tokenizer=ctx.ds.tokenizer_path)
+            prepare_run_dir(run_dir, cfg, **copy)
         if cfg.optim.continue_as != "none" and cfg.optim.continue_from == start and start < cfg.train.steps:
             o = cfg.optim
             how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.lr:.3g}, then down"
@@ -375,7 +375,7 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
                 loop.resume_from(meta)
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
             if own is not None and lead and not finished:  # copied checkpoints, checked and resumed: record the run
-                prepare_run_dir(run_dir, cfg, tokenizer=ctx.ds.tokenizer_path)
+                prepare_run_dir(run_dir, cfg, **copy)
             console.info(_describe(ctx, run_dir))
             return _run(loop, state, start, meta, signals)
         except TrainingDiverged as e:
