@@ -263,6 +263,24 @@ def test_lanes_cover_the_epoch_once_with_padding_masked(prepared):
     assert s.get_state()["epoch"] == 1 and s.get_state()["lanes"] == G
 
 
+def test_no_target_crosses_a_lanes_epoch_seam(prepared):
+    ds = open_dataset(prepared)
+    for G in (1, 4):
+        lanes = TrainStream(ds, seed=3, lanes=G).lanes
+        n = lanes.lane_len + 40  # every lane read from its start across its seam into epoch 1
+        for g in range(G):
+            tokens_N, target_N = lanes.read(g, 0, n)
+            docs_N = lanes.documents(g, 0, n)
+            # a target of another document than its input's opens that document (its EOS), else it is no target
+            crossing = (docs_N[1:] != docs_N[:-1]) & target_N[1:]
+            assert (tokens_N[1:][crossing] == ds.eos_id).all(), (G, g)
+            seam = lanes.lane_len  # lane g's first token of epoch 1
+            if G > 1:
+                assert not target_N[seam] and target_N[seam + 1:].all()
+            else:  # the plain stream's seam is a document boundary: epoch 1 opens with an EOS target
+                assert tokens_N[seam] == ds.eos_id and target_N[1:].all()
+
+
 def test_lanes_stage_change_resume_and_process_shards(prepared):
     ds = open_dataset(prepared)
     G = 4

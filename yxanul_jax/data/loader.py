@@ -13,9 +13,10 @@ cut into G equal lanes of `Lane = ceil(T / G)` positions (lane g holds epoch pos
 lanes side by side. A batch of B rows (B a multiple of G; R = B / G rows per lane) of `seq_len + 1`
 tokens at cursor c reads lane offsets [o, o + R*L + 1) of every lane, o = c / G; row r = i*G + g is
 lane g's window [o + i*L, o + i*L + L + 1): `inputs = row[:-1]`, `targets = row[1:]`, and the cursor
-moves to `c + B*L`. A lane runs on into the same lane of the next epoch. Inside a lane consecutive
-rows overlap by one token, so every token is a target exactly once per epoch (in epoch 0, lane g's
-first token, g > 0, is context only). G = 1 is the plain stream. The whole position is that one
+moves to `c + B*L`. A lane runs on into the same lane of the next epoch; with G > 1 the first token of each
+of its epochs is context only (the token before it ended the lane's stretch of the previous epoch, somewhere
+in another document: no target across that seam). Inside a lane consecutive rows overlap by one token, so
+every other token is a target exactly once per epoch. G = 1 is the plain stream. The whole position is that one
 integer cursor (G is fixed for the run), hence:
   * exact save/restore: `get_state()` is `{"cursor": c, "lanes": G, ...}`; any restore replays the
     same batches;
@@ -130,7 +131,8 @@ class Lanes:
         self.epoch_len = lanes * self.lane_len  # cursor units (padding included) per epoch
 
     def _pieces(self, g: int, o: int, n: int):
-        """(out offset, stream position, count) of the real stretches of lane g's offsets [o, o + n)."""
+        """(out offset, stream position, count, whether it starts the lane's epoch) of the real stretches of lane g's
+        offsets [o, o + n)."""
         T, filled = self.stream.length, 0
         while filled < n:
             epoch, q = divmod(o + filled, self.lane_len)
@@ -138,22 +140,25 @@ class Lanes:
             p = g * self.lane_len + q
             real = max(0, min(take, T - p))
             if real:
-                yield filled, epoch * T + p, real
+                yield filled, epoch * T + p, real, q == 0
             filled += take
 
     def read(self, g: int, o: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens int32[n], real bool[n]) of lane g's offsets [o, o + n); padding reads as EOS."""
+        """(tokens int32[n], target bool[n]) of lane g's offsets [o, o + n); padding reads as EOS. With G > 1 a lane's
+        first token of every epoch is context only, like padding: the token before it ended the lane's stretch of
+        the previous epoch (or is padding), another place of another document, so it is no target. (G = 1: the
+        seam is the stream's own, the last document's end, then the next epoch's first EOS.)"""
         tokens_N = np.full(n, self.stream.eos_id, dtype=np.int32)
         real_N = np.zeros(n, dtype=bool)
-        for at, pos, count in self._pieces(g, o, n):
+        for at, pos, count, first in self._pieces(g, o, n):
             tokens_N[at:at + count] = self.stream.read(pos, count)
-            real_N[at:at + count] = True
+            real_N[at + (first and self.lanes > 1):at + count] = True
         return tokens_N, real_N
 
     def documents(self, g: int, o: int, n: int) -> np.ndarray:
         """Document id of lane g's offsets [o, o + n); -1 for padding."""
         out_N = np.full(n, -1, dtype=np.int64)
-        for at, pos, count in self._pieces(g, o, n):
+        for at, pos, count, _ in self._pieces(g, o, n):
             out_N[at:at + count] = self.stream.documents(pos, count)
         return out_N
 
