@@ -198,6 +198,26 @@ def test_non_utf8_fails_by_default_and_is_counted_when_replaced(tmp_path, tiny_t
     assert "bad.jsonl' line 2" in bad(fresh, tiny_tok_path, [jl])
 
 
+def test_json_lines_count_each_bad_sequence_once_and_refuse_lone_surrogates(tmp_path, tiny_tok_path):
+    first = tmp_path / "first.jsonl"  # a bad byte on line 1, the line the column check reads first
+    first.write_bytes(b'{"text": "caf\xe9 au lait"}\n{"text": "more text"}\n')
+    out = tmp_path / "out1"
+    rc, _, err = run_cli(prepare.main, ["--input", first, "--tokenizer", tiny_tok_path, "--output", out,
+                                        "--no-progress", "--bad-utf8", "replace"])
+    assert rc == 0 and json.loads((out / "manifest.json").read_text())["replaced_utf8"] == 1, err
+    # a JSON escape of half a UTF-16 pair is valid JSON and no character: refused like bad bytes, or replaced
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    jl = lone / "lone.jsonl"
+    jl.write_text('{"text": "a pair \\ud83d\\ude00 is fine"}\n{"text": "half \\ud800 is not"}\n', encoding="ascii")
+    err = bad(lone, tiny_tok_path, [jl])
+    assert "lone.jsonl' line 2 holds a lone UTF-16 surrogate (\\ud800" in err and "--bad-utf8 replace" in err
+    out = tmp_path / "out2"
+    rc, _, err = run_cli(prepare.main, ["--input", jl, "--tokenizer", tiny_tok_path, "--output", out,
+                                       "--no-progress", "--bad-utf8", "replace"])
+    assert rc == 0 and json.loads((out / "manifest.json").read_text())["replaced_utf8"] == 1, err
+
+
 def test_tokenizer_file_that_does_not_parse(tmp_path, docs):
     src = write_parquet(tmp_path / "in.parquet", {"text": docs[:5]})
     broken = tmp_path / "tokenizer.json"

@@ -39,6 +39,7 @@ SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".txt", ".txt.gz")
 TEXT_COLUMN = "text"
 """The column read when neither --text-column nor --text-template is given."""
 _REPLACEMENT_UTF8 = "\ufffd".encode()
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what a JSON escape may decode to and UTF-8 cannot hold
 
 
 def _kind(path: Path) -> str | None:
@@ -176,8 +177,10 @@ class DocumentSource:
                         raise UserError(f"column '{self.text_column}' of '{p}' has type {tp}, not text; "
                                         + self._not_text_fix())
             elif kind == "jsonl":
+                replaced = self.replaced_utf8  # the read decodes this line again and counts it then
                 for lineno, record in self._json_records(p, limit=1):
                     self._check_columns(p, list(record), lineno)
+                self.replaced_utf8 = replaced
 
     def refuse_text_option(self, flag: str | None) -> None:
         """UserError when `flag` (the --text-column / --text-template given; None: neither) names columns but
@@ -222,7 +225,7 @@ class DocumentSource:
             yield from self._parquet(path)
         elif kind == "jsonl":
             for lineno, record in self._json_records(path):
-                yield self._from_record(path, record, lineno)
+                yield self._unpaired(self._from_record(path, record, lineno), f"'{path}' line {lineno}")
         else:
             yield from self._txt(path)
 
@@ -236,6 +239,18 @@ class DocumentSource:
             text = data.decode("utf-8", errors="replace")
             self.replaced_utf8 += text.count("\ufffd") - data.count(_REPLACEMENT_UTF8)
             return text
+
+    def _unpaired(self, text: str, where: str) -> str:
+        """`text` of a JSON record, whose escapes may spell a lone UTF-16 surrogate (\\ud800): not a character, so no
+        UTF-8 and no tokenizer takes it. As invalid UTF-8 is: an error, or (`bad_utf8="replace"`) U+FFFD, counted."""
+        if not _SURROGATE.search(text):
+            return text
+        if self.bad_utf8 == "fail":
+            bad = _SURROGATE.search(text).group()
+            raise UserError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(bad):04x}, a JSON escape that is no "
+                            "character); fix the file or pass --bad-utf8 replace to substitute U+FFFD")
+        self.replaced_utf8 += len(_SURROGATE.findall(text))
+        return _SURROGATE.sub("\ufffd", text)
 
     def _from_record(self, path: Path, record: dict, lineno: int | None = None) -> str:
         if self.fields is None:
