@@ -470,7 +470,8 @@ class EvalConfig:
     interval: int = 250
     """Validate every this many steps (0: only at the end and in --eval-only)."""
     max_batches: int = 20
-    """Batches per domain per validation (0: one full pass)."""
+    """Batches per domain per validation (0: one full pass); the documents come in one fixed shuffled order, so
+    a capped pass is the same random sample of the split at every validation."""
     batch_size: int = 16
     """Rows per validation batch."""
     seq_len: int = 0

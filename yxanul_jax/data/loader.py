@@ -55,12 +55,13 @@ _EPOCHS_CACHED = 2
 class TokenStream:
     """Random access to a split's packed stream `EOS d EOS d ...`, shuffled per epoch by `seed`.
 
-    seed=None keeps the stored order and makes the stream finite (one epoch, `length` tokens);
-    positions past the end read as EOS (callers mask them).
+    seed=None keeps the stored order. A finite stream (`finite`; default: seed=None) is one epoch,
+    `length` tokens; positions past the end read as EOS (callers mask them).
     """
 
-    def __init__(self, index: SplitIndex, eos_id: int, seed: int | None):
+    def __init__(self, index: SplitIndex, eos_id: int, seed: int | None, finite: bool | None = None):
         self.index, self.eos_id, self.seed = index, eos_id, seed
+        self.finite = seed is None if finite is None else finite
         self.length = index.num_documents + index.num_tokens  # tokens per epoch
         self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -88,7 +89,7 @@ class TokenStream:
         lengths, filled, pos = self.index.lengths, 0, start
         while filled < n:
             epoch, p = divmod(pos, self.length)
-            if self.seed is None and epoch > 0:
+            if self.finite and epoch > 0:
                 out[filled:] = self.eos_id
                 break
             order, ends = self._epoch(epoch)
@@ -379,9 +380,15 @@ class _EvalBatchAt:
         return {"inputs": inputs, "targets": targets, "mask": (pos_BxL < self.stream.length).astype(np.float32)}
 
 
+EVAL_ORDER_SEED = 0
+"""The fixed document order of every validation pass (`eval_batches`): the same for every run, seed and step."""
+
+
 def eval_batches(ds_or_path: PreparedDataset | str, *, seq_len: int, batch_size: int, split: str = "val",
                  max_batches: int = 0, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
-    """One deterministic pass over a split in stored order, packed like training (EOS d EOS d ...).
+    """One deterministic pass over a split, packed like training (EOS d EOS d ...), its documents in one fixed
+    shuffled order (EVAL_ORDER_SEED): a pass cut short by `max_batches` is a random sample of the split's
+    documents, not the first input files' (a corpus prepared from its sources one after another).
 
     Yields {"inputs", "targets": int32[B_local, L], "mask": float32[B_local, L]}; the last batch is
     padded (EOS tokens, mask 0). Every process yields the same number of batches:
@@ -391,7 +398,7 @@ def eval_batches(ds_or_path: PreparedDataset | str, *, seq_len: int, batch_size:
     if seq_len < 1 or batch_size < 1 or batch_size % process_count:
         raise UserError(f"eval batch_size {batch_size} must be a positive multiple of the process count "
                         f"{process_count} and seq_len {seq_len} positive")
-    stream = TokenStream(ds.split(split), ds.eos_id, seed=None)
+    stream = TokenStream(ds.split(split), ds.eos_id, seed=EVAL_ORDER_SEED, finite=True)
     n = math.ceil((stream.length - 1) / (batch_size * seq_len))
     if max_batches > 0:
         n = min(n, max_batches)
