@@ -107,6 +107,9 @@ def test_import_of_an_export_gives_the_same_logits():
     config = hf.hf_config(m, tied, None, "float32")
     m2 = hf.model_config_from_hf(config, micro_model(name="imported", n_layers=1, d_model=16))
     assert (m2.d_model, m2.n_layers, m2.embed_rank, m2.head, m2.padded_vocab) == (32, 2, 0, "untied", 112)
+    assert m2.head_dim == m.head_dim == 0  # d_model // n_heads stays the automatic 0, not a literal that differs
+    wide = hf.model_config_from_hf({**config, "head_dim": 32}, m2)  # a head width of its own is kept
+    assert wide.head_dim == 32 and wide.resolved_head_dim == 32
     like = init_variables(m2, OFF, jax.random.key(0))["params"]
     back = hf.from_hf(m2, tensors, like)
     ids = jnp.arange(1, 30)[None, :]

@@ -148,11 +148,12 @@ def model_config_from_hf(config: dict, base: ModelConfig) -> ModelConfig:
                         "use plain RoPE")
     try:
         heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
         return dataclasses.replace(
             base, vocab_size=int(config["vocab_size"]), d_model=int(config["hidden_size"]),
             n_layers=int(config["num_hidden_layers"]), n_heads=heads,
             n_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+            head_dim=0 if head_dim == int(config["hidden_size"]) // heads else head_dim,  # 0: d_model // n_heads
             ffn_dim=int(config["intermediate_size"]), embed_rank=0,
             head="tied" if config.get("tie_word_embeddings", False) else "untied",
             norm_eps=float(config.get("rms_norm_eps", base.norm_eps)),
