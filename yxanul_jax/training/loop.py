@@ -447,8 +447,8 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
     step unvalidated and stops; one after it skips the `on_end` hooks (the run is finished)."""
     cfg, started = loop.cfg, time.perf_counter()
     if start >= cfg.train.steps:
-        console.info(f"this run already finished: step {start} of train.steps={cfg.train.steps}; raise "
-                     "train.steps to train on")
+        console.info(f"this run already finished: step {start} of train.steps={cfg.train.steps}; to train on, raise "
+                     "train.steps (with train.extend=decay or wsd: how the lr schedule goes on from here)")
         row = None
         if not meta.get("validated"):  # stopped at its last step before validating: do it now
             row = loop.validate(state, start)
