@@ -1,11 +1,13 @@
 """The learning-rate schedule at its landmarks (warmup, stage boundaries with lr_scale and ramps, the end),
 WSD, weight decay on matrices only, and clipping."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from yxanul_jax.core.config import load_config
-from yxanul_jax.training.optim import clip_by_global_norm, decay_mask, lr_schedule
+from yxanul_jax.model.transformer import init_variables
+from yxanul_jax.training.optim import clip_by_global_norm, decay_mask, lr_schedule, make_optimizer
 
 # 100 steps, peak 1e-3, floor 1e-4, 10 warmup steps; stage 1 from step 40 at half the rate with a
 # 10-step ramp, stage 2 from step 70 at full rate and no ramp.
@@ -52,6 +54,21 @@ def test_constant_schedule_after_warmup():
 def test_decay_only_on_matrices_and_clip_leaves_small_gradients_alone():
     params = {"kernel": jnp.ones((4, 4)), "scale": jnp.ones((4,))}
     assert decay_mask(params) == {"kernel": True, "scale": False}
+    # every parameter of the real models, scanned (norm scales stacked to [n_layers, D]) or not
+    for scan in ("true", "false"):
+        cfg = load_config("configs/tiny.yaml", [f"model.scan_layers={scan}", "model.n_layers=2"])
+        model_params = init_variables(cfg.model, cfg.fp8, jax.random.key(0))["params"]
+        decayed = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(decay_mask(model_params))}
+        norms = [k for k in decayed if "norm" in k]
+        assert len(norms) == (3 if scan == "true" else 5) and not any(decayed[k] for k in norms), decayed
+        assert all(v for k, v in decayed.items() if k.endswith("['kernel']") or "embedding" in k), decayed
+        # one AdamW update of zero gradients: the decay moves the matrices, never a norm scale
+        opt = make_optimizer(load_config("configs/tiny.yaml", [f"model.scan_layers={scan}", "model.n_layers=2",
+                                                               "optim.weight_decay=0.1"]))
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, model_params)
+        updates, _ = opt.update(zeros, opt.init(model_params), model_params)
+        for path, u in jax.tree_util.tree_leaves_with_path(updates):
+            assert bool(jnp.any(u != 0)) == decayed[jax.tree_util.keystr(path)], jax.tree_util.keystr(path)
     grads = {"a": jnp.full((3,), 4.0), "b": jnp.zeros((2, 2))}
     clipped, norm = clip_by_global_norm(grads, 1.0)
     assert float(norm) == pytest.approx(np.sqrt(48.0))

@@ -16,6 +16,7 @@ import numpy as np
 
 from yxanul_jax.core.config import ModelConfig
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.model.transformer import STACKED
 
 # our (module, projection) -> Llama's names inside model.layers.{i}
 PROJECTIONS = {("attn", "q"): "self_attn.q_proj", ("attn", "k"): "self_attn.k_proj", ("attn", "v"): "self_attn.v_proj",
@@ -41,7 +42,7 @@ def hf_config(m: ModelConfig, tied: bool, eos_id: int | None, dtype: str) -> dic
 
 def _layer(params: dict, m: ModelConfig, i: int) -> dict:
     if m.scan_layers:
-        return {k: _index(v, i) for k, v in params["layers"].items()}
+        return {k: _index(v, i) for k, v in params[STACKED].items()}
     return params[f"layer_{i}"]
 
 
@@ -199,7 +200,7 @@ def _get(tree, keys):
 
 
 def _set_layer(params: dict, m: ModelConfig, i: int, keys: tuple, value: np.ndarray) -> None:
-    node = params["layers"] if m.scan_layers else params[f"layer_{i}"]
+    node = params[STACKED] if m.scan_layers else params[f"layer_{i}"]
     for k in keys[:-1]:
         node = node[k]
     if m.scan_layers:

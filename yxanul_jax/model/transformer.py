@@ -495,6 +495,14 @@ class Block(nn.Module):
 
 HEAD_MODULE = "head_gemm"
 """The output head's GEMM module: its FP8 state sits under this name in every FP8 collection (ours or TE's)."""
+STACKED = "layers"
+"""The scanned layers' module (`model.scan_layers`) and the logical axis of their stacked parameters: every
+parameter under it has a leading [n_layers] axis (unscanned layers are modules `layer_<i>`, unstacked)."""
+
+
+def stacked_axes(path) -> int:
+    """1 for a parameter under the scanned layers (`STACKED`: a leading layer axis), else 0; `path` a pytree key path."""
+    return int(any(getattr(k, "key", k) == STACKED for k in path))
 
 
 def split_head_state(fp8_state: dict) -> tuple[dict, dict | None]:
@@ -559,7 +567,7 @@ class Yxanul(nn.Module):
             self.layers = nn.scan(block, variable_axes={True: 0}, split_rngs={"params": True},
                                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=c.n_layers,
                                   unroll=c.scan_unroll,
-                                  metadata_params={nn.PARTITION_NAME: "layers"})(c, backend, name="layers")
+                                  metadata_params={nn.PARTITION_NAME: STACKED})(c, backend, name=STACKED)
         else:
             self.layers = [block(c, backend, name=f"layer_{i}") for i in range(c.n_layers)]
         self.final_norm = RMSNorm(c.norm_eps, DTYPES[c.dtype], head_gain(c))

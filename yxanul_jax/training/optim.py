@@ -34,6 +34,7 @@ from optax.contrib import MuonDimensionNumbers, scale_by_muon
 from yxanul_jax.core.coerce import from_dict
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
+from yxanul_jax.model.transformer import stacked_axes
 
 
 def _decay(shape: str, step, start: float, end: float, high: float, low: float):
@@ -136,8 +137,9 @@ def lr_schedule(cfg: Config):
 
 
 def decay_mask(params):
-    """Weight decay on matrices (ndim >= 2) only: never on norm scales."""
-    return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
+    """Weight decay on matrices only (two or more axes besides a scanned stack's layer axis): never on norm scales,
+    which the scanned layers stack to [n_layers, D]."""
+    return jax.tree_util.tree_map_with_path(lambda path, p: p.ndim - stacked_axes(path) >= 2, params)
 
 
 MUON_MODULES = ("attn", "mlp")  # the blocks' projections: q, k, v, o, gate, up, down (TE's fused names too)
@@ -147,7 +149,7 @@ def muon_labels(params):
     """"muon" for every kernel of the blocks' attention and FFN, "adamw" for the rest."""
     def label(path, leaf):
         names = [str(getattr(k, "key", k)) for k in path]
-        in_block = any(n == "layers" or n.startswith("layer_") for n in names)
+        in_block = stacked_axes(path) or any(n.startswith("layer_") for n in names)
         return "muon" if in_block and names[-1] == "kernel" and set(names) & set(MUON_MODULES) else "adamw"
 
     return jax.tree_util.tree_map_with_path(label, params)

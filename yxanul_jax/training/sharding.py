@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from yxanul_jax.core import console
 from yxanul_jax.core.config import Config, MeshConfig
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.model.transformer import Yxanul
+from yxanul_jax.model.transformer import STACKED, Yxanul
 from yxanul_jax.training.optim import make_optimizer
 from yxanul_jax.training.steps import TrainState, abstract_train_state
 
@@ -33,7 +33,7 @@ LOGICAL_RULES = (
     ("heads", "fsdp"),
     ("kv_heads", None),
     ("embed_rank", None),
-    ("layers", None),
+    (STACKED, None),
 )
 
 
