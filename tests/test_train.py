@@ -211,6 +211,11 @@ def test_a_signal_in_the_final_phase_saves_the_last_step_and_exits_within_10_s(e
         assert "stopped by SIGTERM during the final validation; step 3 saved" in proc.stdout
         rc, out, err = cli("--run-dir", str(run), *TRAINED_RUN, "train.steps=3", "eval.max_batches=4")
         assert rc == 0 and "this run already finished: step 3" in out and "validation at step 3" in out, err
+        # validated once: a later rerun finds its row in metrics.jsonl, validates nothing and logs nothing again
+        rc, out, err = cli("--run-dir", str(run), *TRAINED_RUN, "train.steps=3", "eval.max_batches=4")
+        assert rc == 0 and "this run already finished: step 3" in out and "validation at step 3" not in out, err
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert sum(1 for r in rows if r["step"] == 3 and "val/mean/loss" in r) == 1, rows
     elif moment == "sample":
         assert "sample skipped" in proc.stderr and "sample (train.sample_prompt" not in proc.stdout
 

@@ -34,7 +34,8 @@ from yxanul_jax.training.checkpoint import (Checkpointer, CheckpointFormatError,
 from yxanul_jax.training.evaluate import format_eval
 from yxanul_jax.training.hooks import Hook, MetricsLog, NullWriter, Profiler, SignalStop, StepInfo
 from yxanul_jax.training.integrity import tree_is_finite
-from yxanul_jax.training.monitor import MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header
+from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
+                                         validation_logged)
 from yxanul_jax.training.optim import continued
 from yxanul_jax.training.session import RunContext, open_train_stream, same_model
 from yxanul_jax.training.shares import DomainShares
@@ -361,6 +362,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.lr:.3g}, then down"
             console.info(f"train.extend={o.continue_as}: from step {start} (lr {o.continue_lr:.3g}) the schedule goes "
                          f"{how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} (recorded: optim.continue_*)")
+        if start >= cfg.train.steps and not meta.get("validated"):  # validated since (by an earlier rerun)?
+            meta = {**meta, "validated": sh.lead_says(lead and validation_logged(run_dir, start))}
         # Every start cuts metrics.jsonl (and TensorBoard, by a purge marker) back to the step it starts
         # from: rows of steps a killed run logged after its last checkpoint would otherwise appear twice.
         nothing_to_log = start >= cfg.train.steps and meta.get("validated")  # finished and validated: no writes
@@ -450,8 +453,12 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
         console.info(f"this run already finished: step {start} of train.steps={cfg.train.steps}; to train on, raise "
                      "train.steps (with train.extend=decay or wsd: how the lr schedule goes on from here)")
         row = None
-        if not meta.get("validated"):  # stopped at its last step before validating: do it now
+        if not meta.get("validated"):  # stopped at its last step before validating: do it now (logged, so once)
             row = loop.validate(state, start)
+            if row is None:
+                console.info(f"stopped by {loop.interrupted()} during the validation of step {start}; run the same "
+                             "command again to validate it")
+                return TrainResult(start, True, signals.signal_name)
             report_validation(row, start)
         return TrainResult(start, validation=row)
     state, step, stop = loop.run(state, start)

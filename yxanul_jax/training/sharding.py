@@ -195,6 +195,17 @@ def maybe_initialize_distributed(cfg: MeshConfig) -> ProcessGroup | None:
     return group
 
 
+def lead_says(flag: bool) -> bool:
+    """Process 0's `flag` on every process: a decision only the lead process can make (it alone reads the run
+    directory's files) that every process must act on alike (a validation is a collective). One collective
+    when there are several processes."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+
+
 def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int]:
     """(data, fsdp) sizes, resolving the one -1 to all remaining devices."""
     data, fsdp = cfg.data, cfg.fsdp
