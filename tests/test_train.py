@@ -367,6 +367,11 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
     refused("--run-dir", str(tmp_path / "new"), *FAST, "--checkpoint", str(run / "config.yaml"),
             needle="is a file, not a checkpoint")
     assert not (tmp_path / "new").exists()
+    # the run's own earlier step into the run itself: its later checkpoints would be overwritten (and its metrics cut)
+    earlier = min(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    assert earlier < 12
+    refused("--run-dir", str(run), *FAST, "--checkpoint", str(run / "checkpoints" / str(earlier)),
+            needle=f"--checkpoint starts at step {earlier}, but run directory '{run}' holds the later step 12")
     (tmp_path / "afile").write_text("x")
     refused("--run-dir", str(tmp_path / "afile"), *FAST, needle="is a file; pass a directory")
     refused("--run-dir", str(tmp_path / "afile" / "sub"), *FAST, needle=f"'{tmp_path / 'afile'}' is a file; pass a "

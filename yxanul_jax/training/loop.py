@@ -336,6 +336,10 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
         if explicit is None:
             own = saved_config
         elif saved and not overwrite:  # --checkpoint from elsewhere into a folder that holds checkpoints of its own
+            if saved[-1] > at:  # its first save would come before the folder's latest: refused before any write
+                raise UserError(f"--checkpoint starts at step {at}, but run directory '{run_dir}' holds the later step "
+                                f"{saved[-1]}, which the steps from {at} on would have to replace; pass a new --run-dir, "
+                                "or --overwrite to move this run's files aside")
             own = _resume_point(ckpt_dir, saved, None)[0]
         ctx = dataclasses.replace(ctx, cfg=continued(cfg, saved_config, at))
         cfg = ctx.cfg
