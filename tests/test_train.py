@@ -97,24 +97,32 @@ def test_a_signal_stops_at_its_step_with_a_checkpoint_and_the_resume_is_bit_exac
     from yxanul_jax.training.loop import fit
 
     class SigtermAfter(Hook):
+        def __init__(self, at):
+            self.at = at
+
         def after_step(self, loop, state, done):
-            if done == 5:
+            if done == self.at:
                 signal.raise_signal(signal.SIGTERM)
 
     want = {r["step"]: r["loss"] for r in rows(fast_run[0])}  # the same config, never interrupted
-    run = str(tmp_path / "stopped")
-    cfg = load_config(None, FAST + ["checkpoint.interval=100"])
-    previous = signal.getsignal(signal.SIGTERM)
-    stopped = fit(cfg, run, hooks=[SigtermAfter()])
-    assert signal.getsignal(signal.SIGTERM) == previous  # the guard is gone with the loop
-    assert (stopped.step, stopped.interrupted, stopped.signal, stopped.validation) == (5, True, "SIGTERM", None)
-    with Checkpointer(os.path.join(run, "checkpoints"), cfg.checkpoint) as ckpt:
-        assert ckpt.all_steps() == [5]
-    resumed = fit(cfg, run)
-    assert resumed.step == 12 and not resumed.interrupted
-    got = {r["step"]: r["loss"] for r in rows(run)}
-    assert sorted(got) == sorted(want)  # no step lost or logged twice
-    assert got == want  # bit-exact on CPU
+    want_val = {r["step"]: r["val/mean/loss"] for r in rows(fast_run[0], "val/mean/loss")}
+    # step 5; step 6, where the signal cuts its validation short (saved unvalidated, validated on the resume)
+    for at in (5, 6):
+        run = str(tmp_path / f"stopped{at}")
+        cfg = load_config(None, FAST + ["checkpoint.interval=100"])
+        previous = signal.getsignal(signal.SIGTERM)
+        stopped = fit(cfg, run, hooks=[SigtermAfter(at)])
+        assert signal.getsignal(signal.SIGTERM) == previous  # the guard is gone with the loop
+        assert (stopped.step, stopped.interrupted, stopped.signal, stopped.validation) == (at, True, "SIGTERM", None)
+        with Checkpointer(os.path.join(run, "checkpoints"), cfg.checkpoint) as ckpt:
+            assert ckpt.all_steps() == [at] and ckpt.read_meta(at)["validated"] is False
+        resumed = fit(cfg, run)
+        assert resumed.step == 12 and not resumed.interrupted
+        got = {r["step"]: r["loss"] for r in rows(run)}
+        assert sorted(got) == sorted(want)  # no step lost or logged twice
+        assert got == want  # bit-exact on CPU
+        val = [(r["step"], r["val/mean/loss"]) for r in rows(run, "val/mean/loss")]
+        assert dict(val) == want_val and len(val) == len(want_val), val  # every validation, once
 
 
 @pytest.mark.slow

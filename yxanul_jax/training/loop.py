@@ -230,7 +230,7 @@ class Loop:
                 # every hook is asked, every step: a stop condition may be a collective (SignalStop on several processes)
                 reasons = [h.stop_reason(self, done) for h in self.hooks]
                 stop = next((r for r in reasons if r), None)
-                do_eval = cfg.eval.interval > 0 and done % cfg.eval.interval == 0 and done < total
+                do_eval = validation_due(cfg, done)
                 # the last step is saved once, after the final validation, with its perplexity
                 if do_eval or (self.ckpt.should_save(done) and done < total) or stop:
                     self._flush()
@@ -366,7 +366,9 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.lr:.3g}, then down"
             console.info(f"train.extend={o.continue_as}: from step {start} (lr {o.continue_lr:.3g}) the schedule goes "
                          f"{how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} (recorded: optim.continue_*)")
-        if start >= cfg.train.steps and not meta.get("validated"):  # validated since (by an earlier rerun)?
+        if restored is not None and not meta.get("validated") and (start >= cfg.train.steps
+                                                                   or validation_due(cfg, start)):
+            # saved unvalidated (a signal during its validation): validated since, by an earlier rerun?
             meta = {**meta, "validated": sh.lead_says(lead and validation_logged(run_dir, start))}
         # Every start cuts metrics.jsonl (and TensorBoard, by a purge marker) back to the step it starts
         # from: rows of steps a killed run logged after its last checkpoint would otherwise appear twice.
@@ -448,6 +450,12 @@ def diverged(e: TrainingDiverged, ckpt: Checkpointer, cfg: Config) -> TrainingDi
     return TrainingDiverged(f"{head} {advice}", e.step, e.loss, good[0] if good else None)
 
 
+def validation_due(cfg: Config, step: int) -> bool:
+    """Whether the run validates after `step` on its way (every eval.interval steps; the last step's final
+    validation is apart)."""
+    return cfg.eval.interval > 0 and step % cfg.eval.interval == 0 and step < cfg.train.steps
+
+
 def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> TrainResult:
     """From `start`: nothing (a finished run; validated now if it was not), or the steps, the final
     validate-then-save point and the `on_end` hooks. A signal during the final validation saves the last
@@ -465,6 +473,10 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
                 return TrainResult(start, True, signals.signal_name)
             report_validation(row, start)
         return TrainResult(start, validation=row)
+    if start and validation_due(cfg, start) and not meta.get("validated"):  # a signal cut that validation short
+        row = loop.validate(state, start)  # then the step was saved: validated now, as an unbroken run did
+        if row is not None:
+            console.info(f"step {start} validation (its run was stopped during it)\n{format_eval(row)}")
     state, step, stop = loop.run(state, start)
     if stop:
         return TrainResult(step, True, signals.signal_name, None, dict(loop.times), dict(loop.stage_waits))
