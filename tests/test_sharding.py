@@ -102,6 +102,22 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     assert vals[0]["val/mean/loss"] > 0 and vals[0] == vals[1]
 
 
+def test_parameters_sharded_across_processes_skip_the_end_of_run_sample_with_a_note(cache, tmp_path):
+    # process 0 alone cannot read parameters that span processes: the sample is skipped, the run still succeeds
+    port = free_port()
+    run = str(tmp_path / "fsdp")
+    args = [*RUN, "train.steps=2", "mesh.data=1", "mesh.fsdp=2", "train.sample_tokens=4",
+            f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2"]
+    procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
+                               f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out[-2000:] + err[-3000:]
+    assert "data=1 x fsdp=2" in outs[0][0]
+    assert "end-of-run sample skipped: the parameters are sharded across processes" in outs[0][1], outs[0][1][-2000:]
+
+
 def test_a_sigterm_on_one_process_stops_both_at_the_same_step(cache, tmp_path):
     import signal
     import time

@@ -22,9 +22,10 @@ from yxanul_jax.training.hooks import Hook
 
 def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> None:
     """Print a continuation of `train.sample_prompt` by the model in `state` (skipped, with a note, when the prompt
-    is empty or cannot fit, or when `should_stop()` ends it early: `sampling.generate`)."""
+    is empty or cannot fit, when `should_stop()` ends it early (`sampling.generate`), or when the parameters span
+    processes: this process alone, the lead, cannot read them)."""
     tok = run_tokenizer(cfg)
-    prompt = list(map(int, tok.tokenizer.encode(cfg.train.sample_prompt).ids))
+    prompt = tok.encode(cfg.train.sample_prompt)
     if not prompt:
         console.note("end-of-run sample skipped: train.sample_prompt is empty (train.sample_tokens=0 turns it off)")
         return
@@ -32,6 +33,10 @@ def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> N
         console.note(f"end-of-run sample skipped: its prompt ({len(prompt)} tokens) and train.sample_tokens="
                      f"{cfg.train.sample_tokens} exceed model.max_position {cfg.model.max_position}; lower "
                      "train.sample_tokens")
+        return
+    if not all(x.is_fully_addressable for x in jax.tree_util.tree_leaves(state.params)):
+        console.note("end-of-run sample skipped: the parameters are sharded across processes; sample from the "
+                     "checkpoint with `python -m yxanul_jax.generate --run-dir RUN_DIR`")
         return
     variables = {"params": jax.device_get(state.params), **jax.device_get(state.fp8)}
     result = generate(cfg.model, cfg.fp8, variables, [prompt], cfg.train.sample_tokens,
