@@ -117,6 +117,9 @@ def test_sampling_filters():
     draws = [int(sample(logits, k, temperature=1.0)[0]) for k in jax.random.split(key, 400)]
     assert 0.4 < draws.count(0) / 400 < 0.6 and set(draws) <= {0, 1, 2, 3}
     assert int(sample(logits, key, temperature=0.0)[0]) == 0
+    # a temperature near 0 is near greedy: positive logits divided by 1e-39 overflowed to +inf, then index 0 won
+    spread = jnp.asarray([[1.0, 3.0, 2.0, -5.0, 2.9]], jnp.float32)
+    assert {int(sample(spread, k, temperature=1e-39)[0]) for k in jax.random.split(key, 8)} == {1}
 
 
 def test_the_default_sampling_in_words():

@@ -41,8 +41,11 @@ def describe(temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float 
 
 
 def filter_logits(logits_BxV, temperature: float, top_k: int, top_p: float):
-    """Logits scaled by 1/temperature with everything outside the top-k and the top-p mass at -inf."""
-    logits_BxV = logits_BxV.astype(jnp.float32) / temperature
+    """Logits scaled by 1/temperature with everything outside the top-k and the top-p mass at -inf. Each row's
+    largest logit is subtracted first (the same distribution): a tiny temperature then leaves the top logit at 0 and
+    the rest far below, nearly greedy, where dividing as they are overflowed every positive logit to +inf."""
+    logits_BxV = logits_BxV.astype(jnp.float32)
+    logits_BxV = (logits_BxV - jnp.max(logits_BxV, axis=-1, keepdims=True)) / temperature
     V = logits_BxV.shape[-1]
     if 0 < top_k < V:
         kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
