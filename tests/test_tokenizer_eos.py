@@ -57,3 +57,24 @@ def test_every_copy_keeps_the_eos_its_source_named(docs, tmp_path):
     assert json.loads((run / TOKENIZER_EOS_FILE).read_text()) == {"eos_token": "</s>"}
     assert run_tokenizer(cfg, str(run)).eos_id == eos
     assert run_tokenizer(cfg).eos_id == eos  # no run directory: the dataset's copy with the manifest's EOS
+
+
+def test_prompts_and_the_export_encode_as_the_training_data_did(docs):
+    """A tokenizer.json whose post-processor adds a token (a BOS, Llama-3's way): training data is encoded without it,
+    so prompts are too (`LoadedTokenizer.encode`) and the HF export's tokenizer.json drops it (`as_trained`)."""
+    from tokenizers import Tokenizer, processors
+
+    from yxanul_jax.inference.hf_export import as_trained
+
+    tok = train_bpe([docs[:200]], 400)
+    text = "def main():\n    return 1\n"
+    plain = tok.encode(text)
+    bos = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", tok.eos_id)])
+    for post in (bos, processors.Sequence([processors.ByteLevel(trim_offsets=False), bos])):
+        tok.tokenizer.post_processor = post
+        assert tok.tokenizer.encode(text).ids == [tok.eos_id, *plain]  # what a plain encode would feed the model
+        assert tok.encode(text) == plain == tok.encode_batch([text])[0].tolist()
+        exported = Tokenizer.from_str(as_trained(tok.tokenizer.to_str()))
+        assert exported.encode(text).ids == plain
+    tok.tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)  # adds nothing: left as it is
+    assert as_trained(tok.tokenizer.to_str()) == tok.tokenizer.to_str()

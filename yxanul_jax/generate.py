@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     variables = trained.variables
     if args.disable_fp8:
         fp8, variables = FP8Config(enabled=False), {"params": trained.params}
-    prompts = [list(map(int, tok.tokenizer.encode(t).ids)) for t in texts for _ in range(args.num_samples)]
+    prompts = [tok.encode(t) for t in texts for _ in range(args.num_samples)]
     result = sampling.generate(trained.cfg.model, fp8, variables, prompts, args.max_new_tokens,
                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                eos_id=tok.eos_id)

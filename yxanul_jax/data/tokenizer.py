@@ -76,6 +76,11 @@ class LoadedTokenizer:
         encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         return [np.asarray(e.ids, dtype=np.uint32) for e in encode(texts, add_special_tokens=False)]
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one text as the training data holds them: no special tokens added (a tokenizer.json whose
+        post-processor adds a BOS would put a token the model never saw there in front of every prompt)."""
+        return list(map(int, self.tokenizer.encode(text, add_special_tokens=False).ids))
+
     def describe(self) -> dict:
         return {"source": self.source, "sha256": self.sha256, "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id, "eos_token": self.eos_token, "superbpe": self.superbpe}

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import check_new_output, staged_dir
@@ -33,13 +32,38 @@ def export(trained, output: str, dtype: str = "bfloat16") -> dict:
         os.chmod(weights, 0o666 & ~umask)  # safetensors writes it owner-only; the folder's other files are not
         _write_json(tmp, "config.json", hf_config(m, tied, tok.eos_id, dtype))
         _write_json(tmp, "generation_config.json", generation_config(tok.eos_id))
-        shutil.copyfile(trained.tokenizer_path, os.path.join(tmp, "tokenizer.json"))
+        with open(trained.tokenizer_path, encoding="utf-8") as fh:
+            text = fh.read()
+        with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as fh:
+            fh.write(as_trained(text))
         _write_json(tmp, "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast",
                                                     "eos_token": tok.eos_token, "bos_token": tok.eos_token,
                                                     "model_max_length": m.max_position, "add_bos_token": False})
     n = sum(int(v.size) for v in tensors.values())
     return {"output": output, "step": trained.step, "tensors": len(tensors), "values": n, "dtype": dtype,
             "tie_word_embeddings": tied, "vocab_size": m.vocab_size}
+
+
+ADDING_PROCESSORS = ("TemplateProcessing", "BertProcessing", "RobertaProcessing")
+"""tokenizers' post-processors that add special tokens (a BOS, [CLS] ... [SEP]) around every encoded text."""
+
+
+def as_trained(tokenizer_json: str) -> str:
+    """The tokenizer.json text that encodes as the training data was encoded (`add_special_tokens=False`): without
+    a post-processor that adds special tokens, which `transformers` would apply to every prompt (a BOS the model
+    never saw at the start). Returned unchanged when there is none."""
+    data = json.loads(tokenizer_json)
+    post = data.get("post_processor")
+    if not isinstance(post, dict):
+        return tokenizer_json
+    if post.get("type") in ADDING_PROCESSORS:
+        data["post_processor"] = None
+    elif post.get("type") == "Sequence" and any(p.get("type") in ADDING_PROCESSORS for p in post["processors"]):
+        kept = [p for p in post["processors"] if p.get("type") not in ADDING_PROCESSORS]
+        data["post_processor"] = {**post, "processors": kept} if kept else None
+    else:
+        return tokenizer_json
+    return json.dumps(data, ensure_ascii=False)
 
 
 def generation_config(eos_id: int) -> dict:
