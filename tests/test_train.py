@@ -174,7 +174,7 @@ class Moment(Hook):
 batches = evaluate.eval_batches
 def eval_batches(*args, **kwargs):
     for i, batch in enumerate(batches(*args, **kwargs)):
-        if moment == "validation" and final and i == 1:
+        if (moment == "validation" and final or moment == "revalidation") and i == 1:
             stop()
         yield batch
 evaluate.eval_batches = eval_batches
@@ -217,6 +217,12 @@ def test_a_signal_in_the_final_phase_saves_the_last_step_and_exits_within_10_s(e
         assert ckpt.all_steps() == [3] and ckpt.read_meta(3)["validated"] is finished
     if moment == "validation":
         assert "stopped by SIGTERM during the final validation; step 3 saved" in proc.stdout
+        # a signal in the rerun's validation of that step: the same clean stop (no traceback), still unvalidated
+        again = subprocess.run([sys.executable, "-c", _STOP_DRIVER, "revalidation", "--run-dir", str(run),
+                                *TRAINED_RUN, "train.steps=3", "eval.max_batches=4"],
+                               env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 128 + signal.SIGTERM and "Traceback" not in again.stderr, again.stderr[-3000:]
+        assert "stopped by SIGTERM during the validation of step 3; run the same command again" in again.stdout
         rc, out, err = cli("--run-dir", str(run), *TRAINED_RUN, "train.steps=3", "eval.max_batches=4")
         assert rc == 0 and "this run already finished: step 3" in out and "validation at step 3" in out, err
         # validated once: a later rerun finds its row in metrics.jsonl, validates nothing and logs nothing again

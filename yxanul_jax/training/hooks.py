@@ -222,9 +222,12 @@ class SignalStop(Hook):
 
     def __init__(self):
         self.guard = SignalGuard()
+        self._on = False
 
     def on_start(self, loop, state, step: int) -> None:
-        self.guard.__enter__()
+        if not self._on:  # once: a validation before the steps (`loop._run`) may have taken the guard already
+            self.guard.__enter__()
+            self._on = True
 
     def stop_reason(self, loop, done: int) -> str | None:
         if not stop_requested(self.guard, done):
@@ -242,3 +245,4 @@ class SignalStop(Hook):
 
     def close(self) -> None:
         self.guard.__exit__(None, None, None)  # the previous handlers again (restoring twice is harmless)
+        self._on = False

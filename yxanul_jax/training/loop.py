@@ -461,22 +461,26 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
     validate-then-save point and the `on_end` hooks. A signal during the final validation saves the last
     step unvalidated and stops; one after it skips the `on_end` hooks (the run is finished)."""
     cfg, started = loop.cfg, time.perf_counter()
-    if start >= cfg.train.steps:
+    finished = start >= cfg.train.steps
+    if finished:
         console.info(f"this run already finished: step {start} of train.steps={cfg.train.steps}; to train on, raise "
                      "train.steps (with train.extend=decay or wsd: how the lr schedule goes on from here)")
-        row = None
-        if not meta.get("validated"):  # stopped at its last step before validating: do it now (logged, so once)
-            row = loop.validate(state, start)
-            if row is None:
-                console.info(f"stopped by {loop.interrupted()} during the validation of step {start}; run the same "
-                             "command again to validate it")
-                return TrainResult(start, True, signals.signal_name)
+    row = None
+    if not meta.get("validated") and (finished or start and validation_due(cfg, start)):
+        # the step was saved before its validation ended (a signal, or a stop at the last step): validated now, as
+        # an unbroken run did; logged, so once. Under the signal guard, as every validation of the run is.
+        signals.on_start(loop, state, start)
+        row = loop.validate(state, start)
+        if row is None:
+            console.info(f"stopped by {loop.interrupted()} during the validation of step {start}; run the same "
+                         "command again to validate it")
+            return TrainResult(start, True, signals.signal_name)
+        if finished:
             report_validation(row, start)
-        return TrainResult(start, validation=row)
-    if start and validation_due(cfg, start) and not meta.get("validated"):  # a signal cut that validation short
-        row = loop.validate(state, start)  # then the step was saved: validated now, as an unbroken run did
-        if row is not None:
+        else:
             console.info(f"step {start} validation (its run was stopped during it)\n{format_eval(row)}")
+    if finished:
+        return TrainResult(start, validation=row)
     state, step, stop = loop.run(state, start)
     if stop:
         return TrainResult(step, True, signals.signal_name, None, dict(loop.times), dict(loop.stage_waits))
