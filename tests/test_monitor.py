@@ -158,6 +158,21 @@ def test_an_emptied_run_config_is_refused_not_read_as_the_defaults(tmp_path):
     assert load_config(str(run_dir / "config.yaml")) == load_config()  # a user's empty --config file: the defaults
 
 
+def test_a_head_width_spelled_out_is_the_automatic_one(tmp_path):
+    # init.from_hf wrote model.head_dim out (d_model // n_heads) before it kept 0: such a run still resumes
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), _cfg())
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    saved["model"]["head_dim"] = saved["model"]["d_model"] // saved["model"]["n_heads"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    (run_dir / "checkpoints" / "5").mkdir(parents=True)
+    prepare_run_dir(str(run_dir), _cfg())  # the same model
+    with pytest.raises(UserError, match="'model.head_dim' is 32, not 0"):  # another width is another model
+        saved["model"]["head_dim"] = 32
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+        prepare_run_dir(str(run_dir), _cfg())
+
+
 def test_fresh_start_refuses_existing_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
     prepare_run_dir(str(run_dir), _cfg())

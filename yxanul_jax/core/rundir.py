@@ -307,6 +307,21 @@ def _with_defaults(saved: Any) -> Any:
         return saved
 
 
+def _resolved_head(config: Any) -> Any:
+    """A config dict with model.head_dim 0 where it equals d_model // n_heads (what 0 resolves to), so two configs
+    that spell one head width differently (init.from_hf wrote the width out before it kept 0) do not differ."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        return config
+    try:
+        auto = int(model["d_model"]) // max(int(model["n_heads"]), 1)
+        if model.get("head_dim") and int(model["head_dim"]) == auto:
+            return {**config, "model": {**model, "head_dim": 0}}
+    except (KeyError, TypeError, ValueError):
+        pass
+    return config
+
+
 def checkpoint_steps(directory: str) -> list[int]:
     """Committed Orbax step directories (`<dir>/<int>`) in `directory`, ascending; [] if it is absent."""
     try:
@@ -403,7 +418,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
                             "--overwrite to move them aside and start over")
     else:  # the run's config: its config.yaml, or for checkpoints copied without it the latest one's own
         old = _read_run_config(config_path) if written else checkpoint_config
-        diffs = differences(_with_defaults(old), yaml.safe_load(text))
+        diffs = differences(_resolved_head(_with_defaults(old)), _resolved_head(yaml.safe_load(text)))
         if copied:  # maybe with their data at another path: the stream's restore checks the dataset by content
             diffs = [d for d in diffs if not d[0].startswith("data.train")]  # (its fingerprint)
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
