@@ -87,7 +87,7 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     port = free_port()
     run = str(tmp_path / "multi")
     args = [*RUN, "train.steps=6", "curriculum.1.start_step=3", f"mesh.coordinator_address=127.0.0.1:{port}",
-            "mesh.num_processes=2"]
+            "mesh.num_processes=2", "train.sample_tokens=4"]
     procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
                                f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -95,6 +95,7 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out[-2000:] + err[-3000:]
     assert "data=2 x fsdp=1" in outs[0][0]
+    assert "sample (train.sample_prompt" in outs[0][0]  # replicated parameters: process 0 reads them and samples
     got = losses(run)
     assert len(got) == 6 and all(x > 0 for x in got)
     # Both processes computed the same global validation loss from their own halves of the data.

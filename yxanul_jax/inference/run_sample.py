@@ -23,7 +23,7 @@ from yxanul_jax.training.hooks import Hook
 def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> None:
     """Print a continuation of `train.sample_prompt` by the model in `state` (skipped, with a note, when the prompt
     is empty or cannot fit, when `should_stop()` ends it early (`sampling.generate`), or when the parameters span
-    processes: this process alone, the lead, cannot read them)."""
+    processes (FSDP): this process alone, the lead, cannot read them; replicated ones it can)."""
     tok = run_tokenizer(cfg)
     prompt = tok.encode(cfg.train.sample_prompt)
     if not prompt:
@@ -34,7 +34,7 @@ def print_sample(cfg, state, should_stop: Callable[[], bool] | None = None) -> N
                      f"{cfg.train.sample_tokens} exceed model.max_position {cfg.model.max_position}; lower "
                      "train.sample_tokens")
         return
-    if not all(x.is_fully_addressable for x in jax.tree_util.tree_leaves(state.params)):
+    if not all(x.is_fully_replicated or x.is_fully_addressable for x in jax.tree_util.tree_leaves(state.params)):
         console.note("end-of-run sample skipped: the parameters are sharded across processes; sample from the "
                      "checkpoint with `python -m yxanul_jax.generate --run-dir RUN_DIR`")
         return
