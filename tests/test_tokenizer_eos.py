@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from tokenizers import AddedToken
 
 from yxanul_jax.core.config import load_config
+from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import TOKENIZER_EOS_FILE, prepare_run_dir
 from yxanul_jax.data.dataset import open_dataset
 from yxanul_jax.data.prepare import prepare_documents
@@ -57,6 +59,21 @@ def test_every_copy_keeps_the_eos_its_source_named(docs, tmp_path):
     assert json.loads((run / TOKENIZER_EOS_FILE).read_text()) == {"eos_token": "</s>"}
     assert run_tokenizer(cfg, str(run)).eos_id == eos
     assert run_tokenizer(cfg).eos_id == eos  # no run directory: the dataset's copy with the manifest's EOS
+    (run / TOKENIZER_EOS_FILE).unlink()  # a run directory from before its copy named the EOS: the manifest's
+    assert run_tokenizer(cfg, str(run)).eos_id == eos
+
+    # one tokenizer taken with another EOS (a copy without its map, before this was written): not mixed with it
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_bytes((tmp_path / "tok" / "tokenizer.json").read_bytes())
+    guessed = load_tokenizer(bare)
+    assert guessed.eos_token == "<|endoftext|>" and guessed.sha256 == tok.sha256
+    prepare_documents([docs[200:260]], guessed, tmp_path / "guessed", request={"t": 2}, val_fraction=0.5,
+                      progress=False)
+    with pytest.raises(UserError, match=rf"eval domain 'web' .* ends its documents with token {guessed.eos_id} "
+                                        rf"\('<\|endoftext\|>'\), the training data .* with {eos} \('</s>'\), by one "
+                                        "tokenizer; prepare it"):
+        resolve_domains({"web": str(tmp_path / "guessed")}, ds, in_domain={})
 
 
 def test_prompts_and_the_export_encode_as_the_training_data_did(docs):

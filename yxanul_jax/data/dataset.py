@@ -119,13 +119,17 @@ class PreparedDataset:
 
     def check_tokenizer(self, first: "PreparedDataset", said: str, first_said: str, fix: str) -> None:
         """UserError unless this dataset was tokenized with `first`'s tokenizer (the sha256 of its tokenizer.json in
-        the manifests): two tokenizers of one vocabulary size give the same ids other meanings. `said`/`first_said`
-        name the two in the message, `fix` ends it."""
+        the manifests) and ends its documents with the same EOS: two tokenizers of one vocabulary size give the same
+        ids other meanings, and one tokenizer may have been taken with another EOS (a copy without the
+        special_tokens_map.json that names it). `said`/`first_said` name the two in the message, `fix` ends it."""
         ours, theirs = (d.manifest.get("tokenizer", {}) for d in (self, first))
         if ours.get("sha256") != theirs.get("sha256"):
             raise UserError(f"{said} was tokenized with another tokenizer ({ours.get('source', '?')}, sha256 "
                             f"{str(ours.get('sha256'))[:12]}) than {first_said} ({theirs.get('source', '?')}, sha256 "
                             f"{str(theirs.get('sha256'))[:12]}); {fix}")
+        if self.eos_id != first.eos_id:
+            raise UserError(f"{said} ends its documents with token {self.eos_id} ({self.eos_token!r}), {first_said} "
+                            f"with {first.eos_id} ({first.eos_token!r}), by one tokenizer; {fix}")
 
     def split(self, name: str) -> SplitIndex:
         """The document table of split `name` ('train' or 'val'); UserError if it has no documents."""

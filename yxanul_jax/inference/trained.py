@@ -9,15 +9,17 @@ that is still training is safe.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from pathlib import Path
 
 import jax
 
 from yxanul_jax.core.coerce import from_dict
 from yxanul_jax.core.config import Config, load_config, validate
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_FILE
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_EOS_FILE, TOKENIZER_FILE
 from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
 from yxanul_jax.training.checkpoint import Checkpointer, resolve_checkpoint_path
 from yxanul_jax.training.steps import abstract_train_state
@@ -45,17 +47,28 @@ class Trained:
 def tokenizer_source(cfg: Config, run_dir: str | None = None) -> tuple[str, int | None]:
     """(the tokenizer.json the run trained with, its EOS id when only a manifest says it): the run directory's copy
     (whose `data.tokenizer.SPECIAL_TOKENS_MAP` beside it names the EOS), else its prepared dataset's, or the demo
-    corpus's, with the dataset manifest's EOS id."""
-    from yxanul_jax.data.corpus import training_dataset_path
-    from yxanul_jax.data.dataset import open_dataset
-
-    if run_dir and os.path.isfile(os.path.join(run_dir, TOKENIZER_FILE)):
-        return os.path.join(run_dir, TOKENIZER_FILE), None
-    ds = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size))
+    corpus's, with the dataset manifest's EOS id. A run directory from before its copy had that file takes the
+    manifest's EOS when its dataset is still there with the same tokenizer.json."""
+    if run_dir and os.path.isfile(copy := os.path.join(run_dir, TOKENIZER_FILE)):
+        if os.path.isfile(os.path.join(run_dir, TOKENIZER_EOS_FILE)) or not cfg.data.train:
+            return copy, None  # (the demo corpus's EOS is the first candidate, what a bare copy guesses)
+        with contextlib.suppress(UserError, OSError):
+            ds = _training_data(cfg)
+            if ds.tokenizer_path and Path(ds.tokenizer_path).read_bytes() == Path(copy).read_bytes():
+                return copy, ds.eos_id
+        return copy, None
+    ds = _training_data(cfg)
     if ds.tokenizer_path is None:
         raise UserError(f"the run's dataset '{cfg.data.train}' has no tokenizer.json; re-prepare it with "
                         "python -m yxanul_jax.prepare")
     return ds.tokenizer_path, ds.eos_id
+
+
+def _training_data(cfg: Config):
+    from yxanul_jax.data.corpus import training_dataset_path
+    from yxanul_jax.data.dataset import open_dataset
+
+    return open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size))
 
 
 def run_tokenizer(cfg: Config, run_dir: str | None = None) -> LoadedTokenizer:
