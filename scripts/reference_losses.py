@@ -2,8 +2,9 @@
 
     python scripts/reference_losses.py [--data DIR] [--max-targets N]  (default: the embedded demo dataset)
 
-Both models are fitted on the train split's packed stream (`EOS d EOS d ...`, the stream training
-reads) and scored in nats per token on the val split's packed stream, every token a target once:
+Both models are fitted on the train split's packed stream (`EOS d EOS d ...`, in stored order) and scored in
+nats per token on the val split's packed stream in validation's order (`loader.EVAL_ORDER_SEED`), every token a
+target once:
   * unigram: token frequencies, add-one smoothed;
   * bigram: P(b | a) = lam * c(a, b) / c(a) + (1 - lam) * P_unigram(b), lam chosen on the last
     10 % of the train stream after fitting on the rest (never on val), then refitted on all of it.
@@ -26,14 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset  # noqa: E402
-from yxanul_jax.data.loader import TokenStream  # noqa: E402
+from yxanul_jax.data.loader import EVAL_ORDER_SEED, TokenStream  # noqa: E402
 
 LAMBDAS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 
 
 def packed(ds: PreparedDataset, split: str) -> np.ndarray:
-    """The split's whole stream in stored order, int64."""
-    stream = TokenStream(ds.split(split), ds.eos_id, seed=None)
+    """The split's whole stream, int64: the train split in stored order, the val split in the order validation
+    reads it (`eval_batches`), so its first N targets are a capped validation's."""
+    seed = EVAL_ORDER_SEED if split == "val" else None
+    stream = TokenStream(ds.split(split), ds.eos_id, seed=seed, finite=True)
     return stream.read(0, stream.length).astype(np.int64)
 
 

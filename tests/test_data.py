@@ -156,6 +156,16 @@ def test_eval_is_one_deterministic_masked_pass(prepared):
     np.testing.assert_array_equal(np.concatenate([halves[0][-1]["mask"], halves[1][-1]["mask"]]), batches[-1]["mask"])
 
 
+def test_the_reference_losses_score_the_targets_validation_reads(prepared):
+    from conftest import load_script
+
+    ds = open_dataset(prepared)
+    batches = list(eval_batches(ds, seq_len=16, batch_size=4, max_batches=2))
+    read = np.concatenate([b["targets"][b["mask"] == 1] for b in batches])
+    val = load_script("reference_losses").packed(ds, "val")
+    np.testing.assert_array_equal(val[1:len(read) + 1], read)  # `--max-targets N`: the first N a capped pass reads
+
+
 def test_shards_are_memory_mapped_not_loaded(prepared):
     ds = open_dataset(prepared)
     piece = ds.split("train").doc_slice(0, 0, 4)
