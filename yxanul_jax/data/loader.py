@@ -275,8 +275,8 @@ class BatchStream:
     def next_batch(self, seq_len: int, batch_size: int) -> dict:
         """Next global batch's local rows: inputs / targets int32[B_local, L], mask float32[B_local, L].
 
-        B_local = batch_size // process_count; mask is 0 on lane padding and at each lane's epoch seam (module docstring). A new
-        (seq_len, batch_size) continues the stream.
+        B_local = batch_size // process_count; mask is 0 on lane padding and at each lane's epoch seam (module
+        docstring). A new (seq_len, batch_size) continues the stream.
         """
         if self._shape != (seq_len, batch_size) or self._iter is None:
             self._restart(seq_len, batch_size)
