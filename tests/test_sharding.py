@@ -83,17 +83,26 @@ print(p['layers']['mlp']['up']['kernel'].spec, p['embedding'].spec, s.opt_state[
     assert out.endswith("P()"), out  # FP8 state replicated
 
 
-def test_two_processes_train_together_and_agree(cache, tmp_path):
-    port = free_port()
-    run = str(tmp_path / "multi")
-    args = [*RUN, "train.steps=6", "curriculum.1.start_step=3", f"mesh.coordinator_address=127.0.0.1:{port}",
-            "mesh.num_processes=2", "train.sample_tokens=4"]
-    procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
-                               f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+def _two_processes(cache, run: str, *overrides: str) -> list:
+    """The train command as processes 0 and 1 of one run (the tiny RUN config plus `overrides`), started."""
+    args = [*RUN, *overrides, f"mesh.coordinator_address=127.0.0.1:{free_port()}", "mesh.num_processes=2"]
+    return [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
+                              f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def _both_succeed(procs: list) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each process once it ends; both must exit 0."""
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out[-2000:] + err[-3000:]
+    return outs
+
+
+def test_two_processes_train_together_and_agree(cache, tmp_path):
+    run = str(tmp_path / "multi")
+    outs = _both_succeed(_two_processes(cache, run, "train.steps=6", "curriculum.1.start_step=3",
+                                        "train.sample_tokens=4"))
     assert "data=2 x fsdp=1" in outs[0][0]
     assert "sample (train.sample_prompt" in outs[0][0]  # replicated parameters: process 0 reads them and samples
     got = losses(run)
@@ -105,16 +114,9 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
 
 def test_parameters_sharded_across_processes_skip_the_end_of_run_sample_with_a_note(cache, tmp_path):
     # process 0 alone cannot read parameters that span processes: the sample is skipped, the run still succeeds
-    port = free_port()
     run = str(tmp_path / "fsdp")
-    args = [*RUN, "train.steps=2", "mesh.data=1", "mesh.fsdp=2", "train.sample_tokens=4",
-            f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2"]
-    procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
-                               f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    outs = [p.communicate(timeout=900) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out[-2000:] + err[-3000:]
+    outs = _both_succeed(_two_processes(cache, run, "train.steps=2", "mesh.data=1", "mesh.fsdp=2",
+                                        "train.sample_tokens=4"))
     assert "data=1 x fsdp=2" in outs[0][0]
     assert "end-of-run sample skipped: the parameters are sharded across processes" in outs[0][1], outs[0][1][-2000:]
 
@@ -123,13 +125,9 @@ def test_a_sigterm_on_one_process_stops_both_at_the_same_step(cache, tmp_path):
     import signal
     import time
 
-    port = free_port()
     run = str(tmp_path / "multi-stop")
-    args = [*RUN, "train.steps=400", "curriculum.1.start_step=300", "eval.interval=0", "checkpoint.interval=0",
-            f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2"]
-    procs = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--run-dir", run, *args,
-                               f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = _two_processes(cache, run, "train.steps=400", "curriculum.1.start_step=300", "eval.interval=0",
+                           "checkpoint.interval=0")
     deadline = time.time() + 600
     metrics = os.path.join(run, "metrics.jsonl")
     while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).read().splitlines()) >= 3):
