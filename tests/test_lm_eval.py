@@ -82,6 +82,38 @@ def _our_logprobs(trained, sequences: list[list[int]]) -> list[np.ndarray]:
     return [logp_BxLxV[i, np.arange(len(s) - 1), s[1:]] for i, s in enumerate(sequences)]
 
 
+def _our_rolling(trained, texts: list[str], window: int) -> list[float]:
+    """lm-eval's rolling log-likelihood of each text by our model: every token, the first after the BOS (= our EOS)
+    token, in windows of `window` tokens, each window's new tokens scored after what precedes them in it."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    tok, out = trained.tokenizer(), []
+    for text in texts:
+        pairs = [make_disjoint_window(w) for w in get_rolling_token_windows(
+            tok.encode(text), prefix_token=tok.eos_id, max_seq_len=window, context_len=1)]
+        logprobs = _our_logprobs(trained, [[*context, *scored] for context, scored in pairs])
+        out.append(sum(float(lp[-len(scored):].sum()) for lp, (_, scored) in zip(logprobs, pairs)))
+    return out
+
+
+@pytest.mark.slow
+def test_a_window_as_long_as_the_trained_rows_scores_in_windows_of_it(trained_run, tmp_path):
+    """--max-length 32, the run's rows (model.max_position is 4,096, and the default window names that in a note):
+    the longer paragraphs are scored in several windows, each as our model scores it."""
+    text = shared_path("data", "heldout", "tinyshakespeare.txt")
+    out = tmp_path / "results.json"
+    args = ["--run-dir", str(trained_run), "--heldout", str(text), "--limit", "10", "--output", str(out),
+            "--log-samples"]
+    rc, _, err = run_cli(evaluate_main, args + ["--max-length", "32"])
+    assert rc == 0 and "longer than any row" not in err, err[-2000:]
+    results = json.loads(out.read_text())
+    samples = results["samples"][HELDOUT_TASK]
+    trained = load_trained(run_dir=str(trained_run))
+    assert max(len(trained.tokenizer().encode(s["target"])) for s in samples) > 2 * 32  # several windows
+    theirs = [s["resps"][0][0] for s in samples]
+    np.testing.assert_allclose(theirs, _our_rolling(trained, [s["target"] for s in samples], 32), rtol=REL, atol=1e-3)
+
+
 @pytest.mark.slow
 def test_heldout_perplexity_is_our_models(evaluated, trained_run):
     results, line, _ = evaluated
@@ -90,10 +122,8 @@ def test_heldout_perplexity_is_our_models(evaluated, trained_run):
     paragraphs = text.read_text(encoding="utf-8").split("\n\n")[:12]
     assert [s["target"].strip() for s in samples] == paragraphs  # lm-eval scored the file's first 12 paragraphs
     trained = load_trained(run_dir=str(trained_run))
-    tok = trained.tokenizer()
-    # lm-eval's rolling log-likelihood: every token of the document, the first after the BOS (= our EOS) token
-    ours = [float(lp.sum()) for lp in _our_logprobs(trained, [[tok.eos_id, *tok.tokenizer.encode(s["target"]).ids]
-                                                              for s in samples])]
+    assert results["yxanul"]["max_length"] == line["max_length"] == trained.cfg.model.max_position  # the default
+    ours = _our_rolling(trained, [s["target"] for s in samples], line["max_length"])
     theirs = [s["resps"][0][0] for s in samples]
     np.testing.assert_allclose(theirs, ours, rtol=REL, atol=1e-3)
     nats, nbytes = -sum(ours), sum(len(s["target"].encode()) for s in samples)
@@ -147,6 +177,10 @@ def test_mistakes_end_in_one_line(trained_run, tmp_path, monkeypatch):
         (run + ["--heldout", str(text), "--include-path", str(tmp_path / "nope")], "not a folder"),
         (run + ["--heldout", str(text), "--limit", "0"], "--limit 0 must be >= 1"),
         (run + ["--heldout", str(text), "--log-samples"], "pass --output"),
+        (run + ["--tasks", "next_line", "--text-column", "body"], "no --heldout is given; drop --text-column"),
+        (run + ["--heldout", str(text), "--num-fewshot", "3"], "evaluate --heldout in a call of its own"),
+        (run + ["--heldout", str(text), "--max-length", "5000"], "--max-length 5000 is longer than the model's "
+                                                                  "model.max_position 4096"),
     ]
     for args, needle in cases:
         rc, _, err = run_cli(evaluate_main, args)
@@ -179,3 +213,15 @@ def test_a_device_output_or_column_it_cannot_use_is_refused_before_the_evaluatio
         lines = [x for x in err.splitlines() if x.startswith("error:")]
         assert rc == 2 and len(lines) == 1 and needle in lines[0] and ".tmp-" not in err, (args, err[-2000:])
     assert os.listdir(folder) == [] and not [p for p in os.listdir("/proc") if p.startswith(".yxanul")]
+
+
+def test_the_default_window_names_the_trained_length_in_a_note(capsys):
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.evaluate import context_length
+
+    cfg = load_config(None, ["curriculum=[{start_step: 0, seq_len: 32, batch_size: 8}]"])
+    assert context_length(cfg, None, heldout=True) == cfg.model.max_position
+    assert "scores windows of 4096 tokens, longer than any row the run trained on (32); --max-length 32" in \
+        capsys.readouterr().err
+    assert context_length(cfg, 32, heldout=True) == 32 and not capsys.readouterr().err
+    assert context_length(cfg, None, heldout=False) == cfg.model.max_position and not capsys.readouterr().err

@@ -112,6 +112,22 @@ def task_manager(include_paths: list[str], tasks: list[str]):
     return manager
 
 
+def context_length(cfg, asked: int | None, heldout: bool) -> int:
+    """The context lm-eval gives the model (its `max_length`: the window of a rolling perplexity, the longest
+    prompt and answer): `asked`, else model.max_position. UserError past model.max_position. With `heldout` and a
+    window longer than any row the run trained on (its curriculum's largest seq_len) a note says so: a perplexity
+    over windows the model never saw filled comes out worse than the run's own validation loss of that text."""
+    trained = max(s.seq_len for s in cfg.curriculum)
+    if asked is not None and asked > cfg.model.max_position:
+        raise UserError(f"--max-length {asked} is longer than the model's model.max_position "
+                        f"{cfg.model.max_position}; pass at most that (it trained on rows of up to {trained})")
+    window = cfg.model.max_position if asked is None else asked
+    if heldout and window > trained:
+        console.note(f"{HELDOUT_TASK} scores windows of {window} tokens, longer than any row the run trained on "
+                     f"({trained}); --max-length {trained} scores it as the run's validation does")
+    return window
+
+
 def _batch_size(text: str) -> int | str:
     if text == "auto":
         return text
@@ -153,6 +169,11 @@ def run(args) -> dict:
         raise UserError(f"no task to run; pass --tasks NAME[,NAME...] and/or --heldout FILE ({HELDOUT_TASK})")
     if HELDOUT_TASK in tasks and not args.heldout:
         raise UserError(f"task {HELDOUT_TASK} scores your own text: pass --heldout FILE (parquet, jsonl or txt)")
+    if args.text_column is not None and not args.heldout:
+        raise UserError("--text-column names --heldout's text column, and no --heldout is given; drop --text-column")
+    if args.heldout and args.num_fewshot:
+        raise UserError(f"--num-fewshot {args.num_fewshot} applies to every task, and {HELDOUT_TASK}'s perplexity "
+                        "takes no examples; evaluate --heldout in a call of its own (or pass --num-fewshot 0)")
     batch_size = _batch_size(args.batch_size)
     device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch)
     for folder in args.include_path:
@@ -170,10 +191,12 @@ def run(args) -> dict:
             include.append(tasks_dir)
         manager = task_manager(include, tasks)  # unknown tasks end here, before the restore and the export
         trained = load_trained(args.run_dir, args.checkpoint)
+        max_length = context_length(trained.cfg, args.max_length, bool(args.heldout))
         summary = export(trained, os.path.join(tmp, "hf"), args.dtype)
         try:
             results = lm_eval.simple_evaluate(
-                model="hf", model_args={"pretrained": summary["output"], "dtype": args.dtype},
+                model="hf", model_args={"pretrained": summary["output"], "dtype": args.dtype,
+                                        "max_length": max_length},
                 tasks=tasks, num_fewshot=args.num_fewshot, batch_size=batch_size, device=device,
                 limit=args.limit, task_manager=manager, log_samples=args.log_samples, random_seed=args.seed,
                 numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
@@ -182,7 +205,8 @@ def run(args) -> dict:
                             "network access (it is cached in $HF_HOME) or pass --include-path with local task data")
     results["yxanul"] = {"run_dir": args.run_dir, "checkpoint": args.checkpoint, "step": trained.step,
                          "dtype": args.dtype, "device": device, "tasks": tasks, "limit": args.limit,
-                         "num_fewshot": args.num_fewshot, "heldout": args.heldout, "heldout_documents": docs}
+                         "num_fewshot": args.num_fewshot, "max_length": max_length, "heldout": args.heldout,
+                         "heldout_documents": docs}
     return results
 
 
@@ -213,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=Ranged(int, 1), default=None, help="at most this many documents per task")
     p.add_argument("--num-fewshot", type=Ranged(int, 0), default=None,
                    help="few-shot examples (default: each task's own)")
+    p.add_argument("--max-length", type=Ranged(int, 1), default=None,
+                   help="context in tokens: the perplexity's window, the longest prompt (default model.max_position)")
     p.add_argument("--batch-size", default="8", help="a number, or 'auto' (lm-eval finds the largest that fits)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the export's and the evaluation's dtype")
@@ -235,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     console.info(make_table(results))
     done = results["yxanul"]
     line = {"step": done["step"], "tasks": done["tasks"], "scores": scores(results), "limit": args.limit,
-            "num_fewshot": args.num_fewshot, "device": done["device"], "dtype": args.dtype, "output": args.output}
+            "num_fewshot": args.num_fewshot, "max_length": done["max_length"], "device": done["device"],
+            "dtype": args.dtype, "output": args.output}
     console.info(json.dumps(line))
     return 0
 

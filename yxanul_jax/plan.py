@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", default=DEFAULT_GPU,
                         help=f"GPU to fit: {', '.join(gpus.names())} (also 4090, a100, ...), or its memory with a unit, 24GB (default {DEFAULT_GPU})")
     parser.add_argument("--headroom", type=Ranged(float, 0, 1, hi_open=True), default=memory.DEFAULT_HEADROOM,
-                        help="share of JAX's memory pool kept free (default 0.1)")
+                        help=f"share of JAX's memory pool kept free (default {memory.DEFAULT_HEADROOM})")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole plan")
     args = parser.parse_intermixed_args(argv)  # overrides may come before, between or after flags
     gpu = memory.parse_gpu(args.gpu, args.headroom)
