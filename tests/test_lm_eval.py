@@ -225,3 +225,21 @@ def test_the_default_window_names_the_trained_length_in_a_note(capsys):
         capsys.readouterr().err
     assert context_length(cfg, 32, heldout=True) == 32 and not capsys.readouterr().err
     assert context_length(cfg, None, heldout=False) == cfg.model.max_position and not capsys.readouterr().err
+
+
+def test_a_max_length_a_task_cannot_take_is_one_line(trained_run, tmp_path):
+    """lm-eval asserts that every answer fits the context: with a --max-length shorter, one error line naming it."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    write_jsonl(tasks / "long.jsonl", [{"context": "Once", "choices": ["upon a time there was a king " * 4, "no"],
+                                        "gold": 0}])
+    (tasks / "long.yaml").write_text(
+        "task: long\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tasks / 'long.jsonl'}\n"
+        "output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{context}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{gold}}'\nmetric_list:\n  - metric: acc\n")
+    rc, _, err = run_cli(evaluate_main, ["--run-dir", str(trained_run), "--include-path", str(tasks), "--tasks", "long",
+                                         "--max-length", "4"])
+    lines = [x for x in err.splitlines() if x.startswith("error:")]
+    assert rc == 2 and len(lines) == 1 and "lm-eval refused --max-length 4 for a task" in lines[0], err[-2000:]
+    assert "Traceback" not in err

@@ -123,8 +123,10 @@ def context_length(cfg, asked: int | None, heldout: bool) -> int:
                         f"{cfg.model.max_position}; pass at most that (it trained on rows of up to {trained})")
     window = cfg.model.max_position if asked is None else asked
     if heldout and window > trained:
+        rows = cfg.eval.seq_len or cfg.curriculum[-1].seq_len  # the rows its final validation read
         console.note(f"{HELDOUT_TASK} scores windows of {window} tokens, longer than any row the run trained on "
-                     f"({trained}); --max-length {trained} scores it as the run's validation does")
+                     f"({trained}); --max-length {rows} scores it in the rows of the run's final validation (in "
+                     "a call of its own: the length holds for every task)")
     return window
 
 
@@ -200,6 +202,13 @@ def run(args) -> dict:
                 tasks=tasks, num_fewshot=args.num_fewshot, batch_size=batch_size, device=device,
                 limit=args.limit, task_manager=manager, log_samples=args.log_samples, random_seed=args.seed,
                 numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+        except AssertionError as e:  # lm-eval's checks of a task against the context: an answer or a generation
+            if args.max_length is None:  # longer than --max-length
+                raise
+            why = one_line(e, 200) or "an answer longer than that"
+            print(file=sys.stderr)  # lm-eval's progress bar of that task's requests ends its line first
+            raise UserError(f"lm-eval refused --max-length {args.max_length} for a task ({why}); pass a larger "
+                            "--max-length, or evaluate --heldout in a call of its own") from None
         except ConnectionError as e:  # datasets' and huggingface_hub's offline / unreachable-hub errors
             raise UserError(f"a task's dataset could not be fetched ({one_line(e, 300)}); download it once with "
                             "network access (it is cached in $HF_HOME) or pass --include-path with local task data")

@@ -129,7 +129,9 @@ class PreparedDataset:
                             f"{str(theirs.get('sha256'))[:12]}); {fix}")
         if self.eos_id != first.eos_id:
             raise UserError(f"{said} ends its documents with token {self.eos_id} ({self.eos_token!r}), {first_said} "
-                            f"with {first.eos_id} ({first.eos_token!r}), by one tokenizer; {fix}")
+                            f"with {first.eos_id} ({first.eos_token!r}), by one tokenizer; prepare it again from a "
+                            f"folder holding that tokenizer.json and a special_tokens_map.json that names "
+                            f"{first.eos_token!r} its eos_token")
 
     def split(self, name: str) -> SplitIndex:
         """The document table of split `name` ('train' or 'val'); UserError if it has no documents."""

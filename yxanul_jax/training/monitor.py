@@ -51,13 +51,11 @@ def validation_logged(run_dir: str, step: int) -> bool:
     """Whether `run_dir`'s metrics.jsonl holds a validation row (a `val/` key) of `step`: the record a finished run
     validated after its last checkpoint leaves (that checkpoint, saved before, carries no perplexity)."""
     path = os.path.join(run_dir, METRICS_FILE)
-    if not os.path.isfile(path):
+    try:  # an unreadable file is no record (never an error: every process waits for this answer)
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return any(_row_step(line) == step and any(k.startswith("val/") for k in json.loads(line)) for line in fh)
+    except OSError:
         return False
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if _row_step(line) == step and any(k.startswith("val/") for k in json.loads(line)):
-                return True
-    return False
 
 
 class MetricsWriter:
