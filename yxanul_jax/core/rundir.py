@@ -64,7 +64,8 @@ CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"
 PROFILE_DIR = "profile"
 HLO_DIR = "hlo"
-RUN_ARTIFACTS = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_EOS_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR, HLO_DIR)
+RUN_ARTIFACTS = (CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_EOS_FILE, METRICS_FILE, TB_DIR, CHECKPOINT_DIR, PROFILE_DIR,
+                 HLO_DIR)
 """What `prepare_run_dir(overwrite=True)` moves aside before a fresh start."""
 
 
@@ -357,11 +358,6 @@ def _read_run_config(config_path: str) -> dict:
     return old
 
 
-def _refuse_fresh_start(run_dir: str, steps: list[int]):
-    raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {steps[-1]}); "
-                    "resume from them, pass a new --run-dir, or --overwrite to start over")
-
-
 def eos_map(eos_token: str) -> bytes:
     """The TOKENIZER_EOS_FILE that names `eos_token` the end-of-text token."""
     return (json.dumps({"eos_token": eos_token}) + "\n").encode()
@@ -396,6 +392,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
     text = to_yaml(cfg)
     written, held = os.path.exists(config_path), checkpoint_steps(ckpt_dir)
     copied = checkpoint_config is not None and not written and bool(held)  # checkpoints without their config.yaml
+    diffs = []
 
     if overwrite:
         present = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(run_dir, name))]
@@ -427,17 +424,15 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
             raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "
                             "changes the model or the data; pass a new --run-dir (add --checkpoint "
                             f"{ckpt_dir} to start from its weights) or --overwrite to start over")
-        if held and not resume:  # refused before the history below is written
-            _refuse_fresh_start(run_dir, held)
-        if diffs and record and written:  # nothing trained yet, or only settings a resume may change: take the new
-            changes = {k: [was, now] for k, was, now in diffs}
-            stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"time": stamp, "changes": changes}, default=str) + "\n")
-            atomic_write(config_path, text)
-    steps = checkpoint_steps(ckpt_dir)
-    if steps and not resume:
-        _refuse_fresh_start(run_dir, steps)
+    if held and not resume and not overwrite:  # (--overwrite moved them aside) refused before anything is written
+        raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {held[-1]}); "
+                        "resume from them, pass a new --run-dir, or --overwrite to start over")
+    if diffs and record and written:  # nothing trained yet, or only settings a resume may change: take the new
+        changes = {k: [was, now] for k, was, now in diffs}
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"time": stamp, "changes": changes}, default=str) + "\n")
+        atomic_write(config_path, text)
     if not record or copied:  # copied checkpoints are recorded once the run has resumed from them (a later call):
         return ckpt_dir  # a refusal on the way leaves no config that contradicts the next attempt
     if not os.path.exists(config_path):

@@ -243,14 +243,15 @@ class DocumentSource:
     def _unpaired(self, text: str, where: str) -> str:
         """`text` of a JSON record, whose escapes may spell a lone UTF-16 surrogate (\\ud800): not a character, so no
         UTF-8 and no tokenizer takes it. As invalid UTF-8 is: an error, or (`bad_utf8="replace"`) U+FFFD, counted."""
-        if not _SURROGATE.search(text):
+        bad = _SURROGATE.search(text)
+        if bad is None:
             return text
         if self.bad_utf8 == "fail":
-            bad = _SURROGATE.search(text).group()
-            raise UserError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(bad):04x}, a JSON escape that is no "
-                            "character); fix the file or pass --bad-utf8 replace to substitute U+FFFD")
-        self.replaced_utf8 += len(_SURROGATE.findall(text))
-        return _SURROGATE.sub("\ufffd", text)
+            raise UserError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}, a JSON escape that is "
+                            "no character); fix the file or pass --bad-utf8 replace to substitute U+FFFD")
+        text, n = _SURROGATE.subn("\ufffd", text)
+        self.replaced_utf8 += n
+        return text
 
     def _from_record(self, path: Path, record: dict, lineno: int | None = None) -> str:
         if self.fields is None:

@@ -172,7 +172,8 @@ def _load_vocab_merges(folder: Path, superbpe: bool | None) -> LoadedTokenizer:
     return LoadedTokenizer(tok, str(folder), eos_id, eos, use_superbpe)
 
 
-def load_tokenizer(path: str | os.PathLike, *, superbpe: bool | None = None, eos_id: int | None = None) -> LoadedTokenizer:
+def load_tokenizer(path: str | os.PathLike, *, superbpe: bool | None = None,
+                   eos_id: int | None = None) -> LoadedTokenizer:
     """Load a tokenizer.json file, or a directory with tokenizer.json or vocab.json + merges.txt.
 
     superbpe: None picks the SuperBPE pre-tokenizer for vocab.json + merges.txt when the vocabulary

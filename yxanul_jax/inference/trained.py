@@ -34,7 +34,6 @@ class Trained:
     tokenizer_path: str
     eos_id: int | None = None  # the training data manifest's, when the tokenizer is the dataset's copy
 
-
     @property
     def variables(self) -> dict:
         """The Flax variables of `transformer.Yxanul` ({"params", "fp8_meta"?})."""

@@ -216,9 +216,10 @@ class Profiler(Hook):
 class SignalStop(Hook):
     """SIGTERM / SIGINT (on any process of a multi-host run) save a checkpoint and stop the loop at one step
     for all processes (`preemption.stop_requested`). The guard stays from the first step (or the validation a
-    resumed run does before it) to the end of the run, the final validation, save and `on_end` hooks included: on one process a signal also cuts short a
-    validation, a wait for a stage's compile and the end-of-run sample (`interrupt`); with several, those
-    run to their end (their collectives need every process), and the stop is agreed at a step."""
+    resumed run does before it) to the end of the run, the final validation, save and `on_end` hooks included:
+    on one process a signal also cuts short a validation, a wait for a stage's compile and the end-of-run sample
+    (`interrupt`); with several, those run to their end (their collectives need every process), and the stop is
+    agreed at a step."""
 
     def __init__(self):
         self.guard = SignalGuard()

@@ -50,9 +50,8 @@ def _row_step(line: str) -> int | None:
 def validation_logged(run_dir: str, step: int) -> bool:
     """Whether `run_dir`'s metrics.jsonl holds a validation row (a `val/` key) of `step`: the record a finished run
     validated after its last checkpoint leaves (that checkpoint, saved before, carries no perplexity)."""
-    path = os.path.join(run_dir, METRICS_FILE)
     try:  # an unreadable file is no record (never an error: every process waits for this answer)
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(os.path.join(run_dir, METRICS_FILE), encoding="utf-8", errors="replace") as fh:
             return any(_row_step(line) == step and any(k.startswith("val/") for k in json.loads(line)) for line in fh)
     except OSError:
         return False
