@@ -75,3 +75,26 @@ def test_eval_only_reports_the_held_out_split_beside_the_domains(trained_run, tm
     only = evaluate_checkpoint(dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, in_domain=False)),
                                str(trained_run))[1]
     assert "val/heldout/loss" not in only and only["val/code/loss"] == pytest.approx(row["val/code/loss"], rel=1e-6)
+
+
+def test_a_raw_domain_that_is_no_utf8_names_the_prepare_command_that_replaces_it(prepared, tmp_path, monkeypatch):
+    """eval.domains has no --bad-utf8: the error names the `prepare` command that replaces such text, and the
+    dataset that command writes is a domain."""
+    import re
+    import shlex
+
+    from yxanul_jax import prepare
+
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    ds = open_dataset(prepared)
+    broken = tmp_path / "broken text.txt"  # a space: the command quotes it
+    broken.write_bytes(b"a paragraph of text\n\nbad \xff\xfe bytes\n")
+    with pytest.raises(UserError, match="invalid UTF-8") as e:
+        resolve_domains({"web": str(broken)}, ds, in_domain={})
+    message = str(e.value)
+    assert "\n" not in message and message.endswith("and set eval.domains.web=DIR"), message
+    command = shlex.split(re.search(r"\(python -m yxanul_jax\.prepare (.*)\)", message).group(1))
+    out = tmp_path / "web"
+    assert prepare.main([str(out) if a == "DIR" else a for a in command] + ["--no-progress"]) == 0
+    (domain,) = resolve_domains({"web": str(out)}, ds, in_domain={})
+    assert domain.name == "web" and domain.dataset.num_tokens("val") > 0

@@ -178,6 +178,7 @@ def test_mistakes_end_in_one_line(trained_run, tmp_path, monkeypatch):
         (run + ["--heldout", str(text), "--limit", "0"], "--limit 0 must be >= 1"),
         (run + ["--heldout", str(text), "--log-samples"], "pass --output"),
         (run + ["--tasks", "next_line", "--text-column", "body"], "no --heldout is given; drop --text-column"),
+        (run + ["--tasks", "next_line", "--bad-utf8", "replace"], "no --heldout is given; drop --bad-utf8"),
         (run + ["--heldout", str(text), "--num-fewshot", "3"], "evaluate --heldout in a call of its own"),
         (run + ["--heldout", str(text), "--max-length", "5000"], "--max-length 5000 is longer than the model's "
                                                                   "model.max_position 4096"),
@@ -197,6 +198,8 @@ def test_a_device_output_or_column_it_cannot_use_is_refused_before_the_evaluatio
     lm-eval runs an unknown --device quietly on another one; a .txt has no column; an empty --output wrote nothing."""
     text = tmp_path / "held.txt"
     text.write_text("a paragraph of held-out text\n\nanother one\n", encoding="utf-8")
+    broken = tmp_path / "broken.txt"  # replaced, it is read and the run is the next thing refused
+    broken.write_bytes(b"a paragraph\n\nbad \xff\xfe bytes\n")
     folder = tmp_path / "results"
     folder.mkdir()
     run = ["--run-dir", str(tmp_path / "no-run"), "--heldout", str(text)]
@@ -207,6 +210,9 @@ def test_a_device_output_or_column_it_cannot_use_is_refused_before_the_evaluatio
         (run + ["--output", str(folder)], "already exists"),
         (run + ["--output", "/proc/yxanul-eval.json"], "'/proc/yxanul-eval.json'"),
         (run + ["--text-column", "foo"], "--text-column applies to .jsonl / .parquet inputs only"),
+        (["--run-dir", str(tmp_path / "no-run"), "--heldout", str(broken)],
+         "broken.txt' line 3 holds invalid UTF-8 at byte 4 (b'\\xff\\xfe b'); fix the file or pass --bad-utf8 replace"),
+        (["--run-dir", str(tmp_path / "no-run"), "--heldout", str(broken), "--bad-utf8", "replace"], "no-run"),
     ]
     for args, needle in cases:
         rc, _, err = run_cli(evaluate_main, args)
@@ -243,3 +249,21 @@ def test_a_max_length_a_task_cannot_take_is_one_line(trained_run, tmp_path):
     lines = [x for x in err.splitlines() if x.startswith("error:")]
     assert rc == 2 and len(lines) == 1 and "lm-eval refused --max-length 4 for a task" in lines[0], err[-2000:]
     assert "Traceback" not in err
+
+
+def test_heldout_text_that_is_no_utf8_is_replaced_and_counted_when_asked(tmp_path, monkeypatch, capsys):
+    from yxanul_jax.evaluate import write_heldout
+
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    broken = tmp_path / "broken.txt"
+    broken.write_bytes(b"a paragraph\n\nbad \xff\xfe\xfd bytes\n")  # 3: a warning another test has not given
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    assert write_heldout(str(broken), None, None, str(tasks), bad_utf8="replace") == 2
+    assert "replaced 3 invalid UTF-8 sequences of --heldout with U+FFFD" in capsys.readouterr().err
+    (task,) = tasks.iterdir()
+    import yaml
+
+    jsonl = yaml.safe_load(task.read_text())["dataset_kwargs"]["data_files"]["test"]
+    with open(jsonl, encoding="utf-8") as fh:
+        assert [json.loads(line)["text"] for line in fh] == ["a paragraph\n", "bad \ufffd\ufffd\ufffd bytes\n"]

@@ -10,7 +10,7 @@ torch sees a GPU, else the CPU); the folder is deleted afterwards. Tasks are lm-
 datasets must be in the Hugging Face cache when HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set), YAML tasks
 of `--include-path` folders, and `yxanul_heldout`: perplexity (word, byte, bits per byte) of your own held-out
 text, `--heldout` (parquet / .jsonl[.gz] / .txt[.gz], read like `prepare`'s inputs: `--text-column`,
-paragraphs of .txt). Prints lm-eval's table and a final JSON line; `--output F.json` keeps lm-eval's results
+`--bad-utf8`, paragraphs of .txt). Prints lm-eval's table and a final JSON line; `--output F.json` keeps lm-eval's results
 (with `--log-samples`, each document's scores too). Needs the `lm-eval` extra: pip install -e ".[lm-eval]".
 """
 from __future__ import annotations
@@ -52,13 +52,15 @@ def heldout_task(jsonl: str, cache_dir: str) -> dict:
             "metadata": {"version": 1.0}}
 
 
-def write_heldout(path: str, text_column: str | None, limit: int | None, tasks_dir: str) -> int:
+def write_heldout(path: str, text_column: str | None, limit: int | None, tasks_dir: str,
+                  bad_utf8: str = "fail") -> int:
     """Write the `yxanul_heldout` task into `tasks_dir`: its YAML there, its documents (the first `limit`
-    of `path`'s, their text in `text_column`; None: no --text-column given, the default one) as JSON lines in
+    of `path`'s, their text in `text_column`; None: no --text-column given, the default one; text that is no UTF-8
+    refused or, with `bad_utf8="replace"`, replaced with U+FFFD and counted) as JSON lines in
     the cache (`core.rundir.cache_root()`), at a path named by their hash, so that the `datasets` copy of an
     earlier evaluation of the same text is reused. Returns the number of documents."""
     source = DocumentSource([path], text_column=TEXT_COLUMN if text_column is None else text_column,
-                            fix="pass --text-column naming the column that holds the held-out text")
+                            fix="pass --text-column naming the column that holds the held-out text", bad_utf8=bad_utf8)
     source.refuse_text_option(None if text_column is None else "--text-column")
     docs: list[str] = []
     for batch in source.batches():
@@ -66,6 +68,9 @@ def write_heldout(path: str, text_column: str | None, limit: int | None, tasks_d
         if limit is not None and len(docs) >= limit:
             break
     docs = docs[:limit] if limit is not None else docs
+    if source.replaced_utf8:
+        console.warn(f"replaced {source.replaced_utf8} invalid UTF-8 sequences of --heldout with U+FFFD "
+                     "(--bad-utf8 replace)")
     if not docs:
         raise UserError(f"--heldout '{path}' holds no text; pass a file with documents")
     body = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs)
@@ -173,6 +178,8 @@ def run(args) -> dict:
         raise UserError(f"task {HELDOUT_TASK} scores your own text: pass --heldout FILE (parquet, jsonl or txt)")
     if args.text_column is not None and not args.heldout:
         raise UserError("--text-column names --heldout's text column, and no --heldout is given; drop --text-column")
+    if args.bad_utf8 != "fail" and not args.heldout:
+        raise UserError("--bad-utf8 reads --heldout's text, and no --heldout is given; drop --bad-utf8")
     if args.heldout and args.num_fewshot:
         raise UserError(f"--num-fewshot {args.num_fewshot} applies to every task, and {HELDOUT_TASK}'s perplexity "
                         "takes no examples; evaluate --heldout in a call of its own (or pass --num-fewshot 0)")
@@ -189,7 +196,7 @@ def run(args) -> dict:
         if args.heldout:
             tasks_dir = os.path.join(tmp, "tasks")
             os.mkdir(tasks_dir)
-            docs = write_heldout(args.heldout, args.text_column, args.limit, tasks_dir)
+            docs = write_heldout(args.heldout, args.text_column, args.limit, tasks_dir, args.bad_utf8)
             include.append(tasks_dir)
         manager = task_manager(include, tasks)  # unknown tasks end here, before the restore and the export
         trained = load_trained(args.run_dir, args.checkpoint)
@@ -243,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"text to score as task {HELDOUT_TASK}: parquet, .jsonl[.gz] or .txt[.gz] (paragraphs)")
     p.add_argument("--text-column", default=None,
                    help=f"--heldout's text column (parquet / jsonl; default {TEXT_COLUMN})")
+    p.add_argument("--bad-utf8", choices=("fail", "replace"), default="fail",
+                   help="--heldout's invalid UTF-8: fail (default) or replace with U+FFFD and report a count")
     p.add_argument("--limit", type=Ranged(int, 1), default=None, help="at most this many documents per task")
     p.add_argument("--num-fewshot", type=Ranged(int, 0), default=None,
                    help="few-shot examples (default: each task's own)")

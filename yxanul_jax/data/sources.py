@@ -118,6 +118,8 @@ class DocumentSource:
     txt_docs: str = "paragraph"
     fix: str | None = None
     """How the caller names the text, for column errors (None: the CLI's --text-column / --text-template)."""
+    utf8_fix: str | None = None
+    """How the caller replaces text that is no UTF-8, for those errors (None: the CLI's --bad-utf8 replace)."""
 
     def __post_init__(self):
         if self.bad_utf8 not in ("fail", "replace"):
@@ -156,6 +158,9 @@ class DocumentSource:
 
     def _not_text_fix(self) -> str:
         return self.fix or "pass --text-column naming a text column or use --text-template"
+
+    def _utf8_fix(self) -> str:
+        return self.utf8_fix or "pass --bad-utf8 replace to substitute U+FFFD"
 
     def _what(self) -> str:
         return "--text-template" if self.fields is not None else "--text-column"
@@ -235,7 +240,7 @@ class DocumentSource:
         except UnicodeDecodeError as e:
             if self.bad_utf8 == "fail":
                 raise UserError(f"{where} holds invalid UTF-8 at byte {e.start} ({data[e.start:e.start + 4]!r}); "
-                                "fix the file or pass --bad-utf8 replace to substitute U+FFFD")
+                                f"fix the file or {self._utf8_fix()}")
             text = data.decode("utf-8", errors="replace")
             self.replaced_utf8 += text.count("\ufffd") - data.count(_REPLACEMENT_UTF8)
             return text
@@ -248,7 +253,7 @@ class DocumentSource:
             return text
         if self.bad_utf8 == "fail":
             raise UserError(f"{where} holds a lone UTF-16 surrogate (\\u{ord(bad.group()):04x}, a JSON escape that is "
-                            "no character); fix the file or pass --bad-utf8 replace to substitute U+FFFD")
+                            f"no character); fix the file or {self._utf8_fix()}")
         text, n = _SURROGATE.subn("\ufffd", text)
         self.replaced_utf8 += n
         return text

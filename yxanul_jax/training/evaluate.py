@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,7 +46,11 @@ def _prepare_raw(name: str, path: str, template: str | None, train_ds: PreparedD
     if not is_prepared(out):
         fix = (f"name its text with a template in the config: eval.domains.{name}={path}::{{column}} "
                "(several columns: ::{question}\\n{answer})")
-        source = DocumentSource([path], text_template=template, fix=fix)
+        text = f" --text-template {shlex.quote(template)}" if template is not None else ""
+        utf8_fix = (f"prepare it replacing such text (python -m yxanul_jax.prepare --input {shlex.quote(path)}{text} "
+                    f"--bad-utf8 replace --tokenizer {shlex.quote(str(train_ds.tokenizer_path))} --val-fraction 1 "
+                    f"--output DIR) and set eval.domains.{name}=DIR")
+        source = DocumentSource([path], text_template=template, fix=fix, utf8_fix=utf8_fix)
         prepare_dataset(source, train_ds.tokenizer(), out, val_fraction=1.0, progress=False)
     return open_dataset(out)
 
