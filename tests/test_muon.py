@@ -55,6 +55,39 @@ def test_a_muon_step_is_an_orthogonalized_momentum():
     assert sg.max() / sg.min() > 30
 
 
+@pytest.mark.parametrize("overrides", [[], ["model.scan_layers=true", "model.remat=full"]], ids=["unrolled", "scanned"])
+def test_the_muon_group_steps_as_optax_contrib_muon(overrides):
+    """The reference is optax's whole Muon (orthogonalized Nesterov momentum, then the width scaling
+    sqrt(max(1, fan_out / fan_in)) that `scale_by_muon` alone leaves out, then decay and the rate) on the same
+    kernels: three steps of random gradients agree on every Muon leaf, the wide gate and up kernels included."""
+    from optax.contrib import MuonDimensionNumbers, muon
+
+    cfg = load_config(None, TRAINED_RUN + ["optim.name=muon", "optim.schedule=constant", "optim.warmup_steps=0",
+                                           "optim.muon_weight_decay=0.1", *overrides])
+    params = _params(TRAINED_RUN + overrides)
+    labels = optim.muon_labels(params)
+    flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    is_muon = {jax.tree_util.keystr(k): lab == "muon"
+               for (k, _), lab in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree_util.tree_leaves(labels))}
+    kernels = {k: v for k, v in flat.items() if is_muon[k]}
+    assert any("gate" in k for k in kernels) and any("up" in k for k in kernels)
+    o = cfg.optim
+    ref = muon(learning_rate=o.muon_lr, beta=o.muon_momentum, nesterov=True, weight_decay=o.muon_weight_decay,
+               muon_weight_dimension_numbers={k: MuonDimensionNumbers(v.ndim - 2, v.ndim - 1) for k, v in kernels.items()})
+    ours = optim.make_optimizer(cfg)
+    ours_state, ref_state = ours.init(params), ref.init(kernels)
+    scanned = "model.scan_layers=true" in overrides
+    assert sum(v.shape[-1] > v.shape[-2] for v in kernels.values()) == 2 * (1 if scanned else cfg.model.n_layers)
+    for i in range(3):
+        grads = jax.tree_util.tree_map(lambda p, i=i: jax.random.normal(jax.random.key(i), p.shape, p.dtype), params)
+        u, ours_state = ours.update(grads, ours_state, params)
+        g = {k: v for k, v in zip(flat, jax.tree_util.tree_leaves(grads)) if is_muon[k]}
+        r, ref_state = ref.update(g, ref_state, kernels)
+        got = {k: v for k, v in zip(flat, jax.tree_util.tree_leaves(u)) if is_muon[k]}
+        for k in kernels:
+            np.testing.assert_allclose(got[k], r[k], rtol=1e-4, atol=1e-7, err_msg=k)
+
+
 def test_cautious_weight_decay_only_where_update_and_weight_agree():
     p = jnp.array([1.0, 1.0, -1.0, -1.0])
     u = jnp.array([0.5, -0.5, 0.5, -0.5])

@@ -3,7 +3,8 @@ schedule including curriculum stages.
 
 `optim.name: muon` partitions the parameters (`optax.partition`): the attention and FFN kernels of the
 blocks get optax's `scale_by_muon` (Nesterov momentum, orthogonalized by Newton-Schulz; a scanned
-[n_layers, I, O] kernel is n_layers matrices, its leading axis a batch axis), everything else (the
+[n_layers, I, O] kernel is n_layers matrices, its leading axis a batch axis) times the width scaling
+sqrt(max(1, O / I)) (`width_scale`, as Keller Jordan's Muon and `optax.contrib.muon`), everything else (the
 embedding table, the head's factors, the norm scales) AdamW. Written here rather than taken whole from
 `optax.contrib.muon`: that bundles its own Nesterov Adam for the other leaves, with no weight-decay mask
 (it would decay the norm scales) and none of our AdamW settings. Both groups follow the same schedule
@@ -161,14 +162,24 @@ def muon_dimensions(params):
     return jax.tree_util.tree_map(lambda p: MuonDimensionNumbers(p.ndim - 2, p.ndim - 1), params)
 
 
-def decayed_weights(weight_decay: float, mask=None, cautious: bool = False) -> optax.GradientTransformation:
+def width_scale(update: jax.Array) -> jax.Array:
+    """Muon's width scaling: an orthogonalized update of a [..., fan_in, fan_out] kernel times
+    sqrt(max(1, fan_out / fan_in)), so a wide matrix (gate, up: [D, F > D]) moves its outputs as far per step as
+    a square one (Keller Jordan's Muon; `optax.contrib.muon`'s default, which its `scale_by_muon` alone leaves out)."""
+    return update * math.sqrt(max(1.0, update.shape[-1] / update.shape[-2]))
+
+
+def decayed_weights(weight_decay: float, mask=None, cautious: bool = False,
+                    scale=None) -> optax.GradientTransformation:
     """Decoupled weight decay (added before the learning rate scales the update, as optax's AdamW does);
     `cautious`: only where the update and the weight agree in sign (the decay then never works against
-    the step). `mask(params)`: which leaves decay."""
+    the step). `mask(params)`: which leaves decay. `scale(update)`: applied to each update first (Muon's
+    `width_scale`, kept in this stateless step so that every Muon checkpoint's optimizer state keeps its layout)."""
     def update(updates, state, params):
         keep = mask(params) if mask is not None else jax.tree_util.tree_map(lambda _: True, params)
 
         def one(u, p, m):
+            u = scale(u) if scale is not None else u
             if not m or weight_decay == 0:
                 return u
             decay = weight_decay * p
@@ -198,7 +209,7 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
     ratio = o.muon_lr / o.lr
     muon = optax.chain(
         scale_by_muon(beta=o.muon_momentum, nesterov=True, weight_dimension_numbers=muon_dimensions),
-        decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay),
+        decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay, scale=width_scale),
         optax.scale_by_learning_rate(lambda step: schedule(step) * ratio))
     return optax.partition({"muon": muon, "adamw": _adamw(cfg, schedule)}, muon_labels)
 
