@@ -458,3 +458,42 @@ def test_gate_and_up_share_one_cast_with_the_state_paths_of_two_denses():
         scanned, FP8Config(enabled=True, backend="xla", targets=("q", "k", "v", "o", "down")), jax.random.key(0)))
     assert jax.tree_util.tree_structure(shared["params"]) == jax.tree_util.tree_structure(two_dense["params"])
     assert set(shared[F.FP8_COLLECTION]["layers"]["mlp"]["gate"]["gemm"]) == set(F.OPERANDS)
+
+
+def test_a_gemm_no_gradient_reaches_keeps_its_state_through_value_and_grad():
+    """A researcher's probe on the frozen trunk's hidden states, with the head in fp8.targets and a head of their
+    own: no gradient reaches the trunk's GEMMs nor the model's head, whose backward then never runs and whose
+    state JAX returns as zeros (a scale of 0: the next forward all NaN). They keep their state; a GEMM the
+    loss does reach in the same call (the probe's own FP8 Dense) still updates."""
+    import flax.linen as nn
+
+    from yxanul_jax.model.backends import dense_backend
+    from yxanul_jax.model.transformer import Dense
+
+    m = micro_model()
+    fp8 = FP8Config(amax_history_len=4, targets=("q", "k", "v", "o", "gate", "up", "down", "head"))
+    current = dataclasses.replace(fp8, scaling="current")
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, m.vocab_size)
+    params, state = F.split_state(init_variables(m, fp8, jax.random.key(0)))
+
+    def lm_loss(model):
+        def loss(p, s):
+            logits = model.apply({"params": p, **s}, tokens[:, :-1]).astype(jnp.float32)
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
+        return loss
+
+    _, (_, state) = F.value_and_grad(lm_loss(Yxanul(m, current)))(params, state)  # calibrated: every scale != 1
+    model = Yxanul(m, fp8)
+    probe = Dense(32, ("embed", "mlp"), 0.05, dense_backend(fp8).for_target("up"), jnp.float32, name="probe")
+    probe_params, probe_state = F.split_state(nn.meta.unbox(probe.init(jax.random.key(2), jnp.ones((1, m.d_model)))))
+
+    def probe_loss(p, s):
+        h = jax.lax.stop_gradient(model.apply({"params": params, **s["model"]}, tokens, method=Yxanul.hidden))
+        return jnp.mean(probe.apply({"params": p, **s["probe"]}, h) ** 2)
+
+    both = {"model": state, "probe": probe_state}
+    _, (_, new) = F.value_and_grad(probe_loss)(probe_params, both)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), new["model"], state))
+    assert all(float(s) > 0 for s in F._leaves(new["probe"], "scale"))
+    assert not jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), new["probe"], probe_state))
+    assert np.isfinite(np.asarray(model.apply({"params": params, **new["model"]}, tokens))).all()

@@ -424,8 +424,44 @@ def value_and_grad(fun, has_aux: bool = False):
     per call (one used twice would sum two states; combine separate calls with `merge_fp8`). A fresh
     state has an empty history: with `scaling="delayed"` take the first step with
     `scaling="current"` (`training.steps.fp8_bootstrap_config`), as the train command does.
+
+    An FP8 GEMM no gradient reaches (a frozen trunk under `stop_gradient`, a layer the loss does not use)
+    never runs its backward, and JAX gives its state zeros, a scale of 0 that would make the next forward NaN:
+    such a GEMM keeps the state it had (`keep_unreached`).
     """
-    return jax.value_and_grad(fun, argnums=(0, 1), has_aux=has_aux)
+    grad_fn = jax.value_and_grad(fun, argnums=(0, 1), has_aux=has_aux)
+
+    @functools.wraps(fun)
+    def value_and_grads(params, fp8_state, *args, **kwargs):
+        value, (grads, new_state) = grad_fn(params, fp8_state, *args, **kwargs)
+        return value, (grads, keep_unreached(fp8_state, new_state))
+
+    return value_and_grads
+
+
+def _scale_field(name) -> bool:
+    return name == "scale" or str(name).endswith("_scale")
+
+
+def keep_unreached(old: dict, new: dict) -> dict:
+    """`new` FP8 state, except that each GEMM's state (a dict of leaves holding a scale: ours per operand, TE's
+    per module) whose every scale is 0 is `old`'s: a real scale is never 0 (it starts at 1 and is only ever
+    replaced by a positive one), so that is the zero "gradient" of a GEMM whose backward never ran."""
+    def group(path) -> tuple:
+        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        return tuple(keys[:-1]), keys[-1] if keys else None
+
+    unreached: dict[tuple, list] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(new):
+        where, name = group(path)
+        if _scale_field(name):
+            unreached.setdefault(where, []).append(jnp.all(leaf == 0))
+
+    def pick(path, o, n):
+        flags = unreached.get(group(path)[0])
+        return n if not flags else jnp.where(functools.reduce(jnp.logical_and, flags), o, n)
+
+    return jax.tree_util.tree_map_with_path(pick, old, new)
 
 
 TE_COLLECTIONS = ("_overwrite_with_gradient", "fp8_metas")  # TE's dot_general wrappers; TE's layers
