@@ -289,3 +289,18 @@ def test_the_attention_remat_policy_names_jaxs_cudnn_primitive():
     prim = cudnn_attention._dot_product_attention_fwd_p_wrapper
     assert prim.name == CUDNN_ATTENTION_FWD
     assert REMAT_POLICIES["attention"](prim) and not REMAT_POLICIES["attention"](jax.lax.exp_p)
+
+
+def test_a_model_built_in_code_names_its_mistakes():
+    """A researcher's own ModelConfig is checked when the model is set up (not only by the config loader), and token
+    ids without a batch axis are named, rather than a shape error deep inside RoPE or an IndexError."""
+    from yxanul_jax.core.config import ModelConfig
+    from yxanul_jax.core.errors import UserError
+
+    with pytest.raises(UserError, match="head dimension 3 must be even for RoPE"):
+        init_variables(ModelConfig(d_model=96, n_heads=32), no_fp8(), jax.random.key(0))
+    m = micro_model()
+    variables = init_variables(m, no_fp8(), jax.random.key(0))
+    for method in (None, Yxanul.hidden):
+        with pytest.raises(ValueError, match=r"token ids must be \[batch, length\], got shape \(5,\); add a batch"):
+            Yxanul(m, no_fp8()).apply(variables, jnp.zeros((5,), jnp.int32), method=method)

@@ -7,8 +7,10 @@ head exports its own lm_head = E·head_projᵀ, an `untied` head its kernel. Pad
 (`model.vocab_pad_to`) are dropped. RoPE pairs channels (i, i + K/2) as Llama's `rotate_half` does,
 RMSNorm computes in float32 as Llama's does, and no projection has a bias.
 
-`to_hf(cfg, params)` -> (config.json dict, {name: array}); `from_hf(config, tensors, model_cfg)`
--> params, for `init.from_hf` (full embedding, `model.embed_rank: 0`).
+`to_hf(model_cfg, params)` -> (tie_word_embeddings, {Llama name: float32 array}), with `hf_config(model_cfg,
+tied, eos_id, dtype)` its config.json (`inference.hf_export` writes both); `from_hf(model_cfg, tensors, like)`
+-> our parameter tree shaped like `like`, for `init.from_hf` (full embedding, `model.embed_rank: 0`;
+`read_hf(folder)` reads a folder's config and tensors).
 """
 from __future__ import annotations
 

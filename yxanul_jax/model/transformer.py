@@ -538,6 +538,12 @@ REMAT_POLICIES = {
 }
 
 
+def _check_ids(tokens_BxL) -> None:
+    if tokens_BxL.ndim != 2:
+        raise ValueError(f"token ids must be [batch, length], got shape {tuple(tokens_BxL.shape)}; "
+                         "add a batch axis (tokens[None])")
+
+
 class Yxanul(nn.Module):
     """Decoder-only LM. `__call__(tokens_BxL) -> logits_BxLxV` (float32)."""
 
@@ -546,6 +552,7 @@ class Yxanul(nn.Module):
 
     def setup(self):
         c = self.cfg
+        c.check()  # a ModelConfig built directly: its mistakes named here, not as a shape error deep inside
         backend = dense_backend(self.fp8)  # chosen once; the layers receive it
         V, D, R = c.padded_vocab, c.d_model, c.embed_rank
         if R:
@@ -574,7 +581,9 @@ class Yxanul(nn.Module):
         self.head_gemm = Matmul(backend.for_target("head"), DTYPES[c.dtype], "head")  # named HEAD_MODULE
 
     def embed(self, tokens_BxL):
-        """Token ids -> residual stream x_BxLxD (compute dtype)."""
+        """Token ids -> residual stream x_BxLxD (compute dtype). Ids must be in [0, vocab_size): under jit
+        nothing checks them, and one outside reads another row (negative) or gives NaN (too large)."""
+        _check_ids(tokens_BxL)
         dt = DTYPES[self.cfg.dtype]
         rows = jnp.take(self.embedding, tokens_BxL, axis=0).astype(dt)
         if self.cfg.embed_rank:
@@ -584,6 +593,7 @@ class Yxanul(nn.Module):
     def hidden(self, tokens_BxL):
         """Final-normed hidden states h_BxLxD, before the output head."""
         c = self.cfg
+        _check_ids(tokens_BxL)
         sin_LxK2, cos_LxK2 = rope_tables(tokens_BxL.shape[1], c.resolved_head_dim, c.rope_theta)
         h_BxLxD, _ = self._trunk(tokens_BxL, sin_LxK2, cos_LxK2, None, None)
         return h_BxLxD
@@ -605,8 +615,11 @@ class Yxanul(nn.Module):
     def decode(self, tokens_BxT, positions_BxT, cache):
         """One decoding call with a KV cache: T new tokens per row at `positions` [B, T] (a prefill
         when T > 1, one generated token when T = 1). `cache` is `init_cache(...)`'s layout. Returns
-        (float32 logits [B, T, vocab_size], updated cache)."""
+        (float32 logits [B, T, vocab_size], updated cache). Every position must be below the cache's length
+        (`max_len`): under jit nothing checks it, and a write past the end is dropped, so the logits go wrong
+        silently (`inference.sampling.generate` sizes the cache for the prompt and the new tokens)."""
         c = self.cfg
+        _check_ids(tokens_BxT)
         sin_BxTxK2, cos_BxTxK2 = rope_at(positions_BxT, c.resolved_head_dim, c.rope_theta)
         h_BxTxD, cache = self._trunk(tokens_BxT, sin_BxTxK2, cos_BxTxK2, cache, positions_BxT)
         return self.logits(h_BxTxD)[..., :c.vocab_size], cache
@@ -658,7 +671,8 @@ class Yxanul(nn.Module):
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict:
-    """An empty KV cache for `Yxanul.decode`: {"k", "v": [n_layers, B, max_len, kv heads, head_dim]}."""
+    """An empty KV cache for `Yxanul.decode`: {"k", "v": [n_layers, B, max_len, kv heads, head_dim]}; it holds
+    positions 0 .. max_len - 1 (decoding past them goes silently wrong)."""
     shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.resolved_head_dim)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
