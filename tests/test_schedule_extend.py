@@ -1,5 +1,6 @@
 """Raising train.steps on a resumed run (training/optim.py `continued`): refused by default in one line, or the
 schedule goes on as train.extend says (decay: no jump; wsd: the stable peak), the data stream untouched."""
+import dataclasses
 import json
 import math
 import shutil
@@ -127,3 +128,27 @@ def test_a_resume_carries_the_continuation_and_a_jumpless_change_needs_no_choice
     wsd = [*BASE, "optim.schedule=wsd"]
     same = continued(load_config(None, [*wsd, "train.steps=20"]), to_dict(load_config(None, wsd)), 3)
     assert same.optim.continue_as == "none"
+
+
+def test_a_changed_lr_scales_a_continuation_as_it_scales_the_schedule():
+    """optim.lr changed on resuming an extended run: the continuation moves with it, as the rest of the schedule
+    does, and Muon's group keeps its own peak (it had been divided by the new lr alone). A continuation recorded
+    before optim.continue_peak existed keeps its rate as written."""
+    from yxanul_jax.training.optim import lr_schedule
+
+    chosen = continued(load_config(None, [*BASE, "train.steps=10", "train.extend=decay"]),
+                       to_dict(load_config(None, BASE)), 3)
+    assert chosen.optim.continue_peak == chosen.optim.lr
+    doubled = dataclasses.replace(chosen, optim=dataclasses.replace(chosen.optim, lr=2 * chosen.optim.lr))
+    for step in (3, 6, 10):
+        assert float(base_schedule(doubled)(step)) == pytest.approx(2 * float(base_schedule(chosen)(step)), rel=1e-6)
+    # Muon's rate (`make_optimizer`: the schedule times muon_lr / lr) is the same under either lr
+    assert float(lr_schedule(doubled)(6)) / doubled.optim.lr == pytest.approx(
+        float(lr_schedule(chosen)(6)) / chosen.optim.lr, rel=1e-6)
+    legacy = dataclasses.replace(doubled, optim=dataclasses.replace(doubled.optim, continue_peak=0.0))
+    assert float(base_schedule(legacy)(3)) == pytest.approx(chosen.optim.continue_lr, rel=1e-6)
+
+
+def test_a_typed_continuation_without_its_step_is_refused():
+    with pytest.raises(UserError, match="'optim.continue_as' is 'decay' with no optim.continue_from.*set train.extend"):
+        load_config(None, [*BASE, "optim.continue_as=decay"])

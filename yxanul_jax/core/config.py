@@ -374,6 +374,9 @@ class OptimConfig:
     """Written by the trainer: the step from which `continue_as` replaces the configured decay."""
     continue_lr: float = field(default=0.0, metadata=RESUME)
     """Written by the trainer: the learning rate (before stage scaling) at `continue_from`, where `decay` starts."""
+    continue_peak: float = field(default=0.0, metadata=RESUME)
+    """Written by the trainer: `optim.lr` when `continue_lr` was recorded, so that a later change of `lr` scales
+    the continuation as it scales the rest of the schedule (0: recorded before this key, `continue_lr` as is)."""
 
     def check(self) -> None:
         each_in_range(self, "optim", ("lr", "muon_lr"), lambda v: v > 0, "positive")
@@ -387,8 +390,11 @@ class OptimConfig:
         each_in_range(self, "optim", ("b1", "b2"), lambda v: 0 <= v < 1, "in [0, 1)")
         if self.eps <= 0:
             raise UserError(f"config key 'optim.eps' must be positive, got {self.eps}")
-        each_in_range(self, "optim", ("continue_from", "continue_lr"), lambda v: v >= 0,
+        each_in_range(self, "optim", ("continue_from", "continue_lr", "continue_peak"), lambda v: v >= 0,
                       ">= 0 (the trainer writes it; set train.extend instead)")
+        if self.continue_as != "none" and self.continue_from <= 0:
+            raise UserError(f"config key 'optim.continue_as' is {self.continue_as!r} with no optim.continue_from: the "
+                            "trainer writes these when a run's train.steps changes; set train.extend instead")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from yxanul_jax.training.hooks import Hook, MetricsLog, NullWriter, Profiler, Si
 from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
                                          validation_logged)
-from yxanul_jax.training.optim import continued
+from yxanul_jax.training.optim import continuation_lr, continued
 from yxanul_jax.training.session import RunContext, open_train_stream, same_model
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
@@ -364,8 +364,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
         if cfg.optim.continue_as != "none" and cfg.optim.continue_from == start and start < cfg.train.steps:
             o = cfg.optim
             how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.lr:.3g}, then down"
-            console.info(f"train.extend={o.continue_as}: from step {start} (lr {o.continue_lr:.3g}) the schedule goes "
-                         f"{how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} (recorded: optim.continue_*)")
+            console.info(f"train.extend={o.continue_as}: from step {start} (lr {continuation_lr(o):.3g}) the schedule "
+                         f"goes {how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} (recorded: optim.continue_*)")
         if restored is not None and not meta.get("validated") and (start >= cfg.train.steps
                                                                    or validation_due(cfg, start)):
             # saved unvalidated (a signal during its validation): validated since, by an earlier rerun?

@@ -18,8 +18,8 @@ A resumed run whose train.steps differs from its checkpoint's (a finished run as
 different schedule, jumping at the first new step (a cosine at its floor back to mid-decay). `continued`
 refuses that unless `train.extend` says how to go on (`decay`: from the current rate down to the floor at the
 new end; `wsd`: back at the peak, then the last `decay_fraction` of the new total decaying), and records the
-choice as `optim.continue_as/continue_from/continue_lr`, which every later resume carries over from the
-checkpoint's config, so the schedule stays one pure function of the step.
+choice as `optim.continue_as/continue_from/continue_lr/continue_peak`, which every later resume carries over from
+the checkpoint's config, so the schedule stays one pure function of the step (and of optim.lr, as it always is).
 Gradient clipping is per stage and lives in the train step (it must leave FP8 state out).
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def base_schedule(cfg: Config):
             decayed = _decay("linear", step, wsd_decay_start(cfg), total, peak, floor)
         lr = jnp.where(step < warm, warm_lr, decayed)
         if o.continue_as == "decay":  # the configured shape, from the rate reached at continue_from
-            kept = _decay(shape, step, o.continue_from, total, o.continue_lr, floor)
+            kept = _decay(shape, step, o.continue_from, total, continuation_lr(o), floor)
             lr = jnp.where(step >= o.continue_from, kept, lr)
         elif o.continue_as == "wsd":  # stable at the peak, then a linear decay to the floor at the new end
             start = wsd_decay_start(cfg, o.continue_from)
@@ -80,6 +80,12 @@ def base_schedule(cfg: Config):
         return lr
 
     return schedule
+
+
+def continuation_lr(o) -> float:
+    """The rate a `decay` continuation starts from (`optim.continue_lr`), scaled as optim.lr has been since it was
+    recorded (`optim.continue_peak`)."""
+    return o.continue_lr * (o.lr / o.continue_peak if o.continue_peak else 1.0)
 
 
 def continued(cfg: Config, saved: dict | None, step: int) -> Config:
@@ -93,7 +99,7 @@ def continued(cfg: Config, saved: dict | None, step: int) -> Config:
         old = None
     if old is None:
         return cfg
-    carried = {k: getattr(old.optim, k) for k in ("continue_as", "continue_from", "continue_lr")}
+    carried = {k: getattr(old.optim, k) for k in ("continue_as", "continue_from", "continue_lr", "continue_peak")}
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, **carried))
     before, after = old.train.steps, cfg.train.steps
     if before == after or step <= 0 or step >= after:  # same schedule, nothing trained yet, or nothing to train
@@ -113,7 +119,7 @@ def continued(cfg: Config, saved: dict | None, step: int) -> Config:
             f"schedule would jump from lr {was:.3g} to {now:.3g} there; choose how it goes on: train.extend=decay "
             f"({decay}, no jump) or train.extend=wsd (back at the peak "
             f"{o.lr:.3g} from step {step}, decaying to {floor:.3g} from step {wsd_from} to {after})")
-    optim = dataclasses.replace(o, continue_as=how, continue_from=int(step), continue_lr=was)
+    optim = dataclasses.replace(o, continue_as=how, continue_from=int(step), continue_lr=was, continue_peak=o.lr)
     return dataclasses.replace(cfg, optim=optim)
 
 
