@@ -67,10 +67,11 @@ def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tm
     assert history[-1]["changes"] == {"model.n_layers": [layers, layers + 1]}
     (run_dir / "checkpoints" / "100").mkdir(parents=True)
     original = (run_dir / "config.yaml").read_text()
-    with pytest.raises(UserError, match=rf"'model\.n_layers' is {layers + 1}, not {layers}: that changes the model "
-                                        "or the data; pass a new --run-dir .* or --overwrite to start over"):
-        prepare_run_dir(str(run_dir), _cfg())
-    with pytest.raises(UserError, match=rf"'curriculum\.0\.batch_size' is {batch}, not {batch + 1}"):
+    with pytest.raises(UserError, match=rf"'model\.n_layers' is {layers + 1}, not {layers}, which a resume cannot "
+                                        "change; pass a new --run-dir, or --overwrite to start over$"):
+        prepare_run_dir(str(run_dir), _cfg())  # the weights' shape changes: none to start from
+    with pytest.raises(UserError, match=rf"'curriculum\.0\.batch_size' is {batch}, not {batch + 1}.*with "
+                                        "init.from_checkpoint=.*checkpoints to start from its weights"):
         prepare_run_dir(str(run_dir), _cfg(f"model.n_layers={layers + 1}", f"curriculum.0.batch_size={batch + 1}"))
     assert (run_dir / "config.yaml").read_text() == original
     # settings a resume may change: more steps, logging, eval, checkpointing, the peak lr
@@ -129,7 +130,7 @@ def test_a_folder_with_a_runs_files_but_no_config_is_refused_not_written_over(tm
     (copied / "checkpoints" / "100").mkdir(parents=True)
     (copied / "metrics.jsonl").write_text("")
     saved = yaml.safe_load(to_yaml(_cfg()))
-    with pytest.raises(UserError, match=r"holds a run whose 'data.shuffle_seed' is 0, not 5: that changes"):
+    with pytest.raises(UserError, match=r"holds a run whose 'data.shuffle_seed' is 0, not 5, which a resume cannot change"):
         prepare_run_dir(str(copied), _cfg("data.shuffle_seed=5"), checkpoint_config=saved)
     assert sorted(p.name for p in copied.iterdir()) == ["checkpoints", "metrics.jsonl"]  # refused before writing
     moved = _cfg("train.log_every=3", "data.train=/elsewhere/prepared")  # a resumable change and data moved: taken

@@ -571,6 +571,16 @@ class InitConfig:
     """A Hugging Face Llama folder (config.json + model.safetensors): a fresh run starts from its
     weights, the model's sizes read from its config.json (full embedding, head tied or untied as
     saved; other model fields, such as dtype and remat, stay as configured). Empty: random init."""
+    from_checkpoint: str = ""
+    """A checkpoint of ours (a run's checkpoints folder: its latest step; or one step folder): a fresh run starts
+    from its parameters and FP8 state, with a fresh optimizer at step 0, on its own data and schedule (another
+    optimizer, learning rate or dataset; the same tokenizer). The model's sizes are the checkpoint's, as with
+    from_hf. Not `--checkpoint`, which continues a whole train state: step, optimizer moments, data position."""
+
+    def check(self) -> None:
+        if self.from_hf and self.from_checkpoint:
+            raise UserError("config keys 'init.from_hf' and 'init.from_checkpoint' both name the starting weights; "
+                            "keep one")
 
 
 @dataclass(frozen=True)
@@ -733,7 +743,7 @@ def validate(cfg: Config) -> Config:
     check_curriculum(cfg.curriculum, cfg.model.max_position)
     cfg.data.check(cfg.curriculum)
     cfg.eval.check(cfg.model.max_position)
-    for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint, cfg.profile):
+    for section in (cfg.optim, cfg.train, cfg.mesh, cfg.checkpoint, cfg.profile, cfg.init):
         section.check()
     k = cfg.train.micro_split
     if (bad := next((i for i, s in enumerate(cfg.curriculum) if s.batch_size % k), None)) is not None:
@@ -775,20 +785,23 @@ def resumable(key: str) -> bool:
     return marked
 
 
+def weight_fields() -> tuple[str, ...]:
+    """The ModelConfig fields that shape the weights (`WEIGHTS`): what a checkpoint's parameters fix."""
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get("weights"))
+
+
 def model_mismatch(saved: dict, model: ModelConfig) -> tuple[str, object, object] | None:
     """(dotted key, saved value, value of `model`) of the first `WEIGHTS` field on which a checkpoint's saved
     model config (a dict; a field it lacks counts as its default, as the code that saved it behaved) and
     `model` disagree, or None. head_dim is compared as resolved (0 means d_model // n_heads)."""
     defaults = ModelConfig()
-    for f in dataclasses.fields(ModelConfig):
-        if not f.metadata.get("weights"):
-            continue
-        was, now = saved.get(f.name, getattr(defaults, f.name)), getattr(model, f.name)
-        if f.name == "head_dim":
+    for name in weight_fields():
+        was, now = saved.get(name, getattr(defaults, name)), getattr(model, name)
+        if name == "head_dim":
             was = was or saved.get("d_model", defaults.d_model) // max(saved.get("n_heads", defaults.n_heads), 1)
             now = model.resolved_head_dim
         if was != now:
-            return f"model.{f.name}", was, now
+            return f"model.{name}", was, now
     return None
 
 

@@ -42,7 +42,7 @@ import yaml
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import from_dict, load_yaml, to_dict, to_yaml
-from yxanul_jax.core.config import Config, load_config, resumable
+from yxanul_jax.core.config import Config, load_config, resumable, weight_fields
 from yxanul_jax.core.errors import UserError, one_line, write_error, writing
 
 CACHE_ENV = "YXANUL_CACHE"
@@ -421,9 +421,13 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
         if fixed and held:
             key, was, now = fixed[0]
-            raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}: that "
-                            "changes the model or the data; pass a new --run-dir (add --checkpoint "
-                            f"{ckpt_dir} to start from its weights) or --overwrite to start over")
+            if key.startswith("model.") and key.split(".")[1] in weight_fields():
+                ways = "pass a new --run-dir, or --overwrite to start over"
+            else:  # the same model: its weights can start another run
+                ways = (f"pass a new --run-dir with init.from_checkpoint={ckpt_dir} to start from its weights (a fresh "
+                        "optimizer, from step 0), or --overwrite to start over")
+            raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}, which a "
+                            f"resume cannot change; {ways}")
     if held and not resume and not overwrite:  # (--overwrite moved them aside) refused before anything is written
         raise UserError(f"run directory '{run_dir}' already holds checkpoints (latest step {held[-1]}); "
                         "resume from them, pass a new --run-dir, or --overwrite to start over")

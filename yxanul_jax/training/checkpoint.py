@@ -465,16 +465,17 @@ class Checkpointer:
 
 
 def read_checkpoint(path: str, abstract_state: Any, *, partial: bool = False,
-                    expect: Callable[[dict], str | None] | None = None) -> tuple[int, Any, dict]:
-    """`Checkpointer.restore` of `--checkpoint PATH` (`resolve_checkpoint_path`), read-only."""
-    directory, step = resolve_checkpoint_path(path)
+                    expect: Callable[[dict], str | None] | None = None,
+                    what: str = "--checkpoint") -> tuple[int, Any, dict]:
+    """`Checkpointer.restore` of `--checkpoint PATH` (`resolve_checkpoint_path`; `what` names the option), read-only."""
+    directory, step = resolve_checkpoint_path(path, what)
     with Checkpointer(directory, read_only=True) as ckpt:
         return ckpt.restore(abstract_state, step, partial=partial, expect=expect)
 
 
-def read_checkpoint_meta(path: str) -> dict:
+def read_checkpoint_meta(path: str, what: str = "--checkpoint") -> dict:
     """`Checkpointer.read_meta` of `--checkpoint PATH` (its step, or the latest), read-only."""
-    directory, step = resolve_checkpoint_path(path)
+    directory, step = resolve_checkpoint_path(path, what)
     with Checkpointer(directory, read_only=True) as ckpt:
         return ckpt.read_meta(step)
 
@@ -520,19 +521,19 @@ def _without_checksums(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k not in (CHECKSUMS, META_CHECKSUMS, FORMAT)}
 
 
-def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
+def resolve_checkpoint_path(path: str, what: str = "--checkpoint") -> tuple[str, int | None]:
     """Turn `--checkpoint PATH` into `(checkpoint directory, step or None for the latest)`.
 
     PATH may be a checkpoint directory (`run/checkpoints`), one step inside it
-    (`run/checkpoints/1200`), or a run directory (its `checkpoints/` is used). Raises UserError if
-    PATH does not exist or holds no checkpoint.
+    (`run/checkpoints/1200`), or a run directory (its `checkpoints/` is used). Raises UserError, naming the
+    option as `what`, if PATH does not exist or holds no checkpoint.
     """
     full = os.path.abspath(os.path.expanduser(path))
     if os.path.isfile(full):
-        raise UserError(f"--checkpoint '{path}' is a file, not a checkpoint; pass a checkpoint directory "
+        raise UserError(f"{what} '{path}' is a file, not a checkpoint; pass a checkpoint directory "
                         "(run_dir/checkpoints) or one step directory inside it")
     if not os.path.isdir(full):
-        raise UserError(f"--checkpoint '{path}' does not exist; pass a checkpoint directory "
+        raise UserError(f"{what} '{path}' does not exist; pass a checkpoint directory "
                         "(run_dir/checkpoints) or one step directory inside it")
     if checkpoint_steps(full):
         return full, None
@@ -542,5 +543,5 @@ def resolve_checkpoint_path(path: str) -> tuple[str, int | None]:
     name = os.path.basename(full)
     if name.isdigit():  # a step directory; restore() says so if it is damaged or uncommitted
         return os.path.dirname(full), int(name)
-    raise UserError(f"--checkpoint '{path}' holds no checkpoint (no step directories such as "
+    raise UserError(f"{what} '{path}' holds no checkpoint (no step directories such as "
                     f"'{os.path.join(path, '1000')}'); pass a checkpoint directory or a step directory")

@@ -37,7 +37,7 @@ from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
                                          validation_logged)
 from yxanul_jax.training.optim import continuation_lr, continued
-from yxanul_jax.training.session import RunContext, open_train_stream, same_model
+from yxanul_jax.training.session import RunContext, open_train_stream, resolve_checkpoint_init, same_model
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
 
@@ -271,17 +271,25 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     if cfg.init.from_hf:
         from yxanul_jax.model.hf import resolve_init
         cfg = resolve_init(cfg)  # the model's sizes are the checkpoint's
+    if checkpoint and cfg.init.from_checkpoint:
+        raise UserError("--checkpoint continues a checkpoint's whole train state and init.from_checkpoint starts a "
+                        "fresh one from a checkpoint's weights; pass one of them")
+    cfg = resolve_checkpoint_init(cfg)
     sh.maybe_initialize_distributed(cfg.mesh)
     lead = jax.process_index() == 0
     run_dir = run_dir or os.path.join(RUNS_DIR, cfg.model.name)
     check_run_dir(run_dir)
     ctx = RunContext.open(cfg, mesh)
-    # a missing, damaged or mismatched --checkpoint is refused before the run directory is touched
+    # a missing, damaged or mismatched --checkpoint (or init.from_checkpoint of a fresh start) is refused before the
+    # run directory is touched
     explicit = read_checkpoint(checkpoint, ctx.layout.abstract, expect=same_model(cfg.model)) if checkpoint else None
+    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
+    weights = ctx.start_weights() if cfg.init.from_checkpoint and fresh else None
     enable_compilation_cache()
     lock = RunLock(run_dir).acquire() if lead else None
     try:
-        return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks))
+        return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks), weights)
     finally:
         if lock is not None:
             lock.release()
@@ -324,7 +332,8 @@ def _describe(ctx: RunContext, run_dir: str) -> str:
             f"run dir {run_dir} (resolved config in {CONFIG_FILE})")
 
 
-def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: bool, extra: list[Hook]) -> TrainResult:
+def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: bool, extra: list[Hook],
+                weights=None) -> TrainResult:
     cfg = ctx.cfg
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     saved = checkpoint_steps(ckpt_dir)
@@ -354,7 +363,7 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
         if platform == "gpu" and budget is not None and (hint := micro_batch_hint(cfg, budget)):
             console.warn(hint)
     with Checkpointer(ckpt_dir, cfg.checkpoint) as ckpt:  # closed (its last save waited for) however this ends
-        state, meta, restored = ctx.restore_or_init(ckpt, explicit)
+        state, meta, restored = ctx.restore_or_init(ckpt, explicit, weights)
         start = int(state.step)
         resumed = continued(cfg, meta.get("config"), start) if restored is not None else cfg
         rescheduled = resumed != cfg  # the latest checkpoint was unusable: the schedule goes on from an earlier step

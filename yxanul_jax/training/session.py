@@ -1,5 +1,5 @@
 """What a run builds once before its first step: data, mesh, state layout, validation domains; and the state
-it starts from (fresh, restored, or imported from Hugging Face).
+it starts from (fresh, restored, or a fresh optimizer on the weights of another checkpoint or of Hugging Face).
 
 `RunContext.open(cfg)` runs every check that can fail before anything is written (mesh and batch
 divisibility, enough tokens for the stream's lanes, evaluation domains and their batches) and keeps
@@ -15,8 +15,8 @@ from typing import Any, Callable
 import jax
 
 from yxanul_jax.core import console
-from yxanul_jax.core.coerce import apply_overrides, from_dict
-from yxanul_jax.core.config import Config, ModelConfig, model_mismatch, stream_lanes, validate
+from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
+from yxanul_jax.core.config import Config, ModelConfig, model_mismatch, stream_lanes, validate, weight_fields
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, cache_root, checkpoint_steps
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
@@ -135,10 +135,28 @@ class RunContext:
                         max_batches=e.max_batches, put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(self.mesh)),
                         process_index=jax.process_index(), process_count=jax.process_count(), should_stop=should_stop)
 
-    def restore_or_init(self, ckpt: Checkpointer, explicit: tuple | None) -> tuple[Any, dict, int | None]:
+    def start_weights(self) -> Any:
+        """init.from_checkpoint's parameters, read onto the mesh (its FP8 state is not taken: the first step
+        calibrates a fresh one, so fp8.* may differ); UserError, before anything is written, for a path holding no
+        checkpoint, one of another model, or one trained on token ids of another tokenizer than data.train's."""
+        path = self.cfg.init.from_checkpoint
+        step, read, meta = read_checkpoint(path, {"params": self.layout.abstract.params}, partial=True,
+                                           expect=same_model(self.cfg.model), what="init.from_checkpoint")
+        theirs = _tokenizer_hashes(meta.get("data"))
+        ours = self.ds.manifest.get("tokenizer", {}).get("sha256")
+        if ours and theirs and ours not in theirs:
+            raise UserError(f"init.from_checkpoint '{path}' was trained on text of another tokenizer (sha256 "
+                            f"{sorted(theirs)[0][:12]}...) than data.train's ({ours[:12]}...), so its token ids mean "
+                            "other words; prepare the data with that run's tokenizer.json")
+        console.info(f"initialized from step {step} of '{path}' (its parameters; a fresh optimizer from step 0)")
+        return read["params"]
+
+    def restore_or_init(self, ckpt: Checkpointer, explicit: tuple | None,
+                        weights: Any = None) -> tuple[Any, dict, int | None]:
         """(state, meta, restored step or None), laid out on the mesh: `explicit` (`read_checkpoint`'s
         (step, state, meta) of --checkpoint), else the latest readable checkpoint of `ckpt`, else
-        init.from_hf's weights with fresh moments, else a fresh state from train.seed."""
+        `weights` (`start_weights`: init.from_checkpoint's) or init.from_hf's with fresh moments, else a fresh
+        state from train.seed."""
         cfg, abstract, shardings = self.cfg, self.layout.abstract, self.layout.shardings
         if explicit is not None:
             step, state, meta = explicit
@@ -146,21 +164,56 @@ class RunContext:
         if ckpt.latest_step() is not None or quarantined(ckpt.directory):  # none usable: restore() refuses
             step, state, meta = ckpt.restore(abstract, expect=same_model(cfg.model))
             return state, meta, step
-        if cfg.init.from_hf:  # a fresh run from a Hugging Face Llama: its weights, fresh moments
+        if weights is None and cfg.init.from_hf:  # a fresh run from a Hugging Face Llama: its weights
             from yxanul_jax.model import hf
-            from yxanul_jax.training.optim import make_optimizer
 
             _, tensors = hf.read_hf(cfg.init.from_hf)
-            imported = hf.from_hf(cfg.model, tensors, abstract.params)
+            weights = hf.from_hf(cfg.model, tensors, abstract.params)
+            console.info(f"initialized from the Hugging Face model in {cfg.init.from_hf}")
+        if weights is not None:  # fresh moments and FP8 state, step 0
+            from yxanul_jax.training.optim import make_optimizer
 
             def init_from(key, params):
                 return init_train_state(cfg, key).replace(params=params, opt_state=make_optimizer(cfg).init(params))
 
-            state = jax.jit(init_from, out_shardings=shardings)(jax.random.key(cfg.train.seed), imported)
-            console.info(f"initialized from the Hugging Face model in {cfg.init.from_hf}")
-            return state, {}, None
+            return jax.jit(init_from, out_shardings=shardings)(jax.random.key(cfg.train.seed), weights), {}, None
         init = jax.jit(lambda key: init_train_state(cfg, key), out_shardings=shardings)
         return init(jax.random.key(cfg.train.seed)), {}, None
+
+
+def _tokenizer_hashes(data_meta) -> set[str]:
+    """Every tokenizer sha256 a checkpoint's saved stream position names (one dataset's, each of a mixture's)."""
+    found: set[str] = set()
+    if isinstance(data_meta, dict):
+        for key, value in data_meta.items():
+            if key == "tokenizer_sha256" and isinstance(value, str):
+                found.add(value)
+            else:
+                found |= _tokenizer_hashes(value)
+    elif isinstance(data_meta, list):
+        for value in data_meta:
+            found |= _tokenizer_hashes(value)
+    return found
+
+
+def resolve_checkpoint_init(cfg: Config) -> Config:
+    """`cfg` with the model's weight-shaping fields (`config.WEIGHTS`) of init.from_checkpoint's saved config, one
+    note naming each it changes (unchanged when the key is empty, or the checkpoint saved no config: its arrays'
+    shapes are compared when read). UserError for a path that holds no checkpoint."""
+    if not cfg.init.from_checkpoint:
+        return cfg
+    saved = read_checkpoint_meta(cfg.init.from_checkpoint, what="init.from_checkpoint").get("config")
+    model = saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(model, dict):
+        return cfg
+    weights = {k: model[k] for k in weight_fields() if k in model}
+    resolved = from_dict(ModelConfig, {**to_dict(cfg.model), **weights})
+    replaced = [f"model.{k} {getattr(cfg.model, k)!r} -> {getattr(resolved, k)!r}" for k in weights
+                if getattr(cfg.model, k) != getattr(resolved, k)]
+    if replaced:
+        console.note(f"init.from_checkpoint: the model's sizes are those of '{cfg.init.from_checkpoint}': "
+                     f"{', '.join(replaced)}")
+    return validate(dataclasses.replace(cfg, model=resolved))
 
 
 def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None, mesh=None) -> tuple[int, dict]:

@@ -1,0 +1,77 @@
+"""`init.from_checkpoint`: a fresh run on another run's weights (a fresh optimizer from step 0, its own optimizer,
+data and schedule), the refusal of a resume with another optimizer that names it, and its mistakes in one line."""
+import os
+import shutil
+
+import jax
+import numpy as np
+
+from yxanul_jax.core.config import load_config
+from yxanul_jax.training.checkpoint import read_checkpoint
+from yxanul_jax.training.steps import abstract_train_state
+
+from conftest import TRAINED_RUN
+from data_fixtures import docs, run_cli  # noqa: F401  (fixture)
+
+
+def cli(*args) -> tuple[int, str, str]:
+    from yxanul_jax.cli import main
+
+    return run_cli(main, ["train", *args])
+
+
+def params_of(path, overrides=()) -> dict:
+    abstract = abstract_train_state(load_config(None, [*TRAINED_RUN, *overrides])).model_parts()
+    _, model, _ = read_checkpoint(str(path), {"params": abstract["params"]}, partial=True)
+    return jax.tree.map(np.asarray, model["params"])
+
+
+def test_a_resume_under_another_optimizer_names_the_start_that_takes_its_weights(trained_run, tmp_path):
+    """The refusal names init.from_checkpoint; the run it names starts from the checkpoint's parameters (at a
+    learning rate of 1e-12, one Muon step leaves them as they were) with Muon's fresh state at step 0."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    rc, _, err = cli("--run-dir", run, *TRAINED_RUN, "optim.name=muon")
+    assert rc == 2 and err.count("\n") == 1, err
+    named = f"init.from_checkpoint={run / 'checkpoints'}"
+    assert "'optim.name' is 'adamw', not 'muon', which a resume cannot change" in err and named in err, err
+
+    fresh = tmp_path / "muon"
+    tiny_rates = ["optim.lr=1e-12", "optim.muon_lr=1e-12", "train.steps=1", "checkpoint.interval=1"]
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=muon", *tiny_rates, named)
+    assert rc == 0, err[-2000:]
+    assert "initialized from step 6 of" in out + err
+    before, after = params_of(run / "checkpoints"), params_of(fresh / "checkpoints", ["optim.name=muon"])
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(before), jax.tree.leaves(after)):
+        np.testing.assert_allclose(b, a, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+    _, state, meta = read_checkpoint(str(fresh / "checkpoints"),
+                                     abstract_train_state(load_config(None, [*TRAINED_RUN, "optim.name=muon"])))
+    assert int(state.step) == 1 and meta["tokens"] == 8 * 32  # one step of its own, its own data position
+
+    # a model size given beside it is the checkpoint's, with a note; the run resumes as any run does
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=muon", *tiny_rates[:2], "train.steps=2", named)
+    assert rc == 0 and "initialized from" not in out + err, err[-2000:]
+
+
+def test_its_mistakes_are_one_line_and_write_nothing(trained_run, tmp_path, docs):  # noqa: F811
+    from yxanul_jax.data.prepare import prepare_documents
+    from yxanul_jax.data.tokenizer import train_bpe
+
+    ckpt = str(trained_run / "checkpoints")
+    other = tmp_path / "other-tokenizer"  # the same vocabulary size, other token ids
+    prepare_documents([docs[:200]], train_bpe([docs[::-1][:200]], 512), other, request={"t": 1}, val_fraction=0.1,
+                      progress=False)
+    out = tmp_path / "new"
+    cases = [
+        ([f"init.from_checkpoint={tmp_path / 'nowhere'}"], "init.from_checkpoint '"),
+        ([f"init.from_checkpoint={ckpt}", "--checkpoint", ckpt], "pass one of them"),
+        ([f"init.from_checkpoint={ckpt}", "init.from_hf=somewhere"], "both name the starting weights; keep one"),
+        ([f"init.from_checkpoint={ckpt}", f"data.train={other}"], "was trained on text of another tokenizer"),
+    ]
+    for args, needle in cases:
+        rc, _, err = cli("--run-dir", out, *TRAINED_RUN, *args)
+        assert rc == 2 and err.count("\n") == 1 and needle in err, (args, err[-2000:])
+        assert not os.path.exists(out)
+    rc, _, err = cli("--run-dir", out, *TRAINED_RUN, "model.d_model=32", f"init.from_checkpoint={ckpt}",
+                     "train.steps=1")
+    assert rc == 0 and "the model's sizes are those of" in err and "model.d_model 32 -> 64" in err, err[-2000:]
