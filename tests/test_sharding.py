@@ -47,6 +47,21 @@ def test_one_device_and_eight_devices_give_the_same_losses(cache, tmp_path, caps
         assert abs(x - y) <= 1e-5 * abs(x), (a, b)
 
 
+def test_an_fsdp_run_resumes_with_the_losses_of_the_unbroken_run(cache, tmp_path):
+    """FSDP over 4 devices, stopped at step 10 and resumed: bit-equal losses. The restore's check that the ~100
+    sharded arrays are finite had put one small cross-device reduction per array in flight, and on CPU devices some
+    fifty of them deadlocked (the process aborted): no FSDP run could resume."""
+    import shutil
+
+    env, run = _env(cache, 4), tmp_path / "fsdp"
+    train(env, "--run-dir", str(run), *RUN, "mesh.data=1", "mesh.fsdp=4", "checkpoint.interval=10")
+    unbroken = losses(run)
+    shutil.rmtree(run / "checkpoints" / "20")  # as if stopped after step 10's checkpoint
+    again = train(env, "--run-dir", str(run), *RUN, "mesh.data=1", "mesh.fsdp=4", "checkpoint.interval=10")
+    assert "resum" in again.stdout + again.stderr and len(unbroken) == 20
+    assert losses(run) == unbroken
+
+
 def test_a_hand_set_split_must_divide_each_devices_rows(cache, tmp_path):
     # 8 rows on 8 devices: 1 row each, which train.micro_split=2 cannot halve. One line naming the fix, exit 2,
     # nothing written (on a mesh remat: auto never splits, so only a hand-set split meets this)
