@@ -62,6 +62,26 @@ def test_an_fsdp_run_resumes_with_the_losses_of_the_unbroken_run(cache, tmp_path
     assert losses(run) == unbroken
 
 
+def test_validation_batches_the_devices_do_not_divide_count_the_same_tokens(cache, tmp_path):
+    """eval.batch_size 6 on 4 devices (the default 16 on 32 GPUs alike) crashed at the first validation, after
+    training, leaving the last step unsaved; its batches are now padded with rows that count nothing: the same
+    tokens as on one device, and the loss to reduction order."""
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.training.loop import fit
+
+    run = [*RUN, "train.steps=4", "eval.batch_size=6", "eval.max_batches=3"]
+    fit(load_config(None, run), str(tmp_path / "one"))
+    train(_env(cache, 4), "--run-dir", str(tmp_path / "four"), *run, "mesh.data=4")
+
+    def validation(run_dir):
+        with open(run_dir / "metrics.jsonl") as fh:
+            return [r for r in map(json.loads, fh) if "val/mean/loss" in r][-1]
+
+    one, four = validation(tmp_path / "one"), validation(tmp_path / "four")
+    assert one["val/heldout/tokens"] == four["val/heldout/tokens"] == 3 * 6 * 64
+    assert abs(one["val/mean/loss"] - four["val/mean/loss"]) <= 1e-5 * one["val/mean/loss"]
+
+
 def test_a_hand_set_split_must_divide_each_devices_rows(cache, tmp_path):
     # 8 rows on 8 devices: 1 row each, which train.micro_split=2 cannot halve. One line naming the fix, exit 2,
     # nothing written (on a mesh remat: auto never splits, so only a hand-set split meets this)

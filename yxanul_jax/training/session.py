@@ -128,11 +128,14 @@ class RunContext:
     def validate(self, params, fp8_state, step: int, should_stop: Callable[[], bool] | None = None) -> dict | None:
         """Validation of the model after `step` steps on every domain, batches split over the mesh and over
         processes: {"val/<domain>/loss", ".../ppl", ".../tokens", "val/mean/loss", "val/mean/ppl"}; None when
-        `should_stop()` (asked before each batch) abandoned it."""
+        `should_stop()` (asked before each batch) abandoned it. A batch this process's devices do not divide is
+        padded with rows that count nothing (`sharding.padded_rows`)."""
         e = self.cfg.eval
+        local_devices, sharding = self.mesh.devices.size // jax.process_count(), sh.eval_batch_sharding(self.mesh)
         return evaluate(self.eval_step, params, fp8_state, self.domains,
                         seq_len=validation_seq_len(self.cfg, step), batch_size=e.batch_size,
-                        max_batches=e.max_batches, put=lambda b: sh.global_batch(b, sh.eval_batch_sharding(self.mesh)),
+                        max_batches=e.max_batches, put=lambda b: sh.global_batch(sh.padded_rows(b, local_devices),
+                                                                                 sharding),
                         process_index=jax.process_index(), process_count=jax.process_count(), should_stop=should_stop)
 
     def start_weights(self) -> Any:

@@ -275,6 +275,17 @@ def global_batch(local: dict, sharding: NamedSharding) -> dict:
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local.items()}
 
 
+def padded_rows(local: dict, multiple: int) -> dict:
+    """`local`'s [B, ...] arrays with zero rows appended up to a multiple of `multiple` (this process's devices):
+    a validation batch of any size splits over them, and a zero row's mask adds no token and no loss."""
+    rows = len(next(iter(local.values())))
+    extra = -rows % multiple
+    if not extra:
+        return local
+    return {k: np.concatenate([np.asarray(v), np.zeros((extra, *np.shape(v)[1:]), np.asarray(v).dtype)])
+            for k, v in local.items()}
+
+
 def with_shardings(abstract, shardings):
     """ShapeDtypeStructs carrying their target sharding (for AOT compiles and checkpoint restores)."""
     return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
