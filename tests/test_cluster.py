@@ -92,6 +92,10 @@ def test_open_mpi_and_kubernetes(env):
     (MeshConfig(cluster="slurm"), {}, "not a task of a SLURM job step"),
     (MeshConfig(cluster="ompi"), {}, "not started by Open MPI"),
     (MeshConfig(cluster="k8s"), {}, "JOB_COMPLETION_INDEX is not set"),
+    (MeshConfig(), dict(OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_RANK=0),  # found by auto: no mesh.cluster to blame
+     r"Open MPI's variables are set \(OMPI_COMM_WORLD_SIZE=2\) but not all of them \(no OMPI_COMM_WORLD_LOCAL_RANK\)"),
+    (MeshConfig(num_processes=2, process_id=1), {}, "2 processes \\(this one id 1\\) but no coordinator to join"),
+    (MeshConfig(), dict(JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=1), "but no coordinator to join"),
 ])
 def test_an_inconsistent_environment_is_one_clear_error(env, cfg, vars_, message):
     env(**vars_)
@@ -167,3 +171,32 @@ def test_two_slurm_tasks_lose_one_and_resume_bit_exactly(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out[-2000:] + err[-3000:]
     assert losses(run)[-12:] == want and len(losses(run)) == 12  # bit-exact, no step lost or logged twice
+
+
+def test_processes_started_with_different_configs_are_refused_alike(tmp_path):
+    """Two processes of one run, one given train.seed=1: each would initialize its own "replicated" model (or, for
+    another train.steps, wait in a collective the other never reaches). Both end in the same one line naming the
+    key, before the run directory is made. Digests leave out what each process sets for itself."""
+    import dataclasses
+
+    from yxanul_jax.core.config import load_config
+    from yxanul_jax.training.sharding import config_digests
+
+    cfg = load_config(None, RUN)
+    keys, a = config_digests(cfg)
+    _, b = config_digests(dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, process_id=1)))
+    assert len(keys) == len(set(keys)) and (a == b).all()
+    _, c = config_digests(load_config(None, [*RUN, "train.seed=1"]))
+    assert [k for k, x, y in zip(keys, a, c) if x != y] == ["train.seed"]
+
+    run, port = tmp_path / "run", free_port()
+    procs = [start(cpu_env(1, YXANUL_CACHE=os.environ["YXANUL_CACHE"]), "--run-dir", str(run), *RUN, *extra,
+                   f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2", f"mesh.process_id={i}")
+             for i, extra in enumerate([[], ["train.seed=1"]])]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert p.returncode == 2 and errors == [
+            "error: the processes were started with different configs: 'train.seed' differs between process 0 and "
+            "process 1; start every process with the same --config and overrides"], err[-3000:]
+    assert not run.exists()

@@ -116,7 +116,11 @@ RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sam
              # how the FP8 GEMMs are written and the weight gradient's precision: no state, no stream changes
              "fp8.gemm_form", "fp8.wgrad",
              # how the process group forms (a resumed job gets a new port, another launcher): not the data or model
-             "mesh.coordinator_address", "mesh.process_id", "mesh.cluster", "mesh.heartbeat_timeout_s")
+             "mesh.coordinator_address", "mesh.process_id", "mesh.cluster", "mesh.heartbeat_timeout_s",
+             "mesh.init_timeout_s",
+             # the mesh and the process count: the checkpoint is read resharded, the stream keeps its global
+             # batches (tests/test_sharding.py resumes two processes as one on another mesh)
+             "mesh.data", "mesh.fsdp", "mesh.num_processes")
 
 
 def _field_keys(cls, prefix=""):

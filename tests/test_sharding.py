@@ -147,6 +147,25 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     assert vals[0]["val/mean/loss"] > 0 and vals[0] == vals[1]
 
 
+def test_a_run_of_two_processes_resumes_as_one_on_another_mesh(cache, tmp_path):
+    """Stopped at step 10 of a data-parallel run of two processes, resumed as one process on four devices with
+    FSDP: the checkpoint is read resharded, the stream goes on with the same global batches, a note says so, and
+    the losses follow the unbroken run's to reduction order."""
+    import shutil
+
+    run = tmp_path / "moved"
+    _both_succeed(_two_processes(cache, str(run), "checkpoint.interval=10"))
+    unbroken = losses(run)
+    shutil.rmtree(run / "checkpoints" / "20")
+    again = train(_env(cache, 4), "--run-dir", str(run), *RUN, "checkpoint.interval=10", "mesh.data=1", "mesh.fsdp=4")
+    assert ("saved on data=2 x fsdp=1 over 2 processes, resumed on data=1 x fsdp=4 over 1 process: the same state, "
+            "resharded") in again.stderr, again.stderr[-2000:]
+    got = losses(run)
+    assert len(got) == len(unbroken) == 20 and got[:10] == unbroken[:10]
+    for x, y in zip(got[10:], unbroken[10:]):
+        assert abs(x - y) <= 1e-5 * abs(y), (got, unbroken)
+
+
 def test_parameters_sharded_across_processes_skip_the_end_of_run_sample_with_a_note(cache, tmp_path):
     # process 0 alone cannot read parameters that span processes: the sample is skipped, the run still succeeds
     run = str(tmp_path / "fsdp")

@@ -380,6 +380,8 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
             needle="does not exist")
     refused("--run-dir", str(tmp_path / "new"), *FAST, "--checkpoint", str(run / "config.yaml"),
             needle="is a file, not a checkpoint")
+    refused("--run-dir", str(tmp_path / "new"), *FAST, "train.steps=10", "--checkpoint", str(run / "checkpoints"),
+            needle="--checkpoint is at step 12 and train.steps is 10: there is nothing to train")  # had written a run
     assert not (tmp_path / "new").exists()
     # the run's own earlier step into the run itself: its later checkpoints would be overwritten (and its metrics cut)
     earlier = min(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())

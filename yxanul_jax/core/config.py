@@ -522,13 +522,14 @@ class CheckpointConfig:
 class MeshConfig:
     """Device mesh; -1 takes all remaining devices."""
 
-    data: int = -1
-    """Data-parallel axis size."""
-    fsdp: int = 1
+    data: int = field(default=-1, metadata=RESUME)
+    """Data-parallel axis size. It, fsdp and the process count may change on resume: the checkpoint is read
+    resharded onto the new mesh, the data stream goes on with the same global batches (docs/CLUSTER.md)."""
+    fsdp: int = field(default=1, metadata=RESUME)
     """Fully-sharded axis size (parameters and optimizer state are sharded over it)."""
     coordinator_address: str = field(default="", metadata=RESUME)
     """Multi-host: host:port of process 0 (else JAX_COORDINATOR_ADDRESS; empty: single process)."""
-    num_processes: int = 0
+    num_processes: int = field(default=0, metadata=RESUME)
     """Multi-host: number of processes (else JAX_NUM_PROCESSES)."""
     process_id: int = field(default=-1, metadata=RESUME)
     """Multi-host: this process's index (else JAX_PROCESS_ID)."""
@@ -546,15 +547,16 @@ class MeshConfig:
     and ends every other one (JAX's default). A process that dies (SIGKILL, node loss) leaves the others
     blocked in a collective until then; they end with "another task died" and the job restarts from the
     last checkpoint."""
+    init_timeout_s: int = field(default=300, metadata=RESUME)
+    """Multi-host: seconds a process waits for all the others to join at the coordinator before JAX ends it
+    (an unreachable coordinator, a process that never started: "DEADLINE_EXCEEDED ... RegisterTask")."""
 
     def check(self) -> None:
         each_in_range(self, "mesh", ("data", "fsdp"), lambda v: v >= 1 or v == -1,
                       "positive or -1 (all remaining devices)")
         if self.data == -1 and self.fsdp == -1:
             raise UserError("only one of 'mesh.data' and 'mesh.fsdp' may be -1")
-        if self.heartbeat_timeout_s < 1:
-            raise UserError(f"config key 'mesh.heartbeat_timeout_s' must be >= 1 second, got "
-                            f"{self.heartbeat_timeout_s}")
+        each_in_range(self, "mesh", ("heartbeat_timeout_s", "init_timeout_s"), lambda v: v >= 1, ">= 1 second")
         if self.num_processes < 0:
             raise UserError(f"config key 'mesh.num_processes' must be >= 0 (0: from the environment), got "
                             f"{self.num_processes}")

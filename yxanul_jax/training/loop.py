@@ -102,9 +102,10 @@ class Loop:
 
     def meta(self, stage: int) -> dict:
         """The checkpoint's JSON beside the arrays: data position, stage, tokens, resolved config, the training
-        loss of its last step and the lowest the run had reached (`diverging` reads them)."""
+        loss of its last step and the lowest the run had reached (`diverging` reads them), the mesh it ran on."""
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg),
-                "train_loss": self.last_loss, "train_loss_lowest": self.lowest_loss}
+                "train_loss": self.last_loss, "train_loss_lowest": self.lowest_loss,
+                "mesh": sh.mesh_layout(self.ctx.mesh)}
 
     def resume_from(self, meta: dict) -> None:
         self.stream.set_state(meta["data"])
@@ -275,7 +276,7 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
         raise UserError("--checkpoint continues a checkpoint's whole train state and init.from_checkpoint starts a "
                         "fresh one from a checkpoint's weights; pass one of them")
     cfg = resolve_checkpoint_init(cfg)
-    sh.maybe_initialize_distributed(cfg.mesh)
+    sh.join_processes(cfg)
     lead = jax.process_index() == 0
     run_dir = run_dir or os.path.join(RUNS_DIR, cfg.model.name)
     check_run_dir(run_dir)
@@ -283,6 +284,10 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     # a missing, damaged or mismatched --checkpoint (or init.from_checkpoint of a fresh start) is refused before the
     # run directory is touched
     explicit = read_checkpoint(checkpoint, ctx.layout.abstract, expect=same_model(cfg.model)) if checkpoint else None
+    if explicit is not None and explicit[0] >= cfg.train.steps:  # it would write a run directory, and train nothing
+        raise UserError(f"--checkpoint is at step {explicit[0]} and train.steps is {cfg.train.steps}: there is nothing "
+                        "to train; pass a larger train.steps (and train.extend=decay or wsd), or --eval-only to "
+                        "validate it")
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
     weights = ctx.start_weights() if cfg.init.from_checkpoint and fresh else None
@@ -315,6 +320,11 @@ def micro_batch_hint(cfg: Config, budget: int) -> str | None:
     more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
     return (f"this GPU holds larger micro-batches: {notes[0]}{more}; the same sums run faster in fewer, larger "
             "micro-batches: `python -m yxanul_jax.plan --config FILE --gpu GPU` prints that config")
+
+
+def _mesh_words(layout: dict) -> str:
+    n = layout.get("processes", 1)
+    return f"data={layout.get('data')} x fsdp={layout.get('fsdp')} over {n} process{'es' if n != 1 else ''}"
 
 
 def _describe(ctx: RunContext, run_dir: str) -> str:
@@ -392,6 +402,9 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             if restored is not None:
                 loop.resume_from(meta)
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
+                if (was := meta.get("mesh")) and was != (now := sh.mesh_layout(ctx.mesh)):
+                    console.note(f"saved on {_mesh_words(was)}, resumed on {_mesh_words(now)}: the same state, "
+                                 "resharded; the losses follow an unbroken run's to rounding, not bit for bit")
             if own is not None and lead and not finished:  # copied checkpoints, checked and resumed: record the run
                 prepare_run_dir(run_dir, cfg, **copy)
             console.info(_describe(ctx, run_dir))

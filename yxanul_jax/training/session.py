@@ -224,7 +224,7 @@ def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None
     domain; only its parameters and FP8 state are read, nothing is written. The library form of
     `train --eval-only`: it starts what `loop.fit` starts (backend check, multi-host, compilation cache)."""
     fp8_lib.check_backend(cfg.fp8)
-    sh.maybe_initialize_distributed(cfg.mesh)
+    sh.join_processes(cfg)
     enable_compilation_cache()
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     if not checkpoint and not checkpoint_steps(ckpt_dir) and quarantined(ckpt_dir):

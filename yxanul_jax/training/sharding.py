@@ -124,6 +124,11 @@ def _cluster_values(method: str, chosen: str) -> tuple[int, int, bool, str]:
     if method == "ompi":
         missing = [v for v in ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
                    if v not in os.environ]
+        if missing and chosen == "auto":
+            size = os.environ.get("OMPI_COMM_WORLD_SIZE")
+            raise UserError(f"Open MPI's variables are set (OMPI_COMM_WORLD_SIZE={size}) but not all of them (no "
+                            f"{', '.join(missing)}): launch the trainer with `mpirun ... python -m yxanul_jax.train` "
+                            "(docs/CLUSTER.md), or set mesh.cluster=none to train as one process")
         if missing:
             raise UserError(f"mesh.cluster=ompi but this process was not started by Open MPI's mpirun (no "
                             f"{', '.join(missing)}): launch it with mpirun, or set mesh.cluster=auto")
@@ -144,6 +149,11 @@ def process_group(cfg: MeshConfig) -> ProcessGroup | None:
     method = _detect(cfg) if cfg.cluster == "auto" else cfg.cluster
     address, num, pid = _flags(cfg)
     if method == "none":
+        if not address and ((num or 0) > 1 or (pid or 0) > 0):  # a multi-process run asked for, with nowhere to meet
+            raise UserError(f"{num or '?'} processes (this one id {pid if pid is not None and pid >= 0 else '?'}) "
+                            "but no coordinator to join: set mesh.coordinator_address=HOST:PORT of process 0 (or "
+                            "JAX_COORDINATOR_ADDRESS), or drop mesh.num_processes / mesh.process_id "
+                            "(JAX_NUM_PROCESSES / JAX_PROCESS_ID) to train as one process")
         if not address:
             return None
         if not num or pid is None or pid < 0:
@@ -186,13 +196,66 @@ def maybe_initialize_distributed(cfg: MeshConfig) -> ProcessGroup | None:
     group = process_group(cfg)
     if group is None:
         return None
-    console.info(f"process group: {group.describe()}")
+    console.info(f"process group: {group.describe()}; waiting up to {cfg.init_timeout_s} s for all "
+                 f"{group.num_processes} processes at {group.coordinator_address} (mesh.init_timeout_s)")
     # JAX's own detection of the same cluster binds a process to its node-local GPU; elsewhere it is kept out
     # (the values are already settled, and each process sees all its devices: one process per node).
     jax.distributed.initialize(coordinator_address=group.coordinator_address, num_processes=group.num_processes,
                                process_id=group.process_id, heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
+                               initialization_timeout=cfg.init_timeout_s,
                                cluster_detection_method=group.how if group.one_device else "deactivate")
     return group
+
+
+def join_processes(cfg: Config) -> ProcessGroup | None:
+    """`maybe_initialize_distributed`, then `check_same_config`: what every multi-process command starts with."""
+    group = maybe_initialize_distributed(cfg.mesh)
+    check_same_config(cfg)
+    return group
+
+
+PER_PROCESS_KEYS = ("mesh.process_id", "mesh.coordinator_address")
+"""Config keys the processes of one run may set differently (each its own id; an address each reached it by)."""
+
+
+def config_digests(cfg: Config) -> tuple[list[str], np.ndarray]:
+    """(keys, a uint32 digest of each key's value) of `cfg`: every field of every section, the curriculum whole,
+    so that processes of the same code hold lists of one length and order. PER_PROCESS_KEYS digest as equal."""
+    import hashlib
+    import json
+
+    from yxanul_jax.core.coerce import to_dict
+
+    keys, values = [], []
+    for section in dataclasses.fields(cfg):
+        part = getattr(cfg, section.name)
+        fields = dataclasses.fields(part) if dataclasses.is_dataclass(part) else [None]
+        for f in fields:
+            key = section.name if f is None else f"{section.name}.{f.name}"
+            value = part if f is None else getattr(part, f.name)
+            keys.append(key)
+            values.append(None if key in PER_PROCESS_KEYS else to_dict(value) if dataclasses.is_dataclass(value)
+                          or isinstance(value, tuple) else value)
+    digest = [int.from_bytes(hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).digest()[:4],
+                             "little") for v in values]
+    return keys, np.asarray(digest, np.uint32)
+
+
+def check_same_config(cfg: Config) -> None:
+    """UserError, on every process alike, when the processes of a run were started with configs that differ (a
+    seed, a step count): each would train its own model, or wait in a collective the others never reach. One
+    all-gather; nothing with one process."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    keys, mine = config_digests(cfg)
+    every = np.asarray(multihost_utils.process_allgather(mine))  # [processes, keys]
+    for i, key in enumerate(keys):
+        other = next((p for p in range(1, every.shape[0]) if every[p, i] != every[0, i]), None)
+        if other is not None:
+            raise UserError(f"the processes were started with different configs: '{key}' differs between process "
+                            f"0 and process {other}; start every process with the same --config and overrides")
 
 
 def lead_says(flag: bool) -> bool:
@@ -217,6 +280,11 @@ def mesh_shape(cfg: MeshConfig, n_devices: int) -> tuple[int, int]:
         raise UserError(f"mesh data={cfg.data} x fsdp={cfg.fsdp} does not fit {n_devices} devices; make the "
                         "product equal the device count or set one of them to -1")
     return data, fsdp
+
+
+def mesh_layout(mesh: Mesh) -> dict:
+    """What a checkpoint records of the mesh it was saved from: {"data", "fsdp", "processes"}."""
+    return {"data": int(mesh.shape["data"]), "fsdp": int(mesh.shape["fsdp"]), "processes": jax.process_count()}
 
 
 def make_mesh(cfg: MeshConfig, devices=None) -> Mesh:
