@@ -497,3 +497,39 @@ def test_a_gemm_no_gradient_reaches_keeps_its_state_through_value_and_grad():
     assert all(float(s) > 0 for s in F._leaves(new["probe"], "scale"))
     assert not jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), new["probe"], probe_state))
     assert np.isfinite(np.asarray(model.apply({"params": params, **new["model"]}, tokens))).all()
+
+
+def test_value_and_grad_warns_when_the_model_is_applied_twice_in_one_loss(capsys):
+    """Applied twice in one loss (or vmapped over rows), each FP8 GEMM returns two states, which JAX sums: the
+    history doubles. Once the state is calibrated that is seen, and warned about; one application is not."""
+    m = micro_model()
+    fp8 = FP8Config(amax_history_len=4)
+    tokens = jax.random.randint(jax.random.key(1), (2, 16), 0, m.vocab_size)
+    params, state = F.split_state(init_variables(m, fp8, jax.random.key(0)))
+    model = Yxanul(m, fp8)
+
+    def once(p, s):
+        return jnp.mean(model.apply({"params": p, **s}, tokens).astype(jnp.float32) ** 2)
+
+    def twice(p, s):
+        return once(p, s) + jnp.mean(model.apply({"params": p, **s}, tokens[::-1]).astype(jnp.float32) ** 2)
+
+    def vmapped(p, s):
+        rows = jax.vmap(lambda t: model.apply({"params": p, **s}, t[None]))(tokens)
+        return jnp.mean(rows.astype(jnp.float32) ** 2)
+
+    current = Yxanul(m, dataclasses.replace(fp8, scaling="current"))
+    _, (_, state) = F.value_and_grad(lambda p, s: jnp.mean(current.apply({"params": p, **s}, tokens) ** 2))(
+        params, state)  # calibrated: the histories hold an amax
+    assert not bool(F.updated_twice(state, state))
+    for loss, warned in ((once, False), (twice, True), (vmapped, True)):
+        capsys.readouterr()
+        _, (_, new) = jax.jit(F.value_and_grad(loss))(params, state)
+        jax.effects_barrier()
+        assert bool(F.updated_twice(state, new)) == warned, loss.__name__
+        if not warned:
+            assert F.REUSED_WARNING not in capsys.readouterr().err
+    F.console._warned.discard(F.REUSED_WARNING)
+    jax.jit(F.value_and_grad(twice))(params, state)
+    jax.effects_barrier()
+    assert F.REUSED_WARNING in capsys.readouterr().err
