@@ -162,7 +162,7 @@ def _run(capsys, tmp_path, fp8: FP8Config, *extra):
 
 
 def test_analyze_counts_fp8_dots_on_and_none_off(capsys, tmp_path):
-    hlo = tmp_path / "step.hlo.txt"
+    hlo = tmp_path / "new" / "folders" / "step.hlo.txt"  # its missing folders are made
     on, table = _run(capsys, tmp_path, FP8Config(), "--hlo-out", str(hlo))
     # micro model: 2 layers x 7 FP8 projections x 3 GEMMs (forward, dx, dw)
     assert on["dots"]["fp8"] == 2 * 7 * 3 and on["dots"]["total"] > on["dots"]["fp8"]
@@ -187,14 +187,19 @@ def test_analyze_user_errors(capsys):
     assert "needs an NVIDIA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad", ["/nonexistent-dir/x.hlo"])
-def test_hlo_out_unwritable_is_a_user_error(capsys, tmp_path, bad):
+@pytest.mark.parametrize("bad,needle", [("kept.hlo", "already exists"), ("folder", "already exists"),
+                                        ("kept.hlo/x.hlo", "is a file")])
+def test_hlo_out_that_exists_or_cannot_be_written_is_one_line_and_left_alone(capsys, tmp_path, bad, needle):
     cfg = dataclasses.replace(micro_config(), fp8=FP8Config(enabled=False))
     path = tmp_path / "micro.yaml"
     path.write_text(to_yaml(cfg))
+    (tmp_path / "kept.hlo").write_text("keep me")
+    (tmp_path / "folder").mkdir()
     assert insp.main(["--config", str(path), "curriculum.0.seq_len=8", "curriculum.0.batch_size=1",
-                      "--hlo-out", bad]) == 2
-    assert "--hlo-out" in capsys.readouterr().err
+                      "--hlo-out", str(tmp_path / bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --hlo-out") and needle in err and err.count("\n") == 1, err
+    assert (tmp_path / "kept.hlo").read_text() == "keep me"
 
 
 def test_old_command_name_points_to_the_new_one(capsys):

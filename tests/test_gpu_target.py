@@ -306,9 +306,11 @@ def test_unrolled_layers_compile_without_a_loop_and_save_everything_on_an_h100(f
     hlo_path = tmp_path / "step.hlo"
     r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "0", "model.n_layers=8", "model.scan_unroll=8",
                      f"model.remat={remat}", *(("--require", "fp8-expected") if fp8 else ("--disable-fp8",)),
-                     "--hlo-out", str(hlo_path))
+                     "--require", "cudnn-attention", "--hlo-out", str(hlo_path))
     assert r["remat"] == ("none" if remat == "auto" else remat) and " while(" not in hlo_path.read_text()
     g = r["gpu"]
+    # seq 8 runs short_attention by design: no cuDNN call, and the requirement holds (it had failed here)
+    assert r["attention"] == "short" and g["cudnn_attention"] == {"forward": 0, "backward": 0}
     # 8 layers x (4 forward + 3 recomputed (not down) with `full` + 4 input gradients + 4 weight gradients)
     recomputed = 8 * 3 if remat == "full" else 0
     assert g["fp8_expected"]["recompute"] == (recomputed if fp8 else 0)

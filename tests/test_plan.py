@@ -41,3 +41,12 @@ def test_an_absurd_depth_is_planned_at_once_and_says_why_nothing_fits(capsys):
     assert plan.main(["--config", str(REPO / "configs/tiny.yaml"), "model.vocab_size=2000000000", "--json"]) == 0
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "use a smaller tokenizer" in data["suggestion"]["changes"][-1]
+
+
+def test_the_table_names_the_optimizer_and_offers_no_config_that_does_not_fit(capsys):
+    assert plan.main(["--config", str(REPO / "configs/tiny.yaml"), "optim.name=muon"]) == 0
+    assert "Muon's momentum for the blocks' matrices, AdamW mu and nu for the rest" in capsys.readouterr().out
+    # nothing fits: the nearest change tried is said, and no YAML is offered to train with
+    assert plan.main(["--config", str(REPO / "configs/yxanul_197m.yaml"), "--headroom", "0.99"]) == 0
+    out = capsys.readouterr().out
+    assert "neither does the nearest change tried" in out and "train with --config FILE" not in out and "---" not in out

@@ -89,7 +89,7 @@ def build_plan(cfg: Config, gpu: memory.Gpu | None = None, suggest: bool = True)
         "platform": "gpu",
         "gpu": {"name": gpu.name, "total_bytes": gpu.total_bytes, "mem_fraction": gpu.mem_fraction,
                 "headroom": gpu.headroom, "budget_bytes": gpu.budget_bytes},
-        "remat": cfg.model.remat, "scan_layers": cfg.model.scan_layers,
+        "optimizer": cfg.optim.name, "remat": cfg.model.remat, "scan_layers": cfg.model.scan_layers,
         "layer_loop": cfg.model.layer_loop, "loss_chunk": cfg.train.loss_chunk,
         "state_bytes": {"weights": state["weights"], "gradients": state["weights"], "optimizer": state["optimizer"],
                         "fp8_state": state["fp8_state"]},
@@ -131,7 +131,9 @@ def format_plan(plan: dict) -> str:
                      "non-finite counters)")
     sb = plan["state_bytes"]
     lines += ["", "train state (GB): " + ", ".join(f"{k.replace('_', ' ')} {v / GB:.3f}" for k, v in sb.items())
-              + "  (float32 weights and gradients, AdamW mu and nu)"]
+              + ("  (float32 weights and gradients, AdamW mu and nu)" if plan["optimizer"] == "adamw" else
+                 "  (float32 weights and gradients; Muon's momentum for the blocks' matrices, AdamW mu and nu for the "
+                 "rest)")]
     g = plan["gpu"]
     lines.append(f"GPU {g['name']}: {g['total_bytes'] / 2**30:.1f} GiB x JAX pool {g['mem_fraction']:.2f} "
                  f"(XLA_PYTHON_CLIENT_MEM_FRACTION) x (1 - headroom {g['headroom']:.2f}) = budget "
@@ -159,12 +161,15 @@ def format_plan(plan: dict) -> str:
         lines += [f"  - {c}" for c in faster["changes"]]
         lines += ["---", faster["yaml"].rstrip()]
     sug = plan.get("suggestion")
-    if sug:
-        lines += ["", f"does not fit {g['name']}: suggested config ({'fits' if sug['fits'] else 'STILL DOES NOT FIT'}, "
-                      f"{sug['params_total'] / 1e6:.1f} M parameters, peak "
-                      f"{max(sug['stages']) / GB:.2f} GB); save it as a file and train with --config FILE:"]
+    if sug and sug["fits"]:
+        lines += ["", f"does not fit {g['name']}: suggested config (fits, {sug['params_total'] / 1e6:.1f} M "
+                      f"parameters, peak {max(sug['stages']) / GB:.2f} GB); save it as a file and train with "
+                      "--config FILE:"]
         lines += [f"  - {c}" for c in sug["changes"]]
         lines += ["---", sug["yaml"].rstrip()]
+    elif sug:  # the changes tried are no config to train
+        lines += ["", f"does not fit {g['name']}, and neither does the nearest change tried (peak "
+                      f"{max(sug['stages']) / GB:.2f} GB): {'; '.join(sug['changes'])}"]
     return "\n".join(lines)
 
 

@@ -31,6 +31,9 @@ def _cmd_train(args) -> int:
     if source.documents == 0:
         raise UserError(f"input {', '.join(args.input)} holds no documents (all empty); "
                         "check --text-column / --text-template")
+    if tok.vocab_size < MIN_BPE_VOCAB:  # nothing merged: a byte tokenizer, 1 character a token (nothing written)
+        raise UserError(f"no pair of the input occurs --min-frequency {args.min_frequency} times, so the BPE learned "
+                        f"no merge (vocab {tok.vocab_size}: bytes alone); lower --min-frequency or give more text")
     warn_replaced(source)
     try:
         with staged_dir(args.output) as tmp:
