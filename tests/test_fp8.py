@@ -497,6 +497,12 @@ def test_a_gemm_no_gradient_reaches_keeps_its_state_through_value_and_grad():
     assert all(float(s) > 0 for s in F._leaves(new["probe"], "scale"))
     assert not jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), new["probe"], probe_state))
     assert np.isfinite(np.asarray(model.apply({"params": params, **new["model"]}, tokens))).all()
+    # two models' states side by side in a tuple (a frozen teacher, a student): grouped apart, each by its own scales
+    reached = jax.tree.map(lambda x: 2 * x + 1, state)  # a stand-in for an updated state: every scale positive
+    zeros = jax.tree.map(jnp.zeros_like, state)
+    kept, taken = F.keep_unreached((state, state), (zeros, reached))
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), kept, state))
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), taken, reached))
 
 
 def test_value_and_grad_warns_when_the_model_is_applied_twice_in_one_loss(capsys):

@@ -124,14 +124,18 @@ def test_muon_runs_with_fp8_and_accumulation_and_keeps_fp8_state_out():
     assert any(float(jnp.abs(x).sum()) > 0 for x in jax.tree_util.tree_leaves(mu))  # the momentum is state
 
 
-def test_resume_is_bit_exact_with_muon(tmp_path):
-    from yxanul_jax.training.loop import fit
+def test_resume_is_bit_exact_with_muon(tmp_path, capsys):
+    from yxanul_jax.training.checkpoint import read_checkpoint_meta
+    from yxanul_jax.training.loop import MUON_WIDTH_KEY, fit
 
     overrides = TRAINED_RUN + ["optim.name=muon", "train.log_every=1", "checkpoint.interval=3"]
     whole = fit(load_config(None, overrides), str(tmp_path / "whole"))
     fit(load_config(None, overrides), str(tmp_path / "part"), hooks=[stop_after(3)])
+    assert read_checkpoint_meta(str(tmp_path / "part" / "checkpoints"))[MUON_WIDTH_KEY] is True
+    capsys.readouterr()
     resumed = fit(load_config(None, overrides), str(tmp_path / "part"))  # steps 4..6 from the Orbax checkpoint
     assert whole.step == resumed.step == 6
+    assert "saved before Muon's width scaling" not in capsys.readouterr().err  # only a checkpoint from before says so
 
     def rows(run):
         import json

@@ -145,6 +145,12 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     # Both processes computed the same global validation loss from their own halves of the data.
     vals = [json.loads([line for line in out.splitlines() if line.startswith("{")][-1]) for out, _ in outs]
     assert vals[0]["val/mean/loss"] > 0 and vals[0] == vals[1]
+    # --eval-only of it as one process: the saved process group (2 processes, a coordinator) is not waited for
+    alone = subprocess.run([sys.executable, "-m", "yxanul_jax.train", "--eval-only", "--run-dir", run],
+                           env=_env(cache, 1), cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    row = json.loads([line for line in alone.stdout.splitlines() if line.startswith("{")][-1])
+    assert abs(row["val/mean/loss"] - vals[0]["val/mean/loss"]) <= 1e-5 * vals[0]["val/mean/loss"]
 
 
 def test_a_run_of_two_processes_resumes_as_one_on_another_mesh(cache, tmp_path):

@@ -33,13 +33,18 @@ def parse_args(argv):
     return p.parse_intermixed_args(argv)  # overrides may come before, between or after flags
 
 
+SAVED_GROUP_DROPPED = ('mesh.coordinator_address=""', "mesh.num_processes=0", "mesh.process_id=-1")
+
+
 def load_run_config(args) -> Config:
     """The config of this command: for --eval-only, the run's saved one (an existing run directory's, else
     --checkpoint's own) with the command line's overrides; else defaults <- --config <- overrides;
     --disable-fp8 last."""
     saved = os.path.join(args.run_dir, CONFIG_FILE) if args.run_dir else None
     if args.eval_only and args.config is None and saved and os.path.isfile(saved):
-        cfg = load_config(saved, args.overrides, run=True)  # validate the run as it was trained
+        # validate the run as it was trained, by the processes this command was started as (a multi-process run's
+        # saved group would wait for processes that are not coming; the command line may give its own)
+        cfg = load_config(saved, [*SAVED_GROUP_DROPPED, *args.overrides], run=True)
     elif args.eval_only and args.config is None and args.checkpoint:
         cfg = checkpoint_config(args.checkpoint, args.overrides)  # the model the checkpoint was trained as
     else:

@@ -575,9 +575,11 @@ class InitConfig:
     saved; other model fields, such as dtype and remat, stay as configured). Empty: random init."""
     from_checkpoint: str = ""
     """A checkpoint of ours (a run's checkpoints folder: its latest step; or one step folder): a fresh run starts
-    from its parameters and FP8 state, with a fresh optimizer at step 0, on its own data and schedule (another
-    optimizer, learning rate or dataset; the same tokenizer). The model's sizes are the checkpoint's, as with
-    from_hf. Not `--checkpoint`, which continues a whole train state: step, optimizer moments, data position."""
+    from its parameters, with a fresh optimizer at step 0 and a fresh FP8 state (the first step calibrates it), on
+    its own data and schedule (another optimizer, learning rate or dataset; the same tokenizer). The model's sizes
+    are the checkpoint's, as with from_hf. Read only when a run starts fresh: a resume takes the sizes from its own
+    checkpoints, so the source may be gone by then. Not `--checkpoint`, which continues a whole train state: step,
+    optimizer moments, data position."""
 
     def check(self) -> None:
         if self.from_hf and self.from_checkpoint:
@@ -718,7 +720,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig, metadata=RESUME)
-    init: InitConfig = field(default_factory=InitConfig)
+    init: InitConfig = field(default_factory=InitConfig, metadata=RESUME)  # read at a fresh start only
     monitor: MonitorConfig = field(default_factory=MonitorConfig, metadata=RESUME)
 
 

@@ -474,9 +474,9 @@ def keep_unreached(old: dict, new: dict) -> dict:
     """`new` FP8 state, except that each GEMM's state (a dict of leaves holding a scale: ours per operand, TE's
     per module) whose every scale is 0 is `old`'s: a real scale is never 0 (it starts at 1 and is only ever
     replaced by a positive one), so that is the zero "gradient" of a GEMM whose backward never ran."""
-    def group(path) -> tuple:
-        keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
-        return tuple(keys[:-1]), keys[-1] if keys else None
+    def group(path) -> tuple:  # (the GEMM's whole path, every key kind: two models in a tuple stay apart; field)
+        last = max((i for i, k in enumerate(path) if isinstance(k, jax.tree_util.DictKey)), default=None)
+        return (jax.tree_util.keystr(path[:last]), path[last].key) if last is not None else (None, None)
 
     unreached: dict[tuple, list] = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(new):

@@ -37,7 +37,7 @@ from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
                                          validation_logged)
 from yxanul_jax.training.optim import continuation_lr, continued
-from yxanul_jax.training.session import RunContext, open_train_stream, resolve_checkpoint_init, same_model
+from yxanul_jax.training.session import RunContext, open_train_stream, resolve_start_model, same_model
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
 
@@ -105,7 +105,8 @@ class Loop:
         loss of its last step and the lowest the run had reached (`diverging` reads them), the mesh it ran on."""
         return {"data": self.stream.get_state(), "stage": stage, "tokens": self.tokens, "config": to_dict(self.cfg),
                 "train_loss": self.last_loss, "train_loss_lowest": self.lowest_loss,
-                "mesh": sh.mesh_layout(self.ctx.mesh)}
+                "mesh": sh.mesh_layout(self.ctx.mesh),
+                **({MUON_WIDTH_KEY: True} if self.cfg.optim.name == "muon" else {})}
 
     def resume_from(self, meta: dict) -> None:
         self.stream.set_state(meta["data"])
@@ -269,17 +270,16 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     """
     fp8_lib.check_backend(cfg.fp8)
     check_wandb(cfg)  # monitor.wandb without wandb installed: refused before anything is written
-    if cfg.init.from_hf:
-        from yxanul_jax.model.hf import resolve_init
-        cfg = resolve_init(cfg)  # the model's sizes are the checkpoint's
     if checkpoint and cfg.init.from_checkpoint:
         raise UserError("--checkpoint continues a checkpoint's whole train state and init.from_checkpoint starts a "
                         "fresh one from a checkpoint's weights; pass one of them")
-    cfg = resolve_checkpoint_init(cfg)
-    sh.join_processes(cfg)
-    lead = jax.process_index() == 0
     run_dir = run_dir or os.path.join(RUNS_DIR, cfg.model.name)
     check_run_dir(run_dir)
+    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
+    fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
+    cfg = resolve_start_model(cfg, ckpt_dir, fresh)  # init.*: the model's sizes those of the weights it starts from
+    sh.join_processes(cfg)
+    lead = jax.process_index() == 0
     ctx = RunContext.open(cfg, mesh)
     # a missing, damaged or mismatched --checkpoint (or init.from_checkpoint of a fresh start) is refused before the
     # run directory is touched
@@ -288,8 +288,6 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
         raise UserError(f"--checkpoint is at step {explicit[0]} and train.steps is {cfg.train.steps}: there is nothing "
                         "to train; pass a larger train.steps (and train.extend=decay or wsd), or --eval-only to "
                         "validate it")
-    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
-    fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
     weights = ctx.start_weights() if cfg.init.from_checkpoint and fresh else None
     enable_compilation_cache()
     lock = RunLock(run_dir).acquire() if lead else None
@@ -320,6 +318,11 @@ def micro_batch_hint(cfg: Config, budget: int) -> str | None:
     more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
     return (f"this GPU holds larger micro-batches: {notes[0]}{more}; the same sums run faster in fewer, larger "
             "micro-batches: `python -m yxanul_jax.plan --config FILE --gpu GPU` prints that config")
+
+
+MUON_WIDTH_KEY = "muon_width_scaled"
+"""Checkpoint meta of a Muon run saved since the width scaling (`optim.width_scale`, commit c6bbace): one saved
+before it resumes with a note that the wide kernels' steps change."""
 
 
 def _mesh_words(layout: dict) -> str:
@@ -402,6 +405,10 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             if restored is not None:
                 loop.resume_from(meta)
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
+                if cfg.optim.name == "muon" and not meta.get(MUON_WIDTH_KEY):
+                    console.note("this Muon run was saved before Muon's width scaling (training/optim.py "
+                                 "width_scale): from here its wide kernels (gate, up) step sqrt(ffn_dim / d_model) "
+                                 "further than before")
                 if (was := meta.get("mesh")) and was != (now := sh.mesh_layout(ctx.mesh)):
                     console.note(f"saved on {_mesh_words(was)}, resumed on {_mesh_words(now)}: the same state, "
                                  "resharded; the losses follow an unbroken run's to rounding, not bit for bit")

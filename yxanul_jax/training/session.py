@@ -199,13 +199,31 @@ def _tokenizer_hashes(data_meta) -> set[str]:
     return found
 
 
-def resolve_checkpoint_init(cfg: Config) -> Config:
-    """`cfg` with the model's weight-shaping fields (`config.WEIGHTS`) of init.from_checkpoint's saved config, one
-    note naming each it changes (unchanged when the key is empty, or the checkpoint saved no config: its arrays'
-    shapes are compared when read). UserError for a path that holds no checkpoint."""
-    if not cfg.init.from_checkpoint:
+def resolve_start_model(cfg: Config, ckpt_dir: str, fresh: bool) -> Config:
+    """`cfg` with the model's sizes of the weights a run given `init.from_hf` / `init.from_checkpoint` starts from:
+    on a fresh start those of the source (one note naming each size this changes), on a resume those its own latest
+    checkpoint saved (the source is read only once: it may be gone or changed since, or the path relative to
+    another folder). Unchanged without an init key, or when no checkpoint of the run can tell (the restore then
+    names the problem)."""
+    if not (cfg.init.from_hf or cfg.init.from_checkpoint):
         return cfg
-    saved = read_checkpoint_meta(cfg.init.from_checkpoint, what="init.from_checkpoint").get("config")
+    if not fresh:
+        try:
+            return _sizes_of_checkpoint(cfg, ckpt_dir, note=None)
+        except UserError:
+            return cfg
+    if cfg.init.from_hf:
+        from yxanul_jax.model.hf import resolve_init
+
+        return resolve_init(cfg)
+    return _sizes_of_checkpoint(cfg, cfg.init.from_checkpoint, note="init.from_checkpoint")
+
+
+def _sizes_of_checkpoint(cfg: Config, path: str, note: str | None) -> Config:
+    """`cfg` with the model's weight-shaping fields (`config.WEIGHTS`) of the config saved with checkpoint `path`
+    (unchanged when it saved none: its arrays' shapes are compared when read); `note`: the key named in a note of
+    the sizes this changes (None: no note). UserError for a path that holds no checkpoint."""
+    saved = read_checkpoint_meta(path, what=note or "--checkpoint").get("config")
     model = saved.get("model") if isinstance(saved, dict) else None
     if not isinstance(model, dict):
         return cfg
@@ -213,9 +231,8 @@ def resolve_checkpoint_init(cfg: Config) -> Config:
     resolved = from_dict(ModelConfig, {**to_dict(cfg.model), **weights})
     replaced = [f"model.{k} {getattr(cfg.model, k)!r} -> {getattr(resolved, k)!r}" for k in weights
                 if getattr(cfg.model, k) != getattr(resolved, k)]
-    if replaced:
-        console.note(f"init.from_checkpoint: the model's sizes are those of '{cfg.init.from_checkpoint}': "
-                     f"{', '.join(replaced)}")
+    if replaced and note:
+        console.note(f"{note}: the model's sizes are those of '{path}': {', '.join(replaced)}")
     return validate(dataclasses.replace(cfg, model=resolved))
 
 

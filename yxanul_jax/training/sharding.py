@@ -214,8 +214,10 @@ def join_processes(cfg: Config) -> ProcessGroup | None:
     return group
 
 
-PER_PROCESS_KEYS = ("mesh.process_id", "mesh.coordinator_address")
-"""Config keys the processes of one run may set differently (each its own id; an address each reached it by)."""
+PER_PROCESS_KEYS = ("mesh.process_id", "mesh.coordinator_address", "mesh.num_processes", "mesh.cluster",
+                    "mesh.heartbeat_timeout_s", "mesh.init_timeout_s")
+"""Config keys the processes of one run may set differently: how each joined the group (its own id; a count, an
+address or a launcher given as a flag by one and by the environment by another, which JAX's join reconciles)."""
 
 
 def config_digests(cfg: Config) -> tuple[list[str], np.ndarray]:
