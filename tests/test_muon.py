@@ -152,7 +152,7 @@ def test_an_adamw_run_does_not_resume_under_muon(tmp_path):
     run_dir = tmp_path / "run"
     prepare_run_dir(str(run_dir), load_config())
     (run_dir / "checkpoints" / "10").mkdir(parents=True)
-    with pytest.raises(UserError, match="'optim.name' is 'adamw', not 'muon'.*--checkpoint"):
+    with pytest.raises(UserError, match="'optim.name' is 'adamw', not 'muon'.*init.from_checkpoint="):
         prepare_run_dir(str(run_dir), load_config(None, ["optim.name=muon"]))
     with pytest.raises(UserError, match="optim.muon_lr"):
         load_config(None, ["optim.name=muon", "optim.muon_lr=0"])

@@ -421,8 +421,8 @@ def value_and_grad(fun, has_aux: bool = False):
     state of the next step. Pass it on as it is, never to the optimizer. Differentiating w.r.t. the
     params alone, or `apply(..., mutable=...)`, leaves the state at its initial unit scales, where the
     E5M2 cast of small gradients flushes many of them to zero, silently. Each FP8 GEMM must run once
-    per call (one used twice would sum two states, which this warns about once its histories hold amaxes:
-    `updated_twice`; combine separate calls with `merge_fp8`). A fresh
+    per call (one used twice would sum two states: `updated_twice` tells once the histories hold amaxes;
+    combine separate calls with `merge_fp8`). A fresh
     state has an empty history: with `scaling="delayed"` take the first step with
     `scaling="current"` (`training.steps.fp8_bootstrap_config`), as the train command does.
 
@@ -435,27 +435,18 @@ def value_and_grad(fun, has_aux: bool = False):
     @functools.wraps(fun)
     def value_and_grads(params, fp8_state, *args, **kwargs):
         value, (grads, new_state) = grad_fn(params, fp8_state, *args, **kwargs)
-        new_state = keep_unreached(fp8_state, new_state)
-        jax.debug.callback(_warn_if_reused, updated_twice(fp8_state, new_state))
-        return value, (grads, new_state)
+        return value, (grads, keep_unreached(fp8_state, new_state))
 
     return value_and_grads
 
 
-REUSED_WARNING = ("an FP8 GEMM's state was updated more than once in one fp8.value_and_grad (the model applied twice in "
-                  "one loss, or vmapped): its amax history and scale are now sums of states; apply the model once per "
-                  "loss (concatenate the batches), or merge the states of separate calls with fp8.merge_fp8")
-
-
-def _warn_if_reused(flag) -> None:
-    if bool(flag):
-        console.warn(REUSED_WARNING)
-
-
 def updated_twice(old: dict, new: dict) -> jax.Array:
-    """Whether some FP8 GEMM of ours (`FP8_COLLECTION`) took more than one update between `old` and `new`. One
-    update rolls each amax history by one (or, for a non-finite amax, leaves it); k updates of one state summed
-    hold k times the rolled history. Histories with nothing in them yet (a fresh state) tell nothing."""
+    """Whether some FP8 GEMM of ours (`FP8_COLLECTION`) took more than one update between `old` and `new` (a boolean
+    array): the model applied twice in one loss, or vmapped, whose summed states `value_and_grad` cannot tell from
+    one. One update rolls each amax history by one (or, for a non-finite amax, leaves it); k updates of one state
+    summed hold k times the rolled history. Histories with nothing in them yet (a fresh state) tell nothing. A check
+    for your own loop (after its first step, outside the jitted step or returned from it): a host callback inside
+    would cost every step a sync, and no deviceless GPU compile takes one."""
     flags = []
     olds, news = old.get(FP8_COLLECTION, {}), new.get(FP8_COLLECTION, {})
     for (path, o), n in zip(jax.tree_util.tree_leaves_with_path(olds), jax.tree_util.tree_leaves(news)):
