@@ -269,10 +269,12 @@ def _check_suggestion_fits(cfg, gpu_name, tmp_path):
 def test_gtx1650_suggestion_for_yxanul_197m_plans_as_fitting(tmp_path):
     suggested = _check_suggestion_fits(load_config(Y197), "gtx1650", tmp_path)
     # it had to shrink the model, to the largest shape that fits: a narrower one (its embedding rank scaled with it to
-    # 96, which the fused loss does not take) on the chunked loss with a small chunk. Before the chunked loss kept its
-    # logits in BF16 (loss.cross_entropy_sums) that did not fit, and the suggestion was 14 x 768 on the fused loss
+    # 112, which the fused loss does not take) on the chunked loss with a small chunk. Under AdamW (the config's
+    # optimizer before Muon's one momentum buffer) it was 28 x 576; before the chunked loss kept its logits in BF16
+    # (loss.cross_entropy_sums) that did not fit, and the suggestion was 14 x 768 on the fused loss
     m = suggested.model
-    assert (m.n_layers, m.d_model, m.head_width) == (28, 576, 96) and suggested.train.loss_chunk < 1024
+    assert suggested.optim.name == "muon"
+    assert (m.n_layers, m.d_model, m.head_width) == (28, 640, 112) and suggested.train.loss_chunk < 1024
 
 
 def test_gtx1650_suggestion_for_the_seeds_32k_vocab_model_plans_as_fitting(tmp_path):
