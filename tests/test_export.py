@@ -2,7 +2,9 @@
 forward, its greedy generation equals ours, it samples as our `generate` does when told nothing, and
 importing the export gives the same model back."""
 import dataclasses
+import json
 import os
+import shutil
 from pathlib import Path
 
 import jax
@@ -159,13 +161,19 @@ def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path, capsys):
     source = load_trained(run_dir=str(trained_run))
     folder = tmp_path / "hf"
     export(source, str(folder), "float32")
-    cfg = load_config(None, TRAINED_RUN + [f"init.from_hf={folder}", "train.steps=1", "optim.lr=1e-12",
-                                           "optim.weight_decay=0", "model.d_model=8", "model.n_layers=1"])
+    hf_config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**hf_config, "max_position_embeddings": 1024}))  # as most Llamas
+    args = TRAINED_RUN + [f"init.from_hf={folder}", "train.steps=1", "optim.lr=1e-12", "optim.weight_decay=0",
+                          "model.d_model=8", "model.n_layers=1", "checkpoint.interval=1"]
     run = tmp_path / "run"
-    fit(cfg, str(run))
+    fit(load_config(None, args), str(run))
     said = capsys.readouterr().err  # the sizes the config asked for and did not get are named, not dropped silently
-    assert "init.from_hf: the model's sizes are those of" in said
+    assert "init.from_hf: the model's sizes are those of" in said and "model.max_position 4096 -> 1024" in said
     assert "model.d_model 8 -> 64" in said and "model.n_layers 1 -> 2" in said and "model.embed_rank 16 -> 0" in said
+    # the same command resumes with the sizes its checkpoint saved, the folder gone (it had refused max_position)
+    shutil.move(str(folder), str(tmp_path / "moved"))
+    assert fit(load_config(None, [*args[:-1], "train.steps=2"]), str(run)).step == 2
+    shutil.move(str(tmp_path / "moved"), str(folder))
     started = load_trained(run_dir=str(run))
     m = started.cfg.model
     assert (m.d_model, m.n_layers, m.embed_rank, m.head) == (64, 2, 0, "tied")  # sizes from config.json

@@ -52,6 +52,12 @@ def test_a_resume_under_another_optimizer_names_the_start_that_takes_its_weights
     shutil.rmtree(run)
     rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=muon", *tiny_rates[:2], "train.steps=2", named)
     assert rc == 0 and "initialized from" not in out + err and "resumed from step 1" in out + err, err[-2000:]
+    # its latest checkpoint damaged: the sizes come from the one the restore falls back to, as the resume itself
+    for f in (fresh / "checkpoints" / "2").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"damaged")
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=muon", *tiny_rates[:2], "train.steps=3", named)
+    assert rc == 0 and "resumed from step 1" in out + err and "corrupt" in out + err, err[-2000:]
 
 
 def test_its_mistakes_are_one_line_and_write_nothing(trained_run, tmp_path, docs):  # noqa: F811

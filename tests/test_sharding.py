@@ -103,7 +103,7 @@ from yxanul_jax.core.config import load_config
 from yxanul_jax.training.sharding import make_mesh, state_shardings
 from yxanul_jax.training.steps import abstract_train_state
 
-cfg = load_config('configs/yxanul_197m.yaml', ['mesh.data=2', 'mesh.fsdp=4'])
+cfg = load_config('configs/yxanul_197m.yaml', ['mesh.data=2', 'mesh.fsdp=4', 'optim.name=adamw'])  # Adam's moments
 mesh = make_mesh(cfg.mesh)
 s = state_shardings(cfg, mesh, abstract_train_state(cfg))
 p = s.params

@@ -33,7 +33,9 @@ def parse_args(argv):
     return p.parse_intermixed_args(argv)  # overrides may come before, between or after flags
 
 
-SAVED_GROUP_DROPPED = ('mesh.coordinator_address=""', "mesh.num_processes=0", "mesh.process_id=-1")
+SAVED_GROUP_DROPPED = ('mesh.coordinator_address=""', "mesh.num_processes=0", "mesh.process_id=-1", "mesh.cluster=auto")
+"""--eval-only reads a run's saved config without the process group it trained as (the processes of this command
+are its own: the environment's launcher, or the command line's flags)."""
 
 
 def load_run_config(args) -> Config:
@@ -46,7 +48,7 @@ def load_run_config(args) -> Config:
         # saved group would wait for processes that are not coming; the command line may give its own)
         cfg = load_config(saved, [*SAVED_GROUP_DROPPED, *args.overrides], run=True)
     elif args.eval_only and args.config is None and args.checkpoint:
-        cfg = checkpoint_config(args.checkpoint, args.overrides)  # the model the checkpoint was trained as
+        cfg = checkpoint_config(args.checkpoint, [*SAVED_GROUP_DROPPED, *args.overrides])  # the model it trained as
     else:
         cfg = config_from_args(args)
     if args.disable_fp8:

@@ -473,6 +473,21 @@ def read_checkpoint(path: str, abstract_state: Any, *, partial: bool = False,
         return ckpt.restore(abstract_state, step, partial=partial, expect=expect)
 
 
+def resume_meta(directory: str, steps: list[int]) -> tuple[dict | None, int]:
+    """(the meta of the checkpoint a restore of `directory` would take, its step): the latest of `steps` whose
+    metadata verifies (a damaged one the restore moves aside, taking an earlier one); (None, 0) when none. Read-only,
+    metadata only; a checkpoint of a newer format is refused (CheckpointFormatError)."""
+    with Checkpointer(directory, read_only=True) as reader:
+        for s in reversed(steps):
+            try:
+                return reader.read_meta(s), s
+            except CheckpointFormatError:
+                raise
+            except UserError:
+                continue
+    return None, 0
+
+
 def read_checkpoint_meta(path: str, what: str = "--checkpoint") -> dict:
     """`Checkpointer.read_meta` of `--checkpoint PATH` (its step, or the latest), read-only."""
     directory, step = resolve_checkpoint_path(path, what)

@@ -29,8 +29,7 @@ from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.batch import BatchSpec
-from yxanul_jax.training.checkpoint import (Checkpointer, CheckpointFormatError, none_usable, quarantined,
-                                            read_checkpoint)
+from yxanul_jax.training.checkpoint import Checkpointer, none_usable, quarantined, read_checkpoint, resume_meta
 from yxanul_jax.training.evaluate import format_eval
 from yxanul_jax.training.hooks import Hook, MetricsLog, NullWriter, Profiler, SignalStop, StepInfo
 from yxanul_jax.training.integrity import tree_is_finite
@@ -277,8 +276,9 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     check_run_dir(run_dir)
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
+    sh.maybe_initialize_distributed(cfg.mesh)  # before anything starts JAX's backend (reading a checkpoint does)
     cfg = resolve_start_model(cfg, ckpt_dir, fresh)  # init.*: the model's sizes those of the weights it starts from
-    sh.join_processes(cfg)
+    sh.check_same_config(cfg)
     lead = jax.process_index() == 0
     ctx = RunContext.open(cfg, mesh)
     # a missing, damaged or mismatched --checkpoint (or init.from_checkpoint of a fresh start) is refused before the
@@ -406,9 +406,10 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
                 loop.resume_from(meta)
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
                 if cfg.optim.name == "muon" and not meta.get(MUON_WIDTH_KEY):
-                    console.note("this Muon run was saved before Muon's width scaling (training/optim.py "
-                                 "width_scale): from here its wide kernels (gate, up) step sqrt(ffn_dim / d_model) "
-                                 "further than before")
+                    console.note("this Muon checkpoint does not say it was saved with Muon's width scaling "
+                                 "(training/optim.py width_scale, 2026-11-28): if it was saved before, its wide kernels "
+                                 "(fan_out > fan_in: gate and up, a fused qkv) step sqrt(fan_out / fan_in) further "
+                                 "from here")
                 if (was := meta.get("mesh")) and was != (now := sh.mesh_layout(ctx.mesh)):
                     console.note(f"saved on {_mesh_words(was)}, resumed on {_mesh_words(now)}: the same state, "
                                  "resharded; the losses follow an unbroken run's to rounding, not bit for bit")
@@ -430,15 +431,8 @@ def _resume_point(ckpt_dir: str, steps: list[int], explicit) -> tuple[dict | Non
     checkpoint of a newer format is refused here, before the run directory is touched."""
     if explicit is not None:
         return explicit[2].get("config"), explicit[0]
-    with Checkpointer(ckpt_dir, read_only=True) as reader:
-        for s in reversed(steps):
-            try:
-                return reader.read_meta(s).get("config"), s
-            except CheckpointFormatError:
-                raise
-            except UserError:
-                continue  # damaged: the restore moves it aside and takes an earlier one
-    return None, 0
+    meta, step = resume_meta(ckpt_dir, steps)
+    return (meta or {}).get("config"), step
 
 
 def diverged(e: TrainingDiverged, ckpt: Checkpointer, cfg: Config) -> TrainingDiverged:

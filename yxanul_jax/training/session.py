@@ -26,7 +26,7 @@ from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import check_attention_platform
 from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.checkpoint import (Checkpointer, none_usable, quarantined, read_checkpoint,
-                                            read_checkpoint_meta)
+                                            read_checkpoint_meta, resume_meta)
 from yxanul_jax.training.evaluate import Domain, evaluate, resolve_domains
 from yxanul_jax.training.stages import enable_compilation_cache, stage_index
 from yxanul_jax.training.steps import check_xla_options, init_train_state, make_eval_step, step_xla_options
@@ -199,41 +199,45 @@ def _tokenizer_hashes(data_meta) -> set[str]:
     return found
 
 
+INIT_SIZES = (*weight_fields(), "max_position")
+"""The model fields a start from other weights takes from them: what shapes the weights, and (init.from_hf) the
+context its config.json gives."""
+
+
 def resolve_start_model(cfg: Config, ckpt_dir: str, fresh: bool) -> Config:
     """`cfg` with the model's sizes of the weights a run given `init.from_hf` / `init.from_checkpoint` starts from:
-    on a fresh start those of the source (one note naming each size this changes), on a resume those its own latest
-    checkpoint saved (the source is read only once: it may be gone or changed since, or the path relative to
-    another folder). Unchanged without an init key, or when no checkpoint of the run can tell (the restore then
-    names the problem)."""
+    on a fresh start those of the source (one note naming each size this changes), on a resume those of the run's
+    own checkpoint it resumes from (`INIT_SIZES`; the source is read only once: it may be gone or changed since, or
+    its path relative to another folder). Unchanged without an init key, or when no checkpoint of the run can tell
+    (the restore then names the problem). After the process group is joined: reading a checkpoint starts JAX."""
     if not (cfg.init.from_hf or cfg.init.from_checkpoint):
         return cfg
     if not fresh:
-        try:
-            return _sizes_of_checkpoint(cfg, ckpt_dir, note=None)
-        except UserError:
-            return cfg
+        meta, _ = resume_meta(ckpt_dir, checkpoint_steps(ckpt_dir))
+        saved = (meta or {}).get("config")
+        model = saved.get("model") if isinstance(saved, dict) else None
+        return _with_sizes(cfg, model, INIT_SIZES) if isinstance(model, dict) else cfg
     if cfg.init.from_hf:
         from yxanul_jax.model.hf import resolve_init
 
         return resolve_init(cfg)
-    return _sizes_of_checkpoint(cfg, cfg.init.from_checkpoint, note="init.from_checkpoint")
-
-
-def _sizes_of_checkpoint(cfg: Config, path: str, note: str | None) -> Config:
-    """`cfg` with the model's weight-shaping fields (`config.WEIGHTS`) of the config saved with checkpoint `path`
-    (unchanged when it saved none: its arrays' shapes are compared when read); `note`: the key named in a note of
-    the sizes this changes (None: no note). UserError for a path that holds no checkpoint."""
-    saved = read_checkpoint_meta(path, what=note or "--checkpoint").get("config")
+    path = cfg.init.from_checkpoint
+    saved = read_checkpoint_meta(path, what="init.from_checkpoint").get("config")
     model = saved.get("model") if isinstance(saved, dict) else None
-    if not isinstance(model, dict):
+    if not isinstance(model, dict):  # saved no config: its arrays' shapes are compared when read
         return cfg
-    weights = {k: model[k] for k in weight_fields() if k in model}
-    resolved = from_dict(ModelConfig, {**to_dict(cfg.model), **weights})
-    replaced = [f"model.{k} {getattr(cfg.model, k)!r} -> {getattr(resolved, k)!r}" for k in weights
-                if getattr(cfg.model, k) != getattr(resolved, k)]
-    if replaced and note:
-        console.note(f"{note}: the model's sizes are those of '{path}': {', '.join(replaced)}")
-    return validate(dataclasses.replace(cfg, model=resolved))
+    resolved = _with_sizes(cfg, model, weight_fields())
+    replaced = [f"model.{k} {getattr(cfg.model, k)!r} -> {getattr(resolved.model, k)!r}" for k in weight_fields()
+                if getattr(cfg.model, k) != getattr(resolved.model, k)]
+    if replaced:
+        console.note(f"init.from_checkpoint: the model's sizes are those of '{path}': {', '.join(replaced)}")
+    return resolved
+
+
+def _with_sizes(cfg: Config, saved_model: dict, fields) -> Config:
+    """`cfg` with `fields` of a saved model config (a dict; a field it lacks keeps `cfg`'s), validated."""
+    sizes = {k: saved_model[k] for k in fields if k in saved_model}
+    return validate(dataclasses.replace(cfg, model=from_dict(ModelConfig, {**to_dict(cfg.model), **sizes})))
 
 
 def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None, mesh=None) -> tuple[int, dict]:
