@@ -64,12 +64,12 @@ def _check_hlo_out(hlo_out: str | None) -> None:
         check_new_output(hlo_out, "outputs are never written over", "--hlo-out", file=True)
 
 
-def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
+def _gpu_report(cfg: Config, stage_index: int, text: str, items: list, attention: str) -> dict:
     """The GPU-target part of the report: GEMM kinds, FP8 expected vs found, lost, cuDNN attention (short rows run
-    `short_attention` by design, and pass with none; XLA's attention anywhere else fails the check)."""
+    `short_attention` by design, and pass with none; XLA's attention anywhere else fails the check). `attention`:
+    the stage's attention implementation."""
     from yxanul_jax.analysis.accounting import expected_fp8_gemms, fp8_gemms
     from yxanul_jax.core import scopes
-    from yxanul_jax.model.transformer import attention_implementation
 
     fp8_targets = {t for t, _, _ in fp8_gemms(cfg.model, cfg.fp8)}
     lost = sorted({f"{g.target} ({g.phase}, {g.precision} {g.engine})" for g in items
@@ -85,8 +85,7 @@ def _gpu_report(cfg: Config, stage_index: int, text: str, items: list) -> dict:
             "fp8_values_in_hlo": has_fp8_values(text), "cudnn_attention": {"forward": fwd, "backward": bwd},
             "te_calls": {k: n for k, n in calls.items() if k.startswith("te_")},
             "checks": {"fp8-expected": found == expected["total"] and not lost and engines_ok,
-                       "cudnn-attention": fwd > 0 and bwd > 0 or attention_implementation(
-                           cfg.model, "gpu", cfg.curriculum[stage_index].seq_len) == "short"}}
+                       "cudnn-attention": fwd > 0 and bwd > 0 or attention == "short"}}
 
 
 def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, target: str | None = None) -> dict:
@@ -150,7 +149,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
               "memory": compiled_memory(compiled), "planner_bytes": estimate["bytes_total"],
               "dots": count_dots(items), "hlo_out": hlo_out}
     if target:
-        report["gpu"] = _gpu_report(cfg, stage_index, text, items)
+        report["gpu"] = _gpu_report(cfg, stage_index, text, items, report["attention"])
         gpu = target_gpu(target)
         if gpu is not None:
             prediction = perf.predict(kernels, gpu, model_flops, tokens, calibration=perf.load_calibration(gpu.key))

@@ -10,8 +10,8 @@ torch sees a GPU, else the CPU); the folder is deleted afterwards. Tasks are lm-
 datasets must be in the Hugging Face cache when HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set), YAML tasks
 of `--include-path` folders, and `yxanul_heldout`: perplexity (word, byte, bits per byte) of your own held-out
 text, `--heldout` (parquet / .jsonl[.gz] / .txt[.gz], read like `prepare`'s inputs: `--text-column`,
-`--bad-utf8`, paragraphs of .txt). Prints lm-eval's table and a final JSON line; `--output F.json` keeps lm-eval's results
-(with `--log-samples`, each document's scores too). Needs the `lm-eval` extra: pip install -e ".[lm-eval]".
+`--bad-utf8`, paragraphs of .txt). Prints lm-eval's table and a final JSON line; `--output F.json` keeps lm-eval's
+results (with `--log-samples`, each document's scores too). Needs the `lm-eval` extra: pip install -e ".[lm-eval]".
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def write_heldout(path: str, text_column: str | None, limit: int | None, tasks_d
     the cache (`core.rundir.cache_root()`), at a path named by their hash, so that the `datasets` copy of an
     earlier evaluation of the same text is reused. Returns the number of documents."""
     source = DocumentSource([path], text_column=TEXT_COLUMN if text_column is None else text_column,
-                            fix="pass --text-column naming the column that holds the held-out text", bad_utf8=bad_utf8)
+                            fix="pass --text-column naming the column that holds the held-out text",
+                            bad_utf8=bad_utf8)
     source.refuse_text_option(None if text_column is None else "--text-column")
     docs: list[str] = []
     for batch in source.batches():
@@ -176,10 +177,9 @@ def run(args) -> dict:
         raise UserError(f"no task to run; pass --tasks NAME[,NAME...] and/or --heldout FILE ({HELDOUT_TASK})")
     if HELDOUT_TASK in tasks and not args.heldout:
         raise UserError(f"task {HELDOUT_TASK} scores your own text: pass --heldout FILE (parquet, jsonl or txt)")
-    if args.text_column is not None and not args.heldout:
-        raise UserError("--text-column names --heldout's text column, and no --heldout is given; drop --text-column")
-    if args.bad_utf8 != "fail" and not args.heldout:
-        raise UserError("--bad-utf8 reads --heldout's text, and no --heldout is given; drop --bad-utf8")
+    for flag, given in (("--text-column", args.text_column is not None), ("--bad-utf8", args.bad_utf8 != "fail")):
+        if given and not args.heldout:
+            raise UserError(f"{flag} reads --heldout's text, and no --heldout is given; drop {flag}")
     if args.heldout and args.num_fewshot:
         raise UserError(f"--num-fewshot {args.num_fewshot} applies to every task, and {HELDOUT_TASK}'s perplexity "
                         "takes no examples; evaluate --heldout in a call of its own (or pass --num-fewshot 0)")

@@ -387,7 +387,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             o = cfg.optim
             how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.lr:.3g}, then down"
             console.info(f"train.extend={o.continue_as}: from step {start} (lr {continuation_lr(o):.3g}) the schedule "
-                         f"goes {how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} (recorded: optim.continue_*)")
+                         f"goes {how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} "
+                         "(recorded: optim.continue_*)")
         if restored is not None and not meta.get("validated") and (start >= cfg.train.steps
                                                                    or validation_due(cfg, start)):
             # saved unvalidated (a signal during its validation): validated since, by an earlier rerun?
@@ -407,9 +408,9 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
                 if cfg.optim.name == "muon" and not meta.get(MUON_WIDTH_KEY):
                     console.note("this Muon checkpoint does not say it was saved with Muon's width scaling "
-                                 "(training/optim.py width_scale, 2026-11-28): if it was saved before, its wide kernels "
-                                 "(fan_out > fan_in: gate and up, a fused qkv) step sqrt(fan_out / fan_in) further "
-                                 "from here")
+                                 "(training/optim.py width_scale, 2026-11-28): if it was saved before, its wide "
+                                 "kernels (fan_out > fan_in: gate and up, a fused qkv) step sqrt(fan_out / fan_in) "
+                                 "further from here")
                 if (was := meta.get("mesh")) and was != (now := sh.mesh_layout(ctx.mesh)):
                     console.note(f"saved on {_mesh_words(was)}, resumed on {_mesh_words(now)}: the same state, "
                                  "resharded; the losses follow an unbroken run's to rounding, not bit for bit")

@@ -235,9 +235,12 @@ def config_digests(cfg: Config) -> tuple[list[str], np.ndarray]:
         for f in fields:
             key = section.name if f is None else f"{section.name}.{f.name}"
             value = part if f is None else getattr(part, f.name)
+            if key in PER_PROCESS_KEYS:
+                value = None
+            elif dataclasses.is_dataclass(value) or isinstance(value, tuple):
+                value = to_dict(value)
             keys.append(key)
-            values.append(None if key in PER_PROCESS_KEYS else to_dict(value) if dataclasses.is_dataclass(value)
-                          or isinstance(value, tuple) else value)
+            values.append(value)
     digest = [int.from_bytes(hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).digest()[:4],
                              "little") for v in values]
     return keys, np.asarray(digest, np.uint32)
@@ -348,12 +351,10 @@ def global_batch(local: dict, sharding: NamedSharding) -> dict:
 def padded_rows(local: dict, multiple: int) -> dict:
     """`local`'s [B, ...] arrays with zero rows appended up to a multiple of `multiple` (this process's devices):
     a validation batch of any size splits over them, and a zero row's mask adds no token and no loss."""
-    rows = len(next(iter(local.values())))
-    extra = -rows % multiple
+    extra = -len(next(iter(local.values()))) % multiple
     if not extra:
         return local
-    return {k: np.concatenate([np.asarray(v), np.zeros((extra, *np.shape(v)[1:]), np.asarray(v).dtype)])
-            for k, v in local.items()}
+    return {k: np.pad(np.asarray(v), [(0, extra)] + [(0, 0)] * (np.ndim(v) - 1)) for k, v in local.items()}
 
 
 def with_shardings(abstract, shardings):
