@@ -151,6 +151,15 @@ def test_two_processes_train_together_and_agree(cache, tmp_path):
     assert alone.returncode == 0, alone.stderr[-2000:]
     row = json.loads([line for line in alone.stdout.splitlines() if line.startswith("{")][-1])
     assert abs(row["val/mean/loss"] - vals[0]["val/mean/loss"]) <= 1e-5 * vals[0]["val/mean/loss"]
+    # and as two processes from --checkpoint alone (no run directory): they join before its config is read
+    port = free_port()
+    pair = [subprocess.Popen([sys.executable, "-m", "yxanul_jax.train", "--eval-only", "--checkpoint",
+                              os.path.join(run, "checkpoints"), "--run-dir", str(tmp_path / "none"),
+                              f"mesh.coordinator_address=127.0.0.1:{port}", "mesh.num_processes=2",
+                              f"mesh.process_id={i}"], env=_env(cache, 1), cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i in range(2)]
+    first = json.loads([line for line in _both_succeed(pair)[0][0].splitlines() if line.startswith("{")][-1])
+    assert abs(first["val/mean/loss"] - row["val/mean/loss"]) <= 1e-5 * row["val/mean/loss"]  # process 0 reports
 
 
 def test_a_run_of_two_processes_resumes_as_one_on_another_mesh(cache, tmp_path):

@@ -17,6 +17,7 @@ from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, con
 from yxanul_jax.core.config import Config, load_config
 from yxanul_jax.core.rundir import CONFIG_FILE, RUN_DIR_RULE, default_run_dir
 from yxanul_jax.inference.run_sample import EndOfRunSample
+from yxanul_jax.training import sharding as sh
 from yxanul_jax.training.loop import fit, report_validation
 from yxanul_jax.training.session import checkpoint_config, evaluate_checkpoint
 
@@ -48,6 +49,10 @@ def load_run_config(args) -> Config:
         # saved group would wait for processes that are not coming; the command line may give its own)
         cfg = load_config(saved, [*SAVED_GROUP_DROPPED, *args.overrides], run=True)
     elif args.eval_only and args.config is None and args.checkpoint:
+        # the checkpoint's own config, read through Orbax, which starts JAX: the processes join first, as the command
+        # line and the environment say (only the keys of joining: the others apply to the saved config, not the defaults)
+        group = [o for o in args.overrides if o.split("=", 1)[0] in sh.PER_PROCESS_KEYS]
+        sh.maybe_initialize_distributed(load_config(None, [*SAVED_GROUP_DROPPED, *group]).mesh)
         cfg = checkpoint_config(args.checkpoint, [*SAVED_GROUP_DROPPED, *args.overrides])  # the model it trained as
     else:
         cfg = config_from_args(args)

@@ -192,10 +192,12 @@ def process_group(cfg: MeshConfig) -> ProcessGroup | None:
 
 def maybe_initialize_distributed(cfg: MeshConfig) -> ProcessGroup | None:
     """Join the multi-process run the environment or the config describes (`process_group`), logging how the
-    group was formed; a single process does nothing. Call it before anything touches a device."""
+    group was formed; a single process does nothing, nor does a process that joined already (a command that had to
+    join before it could read its config: `train --eval-only --checkpoint`). Call it before anything touches a
+    device."""
     group = process_group(cfg)
-    if group is None:
-        return None
+    if group is None or jax.distributed.is_initialized():
+        return group
     console.info(f"process group: {group.describe()}; waiting up to {cfg.init_timeout_s} s for all "
                  f"{group.num_processes} processes at {group.coordinator_address} (mesh.init_timeout_s)")
     # JAX's own detection of the same cluster binds a process to its node-local GPU; elsewhere it is kept out
