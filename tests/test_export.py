@@ -163,8 +163,8 @@ def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path, capsys):
     export(source, str(folder), "float32")
     hf_config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**hf_config, "max_position_embeddings": 1024}))  # as most Llamas
-    args = TRAINED_RUN + [f"init.from_hf={folder}", "train.steps=1", "optim.lr=1e-12", "optim.weight_decay=0",
-                          "model.d_model=8", "model.n_layers=1", "checkpoint.interval=1"]
+    args = TRAINED_RUN + [f"init.from_hf={folder}", "train.steps=1", "optim.lr=1e-12", "optim.muon_lr=1e-12",
+                          "optim.weight_decay=0", "model.d_model=8", "model.n_layers=1", "checkpoint.interval=1"]
     run = tmp_path / "run"
     fit(load_config(None, args), str(run))
     said = capsys.readouterr().err  # the sizes the config asked for and did not get are named, not dropped silently
@@ -173,6 +173,9 @@ def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path, capsys):
     # the same command resumes with the sizes its checkpoint saved, the folder gone (it had refused max_position)
     shutil.move(str(folder), str(tmp_path / "moved"))
     assert fit(load_config(None, [*args[:-1], "train.steps=2"]), str(run)).step == 2
+    # and so does --checkpoint, continuing that run's whole state in another folder: the checkpoint tells the sizes
+    assert fit(load_config(None, [*args[:-1], "train.steps=3"]), str(tmp_path / "copy"),
+               checkpoint=str(run / "checkpoints")).step == 3
     shutil.move(str(tmp_path / "moved"), str(folder))
     started = load_trained(run_dir=str(run))
     m = started.cfg.model

@@ -277,7 +277,7 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
     sh.maybe_initialize_distributed(cfg.mesh)  # before anything starts JAX's backend (reading a checkpoint does)
-    cfg = resolve_start_model(cfg, ckpt_dir, fresh)  # init.*: the model's sizes those of the weights it starts from
+    cfg = resolve_start_model(cfg, ckpt_dir, fresh, checkpoint)  # init.*: the sizes of the weights it starts from
     sh.check_same_config(cfg)
     lead = jax.process_index() == 0
     ctx = RunContext.open(cfg, mesh)

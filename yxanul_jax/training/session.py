@@ -204,16 +204,17 @@ INIT_SIZES = (*weight_fields(), "max_position")
 context its config.json gives."""
 
 
-def resolve_start_model(cfg: Config, ckpt_dir: str, fresh: bool) -> Config:
+def resolve_start_model(cfg: Config, ckpt_dir: str, fresh: bool, checkpoint: str | None = None) -> Config:
     """`cfg` with the model's sizes of the weights a run given `init.from_hf` / `init.from_checkpoint` starts from:
-    on a fresh start those of the source (one note naming each size this changes), on a resume those of the run's
-    own checkpoint it resumes from (`INIT_SIZES`; the source is read only once: it may be gone or changed since, or
-    its path relative to another folder). Unchanged without an init key, or when no checkpoint of the run can tell
-    (the restore then names the problem). After the process group is joined: reading a checkpoint starts JAX."""
+    on a fresh start those of the source (one note naming each size this changes), on a resume those of the
+    checkpoint it resumes from, `checkpoint` (--checkpoint) or else the run's own latest (`INIT_SIZES`; the source
+    is read only once: it may be gone or changed since, or its path relative to another folder). Unchanged without
+    an init key, or when no checkpoint can tell (the restore then names the problem). After the process group is
+    joined: reading a checkpoint starts JAX."""
     if not (cfg.init.from_hf or cfg.init.from_checkpoint):
         return cfg
-    if not fresh:
-        meta, _ = resume_meta(ckpt_dir, checkpoint_steps(ckpt_dir))
+    if checkpoint or not fresh:
+        meta = read_checkpoint_meta(checkpoint) if checkpoint else resume_meta(ckpt_dir, checkpoint_steps(ckpt_dir))[0]
         saved = (meta or {}).get("config")
         model = saved.get("model") if isinstance(saved, dict) else None
         return _with_sizes(cfg, model, INIT_SIZES) if isinstance(model, dict) else cfg
