@@ -163,16 +163,21 @@ def _run(capsys, tmp_path, fp8: FP8Config, *extra):
 
 def test_analyze_counts_fp8_dots_on_and_none_off(capsys, tmp_path):
     hlo = tmp_path / "new" / "folders" / "step.hlo.txt"  # its missing folders are made
-    on, table = _run(capsys, tmp_path, FP8Config(), "--hlo-out", str(hlo))
+    on, table = _run(capsys, tmp_path, FP8Config(), "--hlo-out", str(hlo), "optim.name=muon")
     # micro model: 2 layers x 7 FP8 projections x 3 GEMMs (forward, dx, dw)
     assert on["dots"]["fp8"] == 2 * 7 * 3 and on["dots"]["total"] > on["dots"]["fp8"]
     assert on["memory"]["peak_bytes"] > on["memory"]["temp_bytes"] > 0
     # Trip-counted HLO FLOPs against the model's formula (6 N + attention; XLA on CPU computes the whole
     # score square, as the formula counts it): equal but for the 15 padded vocabulary rows the head's
-    # rank-16 GEMM computes (forward, input and weight gradient) for each of the 32 tokens.
+    # rank-16 GEMM computes (forward, input and weight gradient) for each of the 32 tokens, and the optimizer's
+    # Newton-Schulz iterations under Muon (accounting.newton_schulz_flops: 14.6 M here)
     f = on["flops"]
     assert f["hlo_per_step"] == on["hlo_flops"] and f["model_per_step"] == on["model_flops"]
-    assert f["hlo_per_step"] == f["model_per_step"] + 6 * 16 * (112 - 97) * 32
+    assert f["newton_schulz_per_step"] == 14_581_760 and any("Newton-Schulz" in line for line in table)
+    assert f["hlo_per_step"] == f["model_per_step"] + 6 * 16 * (112 - 97) * 32 + f["newton_schulz_per_step"]
+    adamw, adamw_table = _run(capsys, tmp_path, FP8Config(), "optim.name=adamw")
+    assert adamw["flops"]["newton_schulz_per_step"] == 0 and not any("Newton-Schulz" in x for x in adamw_table)
+    assert adamw["flops"]["hlo_per_step"] == f["model_per_step"] + 6 * 16 * (112 - 97) * 32
     assert insp.count_dots(hlo.read_text()) == on["dots"]  # --hlo-out wrote the HLO that was analyzed
     assert any(line.startswith("fp8") for line in table)
     off, _ = _run(capsys, tmp_path, FP8Config(enabled=False))

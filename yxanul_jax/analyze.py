@@ -94,7 +94,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
     import jax
 
     from yxanul_jax.analysis import perf
-    from yxanul_jax.analysis.accounting import flops_per_token
+    from yxanul_jax.analysis.accounting import flops_per_token, newton_schulz_flops
     from yxanul_jax.analysis.memory import estimate_stage, with_stage_remat
     from yxanul_jax.model.transformer import attention_implementation, check_attention_platform
     from yxanul_jax.training.stages import compile_stage, compiled_memory
@@ -145,7 +145,8 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
                       "scaling": cfg.fp8.scaling, **(fp8_summary(cfg) or {"gemm_form": None, "wgrad": None})},
               "hlo_flops": hlo_flops, "model_flops": model_flops,
               "flops": {"hlo_per_step": hlo_flops, "hlo_per_token": hlo_flops / tokens, "model_per_step": model_flops,
-                        "model_per_token": model_flops / tokens, "xla_cost_analysis": _cost(compiled)["flops"]},
+                        "model_per_token": model_flops / tokens, "xla_cost_analysis": _cost(compiled)["flops"],
+                        "newton_schulz_per_step": newton_schulz_flops(cfg)},
               "memory": compiled_memory(compiled), "planner_bytes": estimate["bytes_total"],
               "dots": count_dots(items), "hlo_out": hlo_out}
     if target:
@@ -170,8 +171,10 @@ def format_report(r: dict) -> str:
              f"{'FLOPs':<34}{'per step':>16}{'per token':>14}",
              f"{'HLO (GEMMs, attention; trip counts)':<34}{f['hlo_per_step']:>16.4g}{f['hlo_per_token']:>14.4g}",
              f"{'model (6 N + attention)':<34}{f['model_per_step']:>16.4g}{f['model_per_token']:>14.4g}",
+             *([f"{'optimizer (Muon, Newton-Schulz)':<34}{ns:>16.4g}{ns / r['tokens_per_step']:>14.4g}"]
+               if (ns := f.get("newton_schulz_per_step")) else []),
              f"(HLO / model = {f['hlo_per_step'] / max(f['model_per_step'], 1):.2f}: remat recompute, causal attention "
-             "counted as run; XLA's own cost analysis counts a loop body once)", "",
+             f"counted as run{', the optimizer' if ns else ''}; XLA's own cost analysis counts a loop body once)", "",
              f"{'memory analysis':<34}{'GB':>16}"]
     for key, label in [("argument_bytes", "arguments (state + batch)"), ("output_bytes", "outputs"),
                        ("alias_bytes", "aliased (donated state)"), ("temp_bytes", "temporaries"),

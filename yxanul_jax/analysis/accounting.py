@@ -51,17 +51,40 @@ def param_breakdown(params, cfg: ModelConfig | None = None) -> dict[str, int]:
     return out
 
 
-def layer_params(cfg: Config) -> int:
-    """Parameters of one transformer block (GEMM kernels and the two norm scales)."""
+def layer_kernels(cfg: Config) -> dict[str, tuple[int, int]]:
+    """(inputs, outputs) of each GEMM kernel of one transformer block: q, k, v, o, gate, up, down (separate
+    parameters even where `model.fuse_projections` / `fuse_mlp` run them as one GEMM)."""
     m = cfg.model
     D, F, K = m.d_model, m.ffn_dim, m.resolved_head_dim
-    return D * m.n_heads * K * 2 + D * m.n_kv_heads * K * 2 + 3 * D * F + 2 * D
+    q, kv = m.n_heads * K, m.n_kv_heads * K
+    return {"q": (D, q), "k": (D, kv), "v": (D, kv), "o": (q, D), "gate": (D, F), "up": (D, F), "down": (F, D)}
+
+
+def layer_params(cfg: Config) -> int:
+    """Parameters of one transformer block (GEMM kernels and the two norm scales)."""
+    return sum(i * o for i, o in layer_kernels(cfg).values()) + 2 * cfg.model.d_model
 
 
 def muon_param_count(cfg: Config) -> int:
     """Parameters Muon trains under `optim.name: muon` (the blocks' attention and FFN kernels;
     `optim.muon_labels` picks the same ones, tested)."""
     return cfg.model.n_layers * (layer_params(cfg) - 2 * cfg.model.d_model)
+
+
+MUON_NS_STEPS = 5
+"""Newton-Schulz iterations of Muon's orthogonalization (optax's and Keller Jordan's default; training/optim.py
+passes it)."""
+
+
+def newton_schulz_flops(cfg: Config) -> int:
+    """FLOPs of one optimizer step's Newton-Schulz iterations under `optim.name: muon` (0 under AdamW): per
+    kernel of m x n (m <= n; optax transposes the taller ones) and iteration, A = X X^T (2 m^2 n), A @ A (2 m^3)
+    and B X (2 m^2 n). Not model FLOPs (MFU leaves them out); `analyze` shows them beside the HLO's, which count
+    them (tested)."""
+    if cfg.optim.name != "muon":
+        return 0
+    per_layer = sum(4 * min(s) ** 2 * max(s) + 2 * min(s) ** 3 for s in layer_kernels(cfg).values())
+    return MUON_NS_STEPS * cfg.model.n_layers * per_layer
 
 
 def vocab_matrix_elements(cfg: Config) -> int:

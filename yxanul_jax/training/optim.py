@@ -33,6 +33,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
 from yxanul_jax.core.coerce import from_dict
+from yxanul_jax.analysis.accounting import MUON_NS_STEPS
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model.transformer import stacked_axes
@@ -214,7 +215,8 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
         return _adamw(cfg, schedule)
     ratio = o.muon_lr / o.lr
     muon = optax.chain(
-        scale_by_muon(beta=o.muon_momentum, nesterov=True, weight_dimension_numbers=muon_dimensions),
+        scale_by_muon(ns_steps=MUON_NS_STEPS, beta=o.muon_momentum, nesterov=True,
+                      weight_dimension_numbers=muon_dimensions),
         decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay, scale=width_scale),
         optax.scale_by_learning_rate(lambda step: schedule(step) * ratio))
     return optax.partition({"muon": muon, "adamw": _adamw(cfg, schedule)}, muon_labels)
