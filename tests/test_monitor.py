@@ -68,7 +68,8 @@ def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tm
     (run_dir / "checkpoints" / "100").mkdir(parents=True)
     original = (run_dir / "config.yaml").read_text()
     with pytest.raises(UserError, match=rf"'model\.n_layers' is {layers + 1}, not {layers}, which a resume cannot "
-                                        "change; pass a new --run-dir, or --overwrite to start over$"):
+                                        rf"change; pass model\.n_layers={layers + 1} to resume it as it was, a new "
+                                        "--run-dir, or --overwrite to start over$"):
         prepare_run_dir(str(run_dir), _cfg())  # the weights' shape changes: none to start from
     with pytest.raises(UserError, match=rf"'curriculum\.0\.batch_size' is {batch}, not {batch + 1}.*with "
                                         "init.from_checkpoint=.*checkpoints to start from its weights"):

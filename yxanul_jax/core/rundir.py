@@ -282,15 +282,18 @@ WANDB_ID_FILE = "wandb_run_id"
 """The file holding the run's Weights & Biases run id (`monitor.wandb`), so a resume continues that run."""
 
 
+ABSENT = "<absent>"
+"""`differences`' value of a key one of the two configs lacks."""
+
+
 def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
     """(dotted key, old value, new value) of every difference between two config dicts."""
-    missing = "<absent>"
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in list(new) + [k for k in old if k not in new]:
             here = f"{key}.{k}" if key else str(k)
             if k not in old or k not in new:
-                out.append((here, old.get(k, missing), new.get(k, missing)))
+                out.append((here, old.get(k, ABSENT), new.get(k, ABSENT)))
             else:
                 out += differences(old[k], new[k], here)
         return out
@@ -421,11 +424,14 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
         if fixed and held:
             key, was, now = fixed[0]
+            typed = isinstance(was, (str, int, float)) and was not in ("", ABSENT)  # a value one override gives back
+            shown = f"\"{key}='{was}'\"" if isinstance(was, str) and any(c.isspace() for c in was) else f"{key}={was}"
+            back = f"{shown} to resume it as it was, " if typed else ""
             if key.startswith("model.") and key.split(".")[1] in weight_fields():
-                ways = "pass a new --run-dir, or --overwrite to start over"
+                ways = f"pass {back}a new --run-dir, or --overwrite to start over"
             else:  # the same model: its weights can start another run
-                ways = (f"pass a new --run-dir with init.from_checkpoint={ckpt_dir} to start from its weights (a fresh "
-                        "optimizer, from step 0), or --overwrite to start over")
+                ways = (f"pass {back}a new --run-dir with init.from_checkpoint={ckpt_dir} to start from its weights "
+                        "(a fresh optimizer, from step 0), or --overwrite to start over")
             raise UserError(f"run directory '{run_dir}' holds a run whose '{key}' is {was!r}, not {now!r}, which a "
                             f"resume cannot change; {ways}")
     if held and not resume and not overwrite:  # (--overwrite moved them aside) refused before anything is written
