@@ -57,7 +57,7 @@ def test_config_yaml_round_trips(tmp_path):
     assert prepare_run_dir(str(run_dir), cfg) == ckpt_dir  # same config again: accepted (resume)
 
 
-def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tmp_path):
+def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tmp_path, capsys):
     run_dir = tmp_path / "run"
     prepare_run_dir(str(run_dir), _cfg())
     layers, batch = Config().model.n_layers, Config().curriculum[0].batch_size
@@ -78,7 +78,12 @@ def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tm
     # settings a resume may change: more steps, logging, eval, checkpointing, the peak lr
     resumed = _cfg(f"model.n_layers={layers + 1}", "train.steps=900", "train.log_every=5", "optim.lr=1e-4",
                    "eval.interval=50", "checkpoint.interval=25")
+    capsys.readouterr()
     prepare_run_dir(str(run_dir), resumed)
+    said = capsys.readouterr().err  # each change named, not only recorded
+    assert "5 setting(s) differ from the run's config.yaml and are taken from here on: " in said, said
+    assert "optim.lr 0.003 -> 0.0001" in said and "train.steps 1000 -> 900" in said, said
+    assert "(recorded in config_history.jsonl)" in said, said
     assert from_dict(Config, yaml.safe_load((run_dir / "config.yaml").read_text())) == resumed
     last = json.loads((run_dir / "config_history.jsonl").read_text().splitlines()[-1])["changes"]
     assert set(last) == {"train.steps", "train.log_every", "optim.lr", "eval.interval", "checkpoint.interval"}

@@ -443,6 +443,10 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"time": stamp, "changes": changes}, default=str) + "\n")
         atomic_write(config_path, text)
+        # said, not only recorded: a default changed by an upgrade (optim.muon_lr, 2026-11-28) applies this way too
+        shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
+        console.note(f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
+                     f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})")
     if not record or copied:  # copied checkpoints are recorded once the run has resumed from them (a later call):
         return ckpt_dir  # a refusal on the way leaves no config that contradicts the next attempt
     if not os.path.exists(config_path):
