@@ -12,8 +12,9 @@ The run: `tests/conftest.py`'s `micro_config()` (float32 micro model, vocabulary
 one curriculum stage of [2 x 4 x 16] (grad_accum 2), `train.loss_chunk` 24 (the 64 tokens of a
 micro-batch in 3 chunks), warmup 4 then cosine to step 10; batch k is `BatchSpec.synthetic(97, seed=k)`,
 the state `init_train_state(cfg, key(0))`, each step `make_train_step(cfg, stage)` under `jax.jit`.
-Two arms: FP8 on (`FP8Config()`: xla backend, delayed scaling; step 0 compiled from
-`fp8_bootstrap_config(cfg)`, as a fresh run of the train loop does) and FP8 off.
+Three arms (`ARMS`): FP8 on (`FP8Config()`: xla backend, delayed scaling; step 0 compiled from
+`fp8_bootstrap_config(cfg)`, as a fresh run of the train loop does) and FP8 off, with the default optimizer
+(Muon), and FP8 on with AdamW (the default before 2026-11-28: its numbers are those the file held for `fp8` then).
 
 XLA:CPU at -O0: the test suite compiles with `--xla_backend_optimization_level=0` (tests/conftest.py),
 which can round differently from XLA's default; this script imports the suite's `tests/conftest.py`
@@ -39,20 +40,22 @@ CPU_TEST_XLA_FLAG = conftest.CPU_TEST_XLA_FLAG
 
 RECORD_STEPS = (1, 10)
 """After which optimizer steps the values are recorded (the run is as long as the last)."""
-ARMS = ("fp8", "no_fp8")
+ARMS = ("fp8", "no_fp8", "fp8_adamw")
+"""FP8 on and off with the default optimizer (Muon since 2026-11-28), and FP8 on with AdamW."""
 
 
 def golden_config(arm: str):
-    """The fixed tiny config of one arm ("fp8" or "no_fp8")."""
+    """The fixed tiny config of one arm (`ARMS`)."""
     import dataclasses
 
     from yxanul_jax.core.config import FP8Config, StageConfig
 
     cfg = conftest.micro_config()
+    optim = dataclasses.replace(cfg.optim, warmup_steps=4)
     return dataclasses.replace(
-        cfg, fp8=FP8Config() if arm == "fp8" else FP8Config(enabled=False),
+        cfg, fp8=FP8Config() if arm.startswith("fp8") else FP8Config(enabled=False),
         curriculum=(StageConfig(start_step=0, seq_len=16, batch_size=4, grad_accum_steps=2),),
-        optim=dataclasses.replace(cfg.optim, warmup_steps=4),
+        optim=dataclasses.replace(optim, name="adamw") if arm.endswith("_adamw") else optim,
         train=dataclasses.replace(cfg.train, steps=RECORD_STEPS[-1], loss_chunk=24))
 
 
@@ -96,7 +99,7 @@ def measure(arm: str, cfg=None) -> dict:
 
 
 def measure_all() -> dict:
-    """Both arms, with the JAX version they were measured with."""
+    """Every arm, with the JAX version they were measured with."""
     import jax
 
     return {"jax": jax.__version__, "xla_flags": CPU_TEST_XLA_FLAG, **{arm: measure(arm) for arm in ARMS}}
@@ -107,12 +110,12 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help=f"(re)write {GOLDEN.relative_to(ROOT)}")
     args = ap.parse_args(argv)
     record = measure_all()
-    print(f"{'arm':<7} {'step':>4}  name                               values")
+    print(f"{'arm':<9} {'step':>4}  name                               values")
     for arm in ARMS:
         for step, values in record[arm].items():
             for name, v in values.items():
                 shown = " ".join(f"{x:.8g}" for x in (v if isinstance(v, list) else [v]))
-                print(f"{arm:<7} {step:>4}  {name:<34} {shown}")
+                print(f"{arm:<9} {step:>4}  {name:<34} {shown}")
     if args.write:
         from yxanul_jax.core.rundir import atomic_write
 

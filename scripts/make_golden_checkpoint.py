@@ -47,8 +47,9 @@ OVERRIDES = ["model.name=golden", "model.vocab_size=320", "model.vocab_pad_to=16
              "model.dtype=float32", "model.max_position=64", "fp8.amax_history_len=16",
              "curriculum=[{start_step: 0, seq_len: 32, batch_size: 4}]", "eval.interval=0", "eval.max_batches=1",
              "eval.batch_size=4", "eval.seq_len=32", "checkpoint.interval=0", "checkpoint.async_save=false",
-             "checkpoint.max_to_keep=1", "train.sample_tokens=0", "train.log_every=1"]
-"""The golden run's config (with data.train and train.steps); FP8 on, delayed scaling (a short amax history)."""
+             "checkpoint.max_to_keep=1", "train.sample_tokens=0", "train.log_every=1", "optim.name=adamw"]
+"""The golden run's config (with data.train and train.steps); FP8 on, delayed scaling (a short amax history); AdamW,
+the default when checkpoint-v1 was written (its meta says so; Muon's state has another layout)."""
 
 
 def golden_config(data: Path, steps: int):

@@ -28,35 +28,36 @@ def params_of(path, overrides=()) -> dict:
 
 def test_a_resume_under_another_optimizer_names_the_start_that_takes_its_weights(trained_run, tmp_path):
     """The refusal names init.from_checkpoint; the run it names starts from the checkpoint's parameters (at a
-    learning rate of 1e-12, one Muon step leaves them as they were) with Muon's fresh state at step 0."""
+    learning rate of 1e-12, one AdamW step leaves them as they were) with AdamW's fresh state at step 0. (The
+    trained run is Muon's, the default.)"""
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
-    rc, _, err = cli("--run-dir", run, *TRAINED_RUN, "optim.name=muon")
+    rc, _, err = cli("--run-dir", run, *TRAINED_RUN, "optim.name=adamw")
     assert rc == 2 and err.count("\n") == 1, err
     named = f"init.from_checkpoint={run / 'checkpoints'}"
-    assert "'optim.name' is 'adamw', not 'muon', which a resume cannot change" in err and named in err, err
+    assert "'optim.name' is 'muon', not 'adamw', which a resume cannot change" in err and named in err, err
 
-    fresh = tmp_path / "muon"
+    fresh = tmp_path / "adamw"
     tiny_rates = ["optim.lr=1e-12", "optim.muon_lr=1e-12", "train.steps=1", "checkpoint.interval=1"]
-    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=muon", *tiny_rates, named)
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=adamw", *tiny_rates, named)
     assert rc == 0, err[-2000:]
     assert "initialized from step 6 of" in out + err
-    before, after = params_of(run / "checkpoints"), params_of(fresh / "checkpoints", ["optim.name=muon"])
+    before, after = params_of(run / "checkpoints"), params_of(fresh / "checkpoints", ["optim.name=adamw"])
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(before), jax.tree.leaves(after)):
         np.testing.assert_allclose(b, a, atol=1e-6, err_msg=jax.tree_util.keystr(path))
     _, state, meta = read_checkpoint(str(fresh / "checkpoints"),
-                                     abstract_train_state(load_config(None, [*TRAINED_RUN, "optim.name=muon"])))
+                                     abstract_train_state(load_config(None, [*TRAINED_RUN, "optim.name=adamw"])))
     assert int(state.step) == 1 and meta["tokens"] == 8 * 32  # one step of its own, its own data position
 
     # the run resumes as any run does, its source read only at its start: gone by now, it is not missed
     shutil.rmtree(run)
-    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=muon", *tiny_rates[:2], "train.steps=2", named)
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=adamw", *tiny_rates[:2], "train.steps=2", named)
     assert rc == 0 and "initialized from" not in out + err and "resumed from step 1" in out + err, err[-2000:]
     # its latest checkpoint damaged: the sizes come from the one the restore falls back to, as the resume itself
     for f in (fresh / "checkpoints" / "2").rglob("*"):
         if f.is_file():
             f.write_bytes(b"damaged")
-    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=muon", *tiny_rates[:2], "train.steps=3", named)
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=adamw", *tiny_rates[:2], "train.steps=3", named)
     assert rc == 0 and "resumed from step 1" in out + err and "corrupt" in out + err, err[-2000:]
 
 

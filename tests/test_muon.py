@@ -149,13 +149,36 @@ def test_resume_is_bit_exact_with_muon(tmp_path, capsys):
 def test_an_adamw_run_does_not_resume_under_muon(tmp_path):
     from yxanul_jax.core.rundir import prepare_run_dir
 
+    assert load_config().optim.name == "muon"  # the default since the studies (docs/QUALITY.md)
     run_dir = tmp_path / "run"
-    prepare_run_dir(str(run_dir), load_config())
+    prepare_run_dir(str(run_dir), load_config(None, ["optim.name=adamw"]))
     (run_dir / "checkpoints" / "10").mkdir(parents=True)
-    with pytest.raises(UserError, match="'optim.name' is 'adamw', not 'muon'.*init.from_checkpoint="):
-        prepare_run_dir(str(run_dir), load_config(None, ["optim.name=muon"]))
+    with pytest.raises(UserError, match="'optim.name' is 'adamw', not 'muon'.*pass optim.name=adamw to resume it as "
+                                        "it was, a new --run-dir with init.from_checkpoint="):
+        prepare_run_dir(str(run_dir), load_config())
     with pytest.raises(UserError, match="optim.muon_lr"):
         load_config(None, ["optim.name=muon", "optim.muon_lr=0"])
+
+
+def test_a_config_saved_before_optim_name_existed_was_adamw(tmp_path):
+    # Run directories and checkpoints written before Muon (2026-11-24) hold no optim.name: AdamW trained them, so
+    # the default's change to muon must not read them as Muon runs (config.SAVED_WITHOUT).
+    import yaml
+
+    from yxanul_jax.core.config import from_saved
+    from yxanul_jax.core.rundir import prepare_run_dir
+
+    run_dir = tmp_path / "run"
+    prepare_run_dir(str(run_dir), load_config(None, ["optim.name=adamw"]))
+    (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    del saved["optim"]["name"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert from_saved(saved).optim.name == "adamw" and from_saved({}).optim.name == "adamw"
+    assert load_config(str(run_dir / "config.yaml"), run=True).optim.name == "adamw"
+    with pytest.raises(UserError, match="'optim.name' is 'adamw', not 'muon'.*pass optim.name=adamw"):
+        prepare_run_dir(str(run_dir), load_config())
+    prepare_run_dir(str(run_dir), load_config(None, ["optim.name=adamw"]))  # resumes as it was
 
 
 @pytest.mark.slow

@@ -62,13 +62,15 @@ def test_decay_only_on_matrices_and_clip_leaves_small_gradients_alone():
         norms = [k for k in decayed if "norm" in k]
         assert len(norms) == (3 if scan == "true" else 5) and not any(decayed[k] for k in norms), decayed
         assert all(v for k, v in decayed.items() if k.endswith("['kernel']") or "embedding" in k), decayed
-        # one AdamW update of zero gradients: the decay moves the matrices, never a norm scale
-        opt = make_optimizer(load_config("configs/tiny.yaml", [f"model.scan_layers={scan}", "model.n_layers=2",
-                                                               "optim.weight_decay=0.1"]))
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, model_params)
-        updates, _ = opt.update(zeros, opt.init(model_params), model_params)
-        for path, u in jax.tree_util.tree_leaves_with_path(updates):
-            assert bool(jnp.any(u != 0)) == decayed[jax.tree_util.keystr(path)], jax.tree_util.keystr(path)
+        # one update of zero gradients, AdamW's or Muon's: the decay moves the matrices, never a norm scale
+        for name in ("adamw", "muon"):
+            opt = make_optimizer(load_config("configs/tiny.yaml", [
+                f"model.scan_layers={scan}", "model.n_layers=2", f"optim.name={name}", "optim.weight_decay=0.1",
+                "optim.muon_weight_decay=0.1"]))
+            zeros = jax.tree_util.tree_map(jnp.zeros_like, model_params)
+            updates, _ = opt.update(zeros, opt.init(model_params), model_params)
+            for path, u in jax.tree_util.tree_leaves_with_path(updates):
+                assert bool(jnp.any(u != 0)) == decayed[jax.tree_util.keystr(path)], (name, jax.tree_util.keystr(path))
     grads = {"a": jnp.full((3,), 4.0), "b": jnp.zeros((2, 2))}
     clipped, norm = clip_by_global_norm(grads, 1.0)
     assert float(norm) == pytest.approx(np.sqrt(48.0))

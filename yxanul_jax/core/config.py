@@ -337,9 +337,11 @@ def check_curriculum(stages: tuple[StageConfig, ...], max_position: int) -> None
 class OptimConfig:
     """AdamW (or Muon for the hidden matrices, AdamW for the rest) with warmup and a cosine or WSD decay."""
 
-    name: Literal["adamw", "muon"] = "adamw"
-    """`adamw` for every parameter, or `muon`: Newton-Schulz orthogonalized Nesterov momentum for the
-    attention and FFN kernels (training/optim.py), AdamW (the keys below) for embeddings, the head and norms."""
+    name: Literal["adamw", "muon"] = "muon"
+    """`muon` (the default since 2026-11-28, when it reached AdamW's loss in 0.53-0.66x the tokens on the demo and
+    0.42-0.56x on the 8k study, every seed: docs/QUALITY.md): Newton-Schulz orthogonalized Nesterov momentum for the
+    attention and FFN kernels (training/optim.py), AdamW (the keys below) for embeddings, the head and norms; or
+    `adamw` for every parameter. A saved config without this key was trained with AdamW (`SAVED_WITHOUT`)."""
     lr: float = field(default=3e-3, metadata=RESUME)
     """Peak learning rate (of AdamW; with `muon`, of the AdamW group)."""
     min_lr_ratio: float = 0.1
@@ -358,8 +360,10 @@ class OptimConfig:
     """Adam beta2."""
     eps: float = 1e-8
     """Adam epsilon."""
-    muon_lr: float = field(default=0.02, metadata=RESUME)
-    """`muon` only: peak learning rate of the Muon group (same warmup, decay and stage scaling as `lr`)."""
+    muon_lr: float = field(default=0.005, metadata=RESUME)
+    """`muon` only: peak learning rate of the Muon group (same warmup, decay and stage scaling as `lr`). The
+    default is the demo's best of a sweep on seed 0 (0.0025: 4.279, 0.005: 4.187, 0.01: 4.198, 0.02: 4.295, 0.04:
+    4.468 validation loss; docs/QUALITY.md, 2026-11-28); the yxanul configs set 0.02, the 8k study's."""
     muon_momentum: float = 0.95
     """`muon` only: Nesterov momentum of the Muon group."""
     muon_weight_decay: float = 0.0
@@ -809,10 +813,39 @@ def model_mismatch(saved: dict, model: ModelConfig) -> tuple[str, object, object
     return None
 
 
+SAVED_WITHOUT = {"optim.name": "adamw"}
+"""Keys whose default changed after saved configs could lack them: the value a saved resolved config (a run
+directory's config.yaml, a checkpoint's meta) that lacks the key was trained with, where the default would now say
+otherwise. `optim.name` came with Muon (2026-11-24), AdamW then the only optimizer; its default is `muon` since
+2026-11-28."""
+
+
+def as_saved(saved: dict) -> dict:
+    """A saved resolved config dict with the `SAVED_WITHOUT` keys it lacks set to the values it was trained with (a
+    section it lacks, or one that is not a mapping, is left for `from_dict` to default or refuse)."""
+    out = dict(saved)
+    for key, value in SAVED_WITHOUT.items():
+        section, name = key.split(".")
+        if isinstance(out.get(section), dict) and name not in out[section]:
+            out[section] = {**out[section], name: value}
+        elif section not in out:
+            out[section] = {name: value}
+    return out
+
+
+def from_saved(saved: dict) -> Config:
+    """The Config of a saved resolved config dict (`as_saved`: keys added since take their defaults, keys whose
+    default changed since take what the code that saved it used). Not validated."""
+    return from_dict(Config, as_saved(saved))
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None, *, run: bool = False) -> Config:
     """Defaults <- YAML file <- dotted overrides, then `validate`. `run`: the file is a run directory's resolved
-    config (`read_yaml`)."""
-    cfg = from_dict(Config, read_yaml(path, run=run)) if path else Config()
+    config (`read_yaml`; read with `from_saved`)."""
+    if path and run:
+        cfg = from_saved(read_yaml(path, run=True))
+    else:
+        cfg = from_dict(Config, read_yaml(path, run=run)) if path else Config()
     cfg = apply_overrides(cfg, list(overrides or []))
     return validate(cfg)
 

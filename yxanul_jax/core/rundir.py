@@ -41,8 +41,8 @@ from typing import Any, Iterator
 import yaml
 
 from yxanul_jax.core import console
-from yxanul_jax.core.coerce import from_dict, load_yaml, to_dict, to_yaml
-from yxanul_jax.core.config import Config, load_config, resumable, weight_fields
+from yxanul_jax.core.coerce import load_yaml, to_dict, to_yaml
+from yxanul_jax.core.config import Config, from_saved, load_config, resumable, weight_fields
 from yxanul_jax.core.errors import UserError, one_line, write_error, writing
 
 CACHE_ENV = "YXANUL_CACHE"
@@ -304,9 +304,10 @@ def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]
 
 def _with_defaults(saved: Any) -> Any:
     """A saved config dict with the keys added since it was written set to their defaults (a field a
-    newer version added is no difference); as saved when it no longer reads as a Config."""
+    newer version added is no difference; a key whose default changed since takes its old value, `config.from_saved`);
+    as saved when it no longer reads as a Config."""
     try:
-        return to_dict(from_dict(Config, saved))
+        return to_dict(from_saved(saved))
     except (UserError, TypeError, ValueError):
         return saved
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import jax
 
-from yxanul_jax.core.coerce import from_dict
-from yxanul_jax.core.config import Config, load_config, validate
+from yxanul_jax.core.config import Config, from_saved, load_config, validate
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_EOS_FILE, TOKENIZER_FILE
 from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
@@ -102,7 +101,7 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
     ckpt = Checkpointer(directory, read_only=True)
     try:
         if cfg is None:  # the config saved with the checkpoint
-            cfg = validate(from_dict(Config, ckpt.read_meta(step)["config"]))
+            cfg = validate(from_saved(ckpt.read_meta(step)["config"]))
         step, state, _ = ckpt.restore(abstract_train_state(cfg).model_parts(), step, partial=True)
     finally:
         ckpt.close()

@@ -1,5 +1,5 @@
-"""The optimizer (AdamW, or Muon for the hidden matrices), decay on matrices only, and the learning-rate
-schedule including curriculum stages.
+"""The optimizer (Muon for the hidden matrices, the default; or AdamW throughout), decay on matrices only, and the
+learning-rate schedule including curriculum stages.
 
 `optim.name: muon` partitions the parameters (`optax.partition`): the attention and FFN kernels of the
 blocks get optax's `scale_by_muon` (Nesterov momentum, orthogonalized by Newton-Schulz; a scanned
@@ -32,9 +32,8 @@ import jax.numpy as jnp
 import optax
 from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
-from yxanul_jax.core.coerce import from_dict
 from yxanul_jax.analysis.accounting import MUON_NS_STEPS
-from yxanul_jax.core.config import Config
+from yxanul_jax.core.config import Config, from_saved
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model.transformer import stacked_axes
 
@@ -95,7 +94,7 @@ def continued(cfg: Config, saved: dict | None, step: int) -> Config:
     changed so that the schedule would jump at `step`, the continuation `train.extend` chooses recorded from
     `step` on. `refuse` (the default) raises UserError saying what would happen and the two choices."""
     try:
-        old = from_dict(Config, saved) if isinstance(saved, dict) else None
+        old = from_saved(saved) if isinstance(saved, dict) else None
     except (UserError, TypeError, ValueError):
         old = None
     if old is None:

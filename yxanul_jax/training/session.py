@@ -16,7 +16,8 @@ import jax
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
-from yxanul_jax.core.config import Config, ModelConfig, model_mismatch, stream_lanes, validate, weight_fields
+from yxanul_jax.core.config import (Config, ModelConfig, from_saved, model_mismatch, stream_lanes, validate,
+                                    weight_fields)
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, cache_root, checkpoint_steps
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
@@ -264,7 +265,7 @@ def checkpoint_config(path: str, overrides: list[str] = ()) -> Config:
     """The resolved config saved in `--checkpoint PATH`'s (verified) meta with `overrides` applied; a checkpoint
     without one gives the defaults with `overrides`."""
     saved = read_checkpoint_meta(path).get("config")
-    base = from_dict(Config, saved) if isinstance(saved, dict) else Config()
+    base = from_saved(saved) if isinstance(saved, dict) else Config()
     return validate(apply_overrides(base, list(overrides)))
 
 

@@ -35,7 +35,7 @@ class TrainState:
 
     step       int32 []             optimizer steps taken (the schedule's clock)
     params     float32 pytree       master weights
-    opt_state  optax state          AdamW moments (float32) and counts
+    opt_state  optax state          Muon momentum and AdamW moments (float32), counts (optim.make_optimizer)
     fp8        dict of collections  FP8 state ({} when FP8 is off): amax histories, scales and
                                     non-finite counters; never a gradient
     """
