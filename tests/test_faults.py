@@ -286,9 +286,17 @@ def test_the_nan_advice_names_the_newest_checkpoint_whose_loss_was_finite_and_no
     assert e.last_good_step == 4 and e.step == 9 and text.startswith("loss became nan at step 9;")
     assert ("is step 4 (loss 7.4; later step 8: its parameters gave the loss nan at step 9; step 6: loss 3.55e+13)"
             in text)
-    assert f"--checkpoint {directory / '4'} --run-dir NEW_DIR" in text and "optim.lr (now 0.003)" in text
+    # Muon (the default): both rates named, the blocks' matrices step at muon_lr
+    assert f"--checkpoint {directory / '4'} --run-dir NEW_DIR" in text
+    assert "a lower optim.muon_lr and optim.lr (now 0.005 and 0.003)" in text, text
     e, text, _ = advice({2: (7.9, 7.8), 4: (7.4, 7.3)}, 7)  # the latest is good: resume the same run
-    assert e.last_good_step == 4 and "run the same command again with a lower optim.lr" in text
+    assert e.last_good_step == 4 and "run the same command again with a lower optim.muon_lr" in text
+    adamw = load_config(None, ["optim.name=adamw"])  # AdamW: its one rate
+    with _ckpt(tmp_path / "adamw") as ck:
+        for s, loss in ((2, 7.9), (4, 7.4)):
+            ck.save(s, _state(s), {"train_loss": loss, "train_loss_lowest": loss}, force=True)
+        text = str(diverged(TrainingDiverged("loss became nan at step 7", 7, float("nan")), ck, adamw))
+    assert "run the same command again with a lower optim.lr (now 0.003)" in text, text
     e, text, _ = advice({2: (12.0, 7.0), 4: (1e20, 7.0)}, 9)  # 12 after 7.0: diverging too
     assert e.last_good_step is None and "No checkpoint recorded a finite training loss" in text
     assert "step 4: loss 1e+20; step 2: loss 12" in text and "--overwrite" in text

@@ -335,7 +335,8 @@ def check_curriculum(stages: tuple[StageConfig, ...], max_position: int) -> None
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW (or Muon for the hidden matrices, AdamW for the rest) with warmup and a cosine or WSD decay."""
+    """Muon for the hidden matrices and AdamW for the rest (or AdamW throughout), with warmup and a cosine or WSD
+    decay."""
 
     name: Literal["adamw", "muon"] = "muon"
     """`muon` (the default since 2026-11-28, when it reached AdamW's loss in 0.53-0.66x the tokens on the demo and
@@ -381,6 +382,14 @@ class OptimConfig:
     continue_peak: float = field(default=0.0, metadata=RESUME)
     """Written by the trainer: `optim.lr` when `continue_lr` was recorded, so that a later change of `lr` scales
     the continuation as it scales the rest of the schedule (0: recorded before this key, `continue_lr` as is)."""
+
+    def lower_rate(self) -> str:
+        """The advice "a lower learning rate" in words for this optimizer: under Muon the blocks' matrices step at
+        `muon_lr`, so naming `lr` alone (the embeddings', the head's and the norms') would leave most of the model's
+        rate as it was."""
+        if self.name == "muon":
+            return f"a lower optim.muon_lr and optim.lr (now {self.muon_lr:g} and {self.lr:g})"
+        return f"a lower optim.lr (now {self.lr:g})"
 
     def check(self) -> None:
         each_in_range(self, "optim", ("lr", "muon_lr"), lambda v: v > 0, "positive")

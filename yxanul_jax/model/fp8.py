@@ -593,7 +593,7 @@ def saturation_warning(first: int, last: int, history: int, worst: tuple[float, 
             f"{shown}{more} fell {SATURATION_WARN:g}x or more short of its amax (worst {ratio:.1f}x, step {at}), "
             "and the largest values were clipped to the FP8 maximum. If the loss spikes or stalls: give the scales "
             f"headroom with fp8.margin={margin}, or scale each step from its own amax with fp8.scaling=current, or "
-            f"{bf16}or lower optim.lr (now {cfg.optim.lr:g}); the per-step ratio is the metric fp8_saturation")
+            f"{bf16}or {cfg.optim.lower_rate()}; the per-step ratio is the metric fp8_saturation")
 
 
 def underflow_mean(fp8_state: dict, operand: str = "grad") -> jax.Array:

@@ -457,7 +457,7 @@ def diverged(e: TrainingDiverged, ckpt: Checkpointer, cfg: Config) -> TrainingDi
             break
         later.append(f"step {s}: {'loss not recorded' if loss is None else f'loss {loss:.4g}'}")
     head = f"{e}; stopping, the checkpoints are left as they were."
-    lr = f"a lower optim.lr (now {cfg.optim.lr:g})"
+    lr = cfg.optim.lower_rate()
     if good is None and not later:
         advice = (f"No checkpoint was saved before it: run the same command again with {lr} or a longer "
                   "optim.warmup_steps")
