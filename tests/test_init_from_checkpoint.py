@@ -36,6 +36,12 @@ def test_a_resume_under_another_optimizer_names_the_start_that_takes_its_weights
     assert rc == 2 and err.count("\n") == 1, err
     named = f"init.from_checkpoint={run / 'checkpoints'}"
     assert "'optim.name' is 'muon', not 'adamw', which a resume cannot change" in err and named in err, err
+    # --checkpoint (its whole state, into another folder): the same refusal in one line, before anything is written
+    rc, _, err = cli("--run-dir", tmp_path / "elsewhere", "--checkpoint", run / "checkpoints", *TRAINED_RUN,
+                     "optim.name=adamw", "train.steps=20")
+    assert rc == 2 and err.count("\n") == 1 and not (tmp_path / "elsewhere").exists(), err
+    assert ("was saved with optim.name=muon, but optim.name=adamw is given here, and --checkpoint continues its "
+            f"optimizer state: pass optim.name=muon, or {named} instead of --checkpoint") in err, err
 
     fresh = tmp_path / "adamw"
     tiny_rates = ["optim.lr=1e-12", "optim.muon_lr=1e-12", "train.steps=1", "checkpoint.interval=1"]

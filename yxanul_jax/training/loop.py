@@ -36,7 +36,7 @@ from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
                                          validation_logged)
 from yxanul_jax.training.optim import continuation_lr, continued
-from yxanul_jax.training.session import RunContext, open_train_stream, resolve_start_model, same_model
+from yxanul_jax.training.session import RunContext, open_train_stream, resolve_start_model, same_train_state
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
 
@@ -283,7 +283,8 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     ctx = RunContext.open(cfg, mesh)
     # a missing, damaged or mismatched --checkpoint (or init.from_checkpoint of a fresh start) is refused before the
     # run directory is touched
-    explicit = read_checkpoint(checkpoint, ctx.layout.abstract, expect=same_model(cfg.model)) if checkpoint else None
+    explicit = (read_checkpoint(checkpoint, ctx.layout.abstract, expect=same_train_state(cfg, checkpoint))
+                if checkpoint else None)
     if explicit is not None and explicit[0] >= cfg.train.steps:  # it would write a run directory, and train nothing
         raise UserError(f"--checkpoint is at step {explicit[0]} and train.steps is {cfg.train.steps}: there is nothing "
                         "to train; pass a larger train.steps (and train.extend=decay or wsd), or --eval-only to "

@@ -282,3 +282,26 @@ def same_model(model: ModelConfig) -> Callable[[dict], str | None]:
         return (f"was saved with {key}={was}, but {key}={now} is given here; a checkpoint is read only into the "
                 f"model it was saved from: drop that override, or pass {key}={was}")
     return check
+
+
+def same_train_state(cfg: Config, path: str) -> Callable[[dict], str | None]:
+    """`same_model`, and for a restore of the whole train state (`--checkpoint PATH`, `path`) the same optimizer:
+    its state is that optimizer's (a saved config without `optim.name` was AdamW's, `config.from_saved`)."""
+    model = same_model(cfg.model)
+
+    def check(meta: dict) -> str | None:
+        wrong = model(meta)
+        saved = meta.get("config")
+        if wrong or not isinstance(saved, dict):
+            return wrong
+        try:
+            was = from_saved(saved).optim.name
+        except (UserError, TypeError, ValueError):
+            return None  # an unreadable config: the arrays' comparison names the difference
+        now = cfg.optim.name
+        if was == now:
+            return None
+        return (f"was saved with optim.name={was}, but optim.name={now} is given here, and --checkpoint continues "
+                f"its optimizer state: pass optim.name={was}, or init.from_checkpoint={path} instead of --checkpoint "
+                "to start a fresh optimizer on its weights")
+    return check
