@@ -97,6 +97,17 @@ def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tm
     assert (aside / "checkpoints" / "100").is_dir()  # moved, not deleted
 
 
+@pytest.mark.parametrize("value", ["adamw", "yes", "null", "1e-3", "a b", "3"])
+def test_a_refusal_names_an_override_that_gives_the_saved_value_back(value):
+    import shlex
+
+    from yxanul_jax.core.coerce import apply_overrides
+    from yxanul_jax.core.rundir import _override
+
+    (as_typed,) = shlex.split(_override("data.train", value))  # what the shell hands the command
+    assert apply_overrides(Config(), [as_typed]).data.train == value
+
+
 def test_run_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
     import subprocess
     import sys

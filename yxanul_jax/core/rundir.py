@@ -286,6 +286,19 @@ ABSENT = "<absent>"
 """`differences`' value of a key one of the two configs lacks."""
 
 
+def _override(key: str, value: Any) -> str:
+    """`key=value` as a command-line override that gives back `value`: a string that would read as another value
+    (`yes`, `null`, `1e-3`) or holds a space is quoted."""
+    if isinstance(value, str):
+        try:
+            same = load_yaml(value) == value
+        except yaml.YAMLError:
+            same = False
+        if not same or any(c.isspace() for c in value):
+            return f"\"{key}='{value}'\""
+    return f"{key}={value}"
+
+
 def differences(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
     """(dotted key, old value, new value) of every difference between two config dicts."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -426,8 +439,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         if fixed and held:
             key, was, now = fixed[0]
             typed = isinstance(was, (str, int, float)) and was not in ("", ABSENT)  # a value one override gives back
-            shown = f"\"{key}='{was}'\"" if isinstance(was, str) and any(c.isspace() for c in was) else f"{key}={was}"
-            back = f"{shown} to resume it as it was, " if typed else ""
+            back = f"{_override(key, was)} to resume it as it was, " if typed else ""
             if key.startswith("model.") and key.split(".")[1] in weight_fields():
                 ways = f"pass {back}a new --run-dir, or --overwrite to start over"
             else:  # the same model: its weights can start another run
@@ -444,7 +456,9 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"time": stamp, "changes": changes}, default=str) + "\n")
         atomic_write(config_path, text)
-        # said, not only recorded: a default changed by an upgrade (optim.muon_lr, 2026-11-28) applies this way too
+        # said, not only recorded: a default changed by an upgrade (optim.muon_lr, 2026-11-28) applies this way too;
+        # the keys the trainer writes (optim.continue_*, train.extend's record) after those a user sets
+        diffs = sorted(diffs, key=lambda d: d[0].startswith("optim.continue_"))
         shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
         console.note(f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
                      f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})")
