@@ -75,11 +75,10 @@ def collect(args) -> None:
 
 
 def _load(path: str):
-    from yxanul_jax.core.coerce import from_dict
-    from yxanul_jax.core.config import Config
+    from yxanul_jax.core.config import from_saved
 
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-    return [(r, from_dict(Config, r["cfg"])) for r in rows]
+    return [(r, from_saved(r["cfg"])) for r in rows]  # rows of before Muon were AdamW's (config.SAVED_WITHOUT)
 
 
 def fit(args) -> None:

@@ -6,7 +6,8 @@ The estimate follows what `steps.make_train_step` does, compiled with `donate_ar
          = state + batch + temporaries                            (the state is donated: outputs alias it)
 
 * state (exact; `state_bytes` equals `steps.abstract_train_state`, tested): float32 params (4 P
-  bytes), AdamW mu and nu (8 P), FP8 state (per FP8 GEMM 3 operands x (amax_history_len + 1)
+  bytes), the optimizer's (AdamW mu and nu, 8 P; under Muon, the default, 4 bytes a Muon parameter less:
+  `accounting.state_bytes`), FP8 state (per FP8 GEMM 3 operands x (amax_history_len + 1)
   float32) and the step counter. P is `param_count` (equal to the plan's parameter count, tested).
 * batch (exact): inputs, targets (int32) and mask (float32) of all A micro-batches: 12 A B L bytes.
 * temporaries: the larger of two phases of the backward pass of one micro-batch of N = B L tokens,
