@@ -59,6 +59,9 @@ def test_a_resume_under_another_optimizer_names_the_start_that_takes_its_weights
     shutil.rmtree(run)
     rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=adamw", *tiny_rates[:2], "train.steps=2", named)
     assert rc == 0 and "initialized from" not in out + err and "resumed from step 1" in out + err, err[-2000:]
+    said = out + err  # the changed setting is named once the run has resumed, after the line that says so
+    assert said.index("resumed from step 1") < said.index("setting(s) differ from the run's config.yaml and are taken "
+                                                           "from here on: train.steps 1 -> 2"), said[-2000:]
     # its latest checkpoint damaged: the sizes come from the one the restore falls back to, as the resume itself
     for f in (fresh / "checkpoints" / "2").rglob("*"):
         if f.is_file():

@@ -380,13 +380,25 @@ def eos_map(eos_token: str) -> bytes:
     return (json.dumps({"eos_token": eos_token}) + "\n").encode()
 
 
+def changes_note(diffs: list[tuple[str, Any, Any]]) -> str:
+    """The note that settings differing from a run's config.yaml (`differences`) are taken: said, not only recorded,
+    since a default changed by an upgrade (optim.muon_lr, 2026-11-28) applies this way too. The keys the trainer
+    writes (optim.continue_*) come after those a user sets."""
+    diffs = sorted(diffs, key=lambda d: d[0].startswith("optim.continue_"))
+    shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
+    return (f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
+            f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})")
+
+
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
                     tokenizer: str | None = None, tokenizer_eos: str | None = None, record: bool = True,
-                    checkpoint_config: dict | None = None) -> str:
+                    checkpoint_config: dict | None = None, changed: list | None = None) -> str:
     """Create `run_dir`, write its resolved `config.yaml` (and a copy of the `tokenizer` file, when
     given, as `tokenizer.json`, with `tokenizer_eos` named its end-of-text token in TOKENIZER_EOS_FILE beside it),
     and return its checkpoint directory. `record=False`: the same
-    checks, nothing written (a finished run asked to train again changes nothing).
+    checks, nothing written (a finished run asked to train again changes nothing). Settings a resume may change
+    that differ are taken, recorded in CONFIG_HISTORY_FILE and said (`changes_note`), or with `changed` (a list)
+    appended to it for the caller to say once the run has started.
 
     * No config there yet: write it, unless the folder holds what a run writes (a metrics file, a tokenizer
       copy, TensorBoard files...) without a config or a checkpoint: not a run this can continue, and its files
@@ -456,12 +468,10 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
         with open(os.path.join(run_dir, CONFIG_HISTORY_FILE), "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"time": stamp, "changes": changes}, default=str) + "\n")
         atomic_write(config_path, text)
-        # said, not only recorded: a default changed by an upgrade (optim.muon_lr, 2026-11-28) applies this way too;
-        # the keys the trainer writes (optim.continue_*, train.extend's record) after those a user sets
-        diffs = sorted(diffs, key=lambda d: d[0].startswith("optim.continue_"))
-        shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
-        console.note(f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
-                     f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})")
+        if changed is None:
+            console.note(changes_note(diffs))
+        else:  # the caller says so once the run has started (a refusal on the way is then the only line)
+            changed.extend(diffs)
     if not record or copied:  # copied checkpoints are recorded once the run has resumed from them (a later call):
         return ckpt_dir  # a refusal on the way leaves no config that contradicts the next attempt
     if not os.path.exists(config_path):

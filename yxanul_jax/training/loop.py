@@ -24,7 +24,7 @@ from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, RUNS_DIR, RunLock, check_run_dir, checkpoint_steps,
-                                    prepare_run_dir)
+                                    changes_note, prepare_run_dir)
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
@@ -370,8 +370,10 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
     # A run whose checkpoints already reach train.steps trains nothing: its config is checked, not rewritten.
     finished = explicit is None and not overwrite and bool(saved) and saved[-1] >= cfg.train.steps
     copy = {"tokenizer": ctx.ds.tokenizer_path, "tokenizer_eos": ctx.ds.eos_token}  # the run's copy of the tokenizer
+    taken: list = []  # settings that differ from the run's config.yaml, named once the run has started
     if lead:
-        prepare_run_dir(run_dir, cfg, overwrite=overwrite, **copy, record=not finished, checkpoint_config=own)
+        prepare_run_dir(run_dir, cfg, overwrite=overwrite, **copy, record=not finished, checkpoint_config=own,
+                        changed=taken)
         console.info(run_header(cfg, with_config=False, run_dir=run_dir))
         budget, platform = memory.device_budget()
         if platform == "gpu" and budget is not None and (hint := micro_batch_hint(cfg, budget)):
@@ -407,6 +409,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             if restored is not None:
                 loop.resume_from(meta)
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
+            if taken:
+                console.note(changes_note(taken))
                 if cfg.optim.name == "muon" and not meta.get(MUON_WIDTH_KEY):
                     console.note("this Muon checkpoint does not say it was saved with Muon's width scaling "
                                  "(training/optim.py width_scale, 2026-11-28): if it was saved before, its wide "
