@@ -125,21 +125,34 @@ def test_muon_runs_with_fp8_and_accumulation_and_keeps_fp8_state_out():
 
 
 def test_resume_is_bit_exact_with_muon(tmp_path, capsys):
+    import json
+    import shutil
+
     from yxanul_jax.training.checkpoint import read_checkpoint_meta
+    from yxanul_jax.training.integrity import META_CHECKSUMS, meta_checksums
     from yxanul_jax.training.loop import MUON_WIDTH_KEY, fit
 
     overrides = TRAINED_RUN + ["optim.name=muon", "train.log_every=1", "checkpoint.interval=3"]
     whole = fit(load_config(None, overrides), str(tmp_path / "whole"))
     fit(load_config(None, overrides), str(tmp_path / "part"), hooks=[stop_after(3)])
     assert read_checkpoint_meta(str(tmp_path / "part" / "checkpoints"))[MUON_WIDTH_KEY] is True
+    shutil.copytree(tmp_path / "part", tmp_path / "old")  # the same checkpoint as one saved before the key existed
+    meta_file = tmp_path / "old" / "checkpoints" / "3" / "meta" / "metadata"  # Orbax's JsonSave: plain JSON
+    meta = json.loads(meta_file.read_text())
+    meta.pop(MUON_WIDTH_KEY)
+    meta.pop(META_CHECKSUMS)
+    meta[META_CHECKSUMS] = meta_checksums(meta, 3)  # re-signed: an intact checkpoint, not a damaged one
+    meta_file.write_text(json.dumps(meta))
     capsys.readouterr()
     resumed = fit(load_config(None, overrides), str(tmp_path / "part"))  # steps 4..6 from the Orbax checkpoint
     assert whole.step == resumed.step == 6
-    assert "saved before Muon's width scaling" not in capsys.readouterr().err  # only a checkpoint from before says so
+    note = "this Muon checkpoint does not say it was saved with Muon's width scaling"
+    said = capsys.readouterr().err
+    assert note not in said and "setting(s) differ" not in said, said  # only a checkpoint from before says so
+    fit(load_config(None, overrides), str(tmp_path / "old"))
+    assert note in capsys.readouterr().err
 
     def rows(run):
-        import json
-
         with open(os.path.join(run, "metrics.jsonl")) as fh:
             return {r["step"]: r["loss"] for r in map(json.loads, fh) if "loss" in r}
 

@@ -295,7 +295,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     rc, _, err = cli("--run-dir", run, *FAST, "curriculum.1.start_step=4", "curriculum.1.lr_scale=1e30",
                      "eval.interval=0")
     assert rc == 2, err
-    assert "error: loss became nan at step 6;" in err and "is step 4 (loss " in err and "lower optim.muon_lr and optim.lr" in err, err
+    assert "error: loss became nan at step 6;" in err and "is step 4 (loss " in err, err
+    assert "lower optim.muon_lr and optim.lr" in err, err
     cfg = load_config(None, FAST)
     ckpt = Checkpointer(os.path.join(run, "checkpoints"), cfg.checkpoint)
     assert ckpt.all_steps() == [4]

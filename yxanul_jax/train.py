@@ -50,7 +50,8 @@ def load_run_config(args) -> Config:
         cfg = load_config(saved, [*SAVED_GROUP_DROPPED, *args.overrides], run=True)
     elif args.eval_only and args.config is None and args.checkpoint:
         # the checkpoint's own config, read through Orbax, which starts JAX: the processes join first, as the command
-        # line and the environment say (only the keys of joining: the others apply to the saved config, not the defaults)
+        # line and the environment say (only the keys of joining: the others apply to the saved config, not the
+        # defaults)
         group = [o for o in args.overrides if o.split("=", 1)[0] in sh.PER_PROCESS_KEYS]
         sh.maybe_initialize_distributed(load_config(None, [*SAVED_GROUP_DROPPED, *group]).mesh)
         cfg = checkpoint_config(args.checkpoint, [*SAVED_GROUP_DROPPED, *args.overrides])  # the model it trained as

@@ -288,7 +288,7 @@ ABSENT = "<absent>"
 
 def _override(key: str, value: Any) -> str:
     """`key=value` as a command-line override that gives back `value`: a string that would read as another value
-    (`yes`, `null`, `1e-3`) or holds a space is quoted."""
+    (`yes`, `null`, `3`) or holds a space is quoted."""
     if isinstance(value, str):
         try:
             same = load_yaml(value) == value

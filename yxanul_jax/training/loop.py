@@ -409,8 +409,6 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             if restored is not None:
                 loop.resume_from(meta)
                 console.info(f"resumed from step {restored} (stage {meta.get('stage')}, {loop.tokens:,} tokens)")
-            if taken:
-                console.note(changes_note(taken))
                 if cfg.optim.name == "muon" and not meta.get(MUON_WIDTH_KEY):
                     console.note("this Muon checkpoint does not say it was saved with Muon's width scaling "
                                  "(training/optim.py width_scale, 2026-11-28): if it was saved before, its wide "
@@ -419,6 +417,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
                 if (was := meta.get("mesh")) and was != (now := sh.mesh_layout(ctx.mesh)):
                     console.note(f"saved on {_mesh_words(was)}, resumed on {_mesh_words(now)}: the same state, "
                                  "resharded; the losses follow an unbroken run's to rounding, not bit for bit")
+            if taken:
+                console.note(changes_note(taken))
             if own is not None and lead and not finished:  # copied checkpoints, checked and resumed: record the run
                 prepare_run_dir(run_dir, cfg, **copy)
             console.info(_describe(ctx, run_dir))
