@@ -586,14 +586,15 @@ def saturation_warning(first: int, last: int, history: int, worst: tuple[float, 
     margin = cfg.fp8.margin + max(1, math.ceil(math.log2(max(ratio, 1.0))))
     clipped = saturation_targets(names)
     keep = [t for t in cfg.fp8.targets if t not in clipped]
-    bf16 = (f"keep those projections in BF16 with fp8.targets=[{','.join(keep)}], or " if clipped and keep
-            else "train in BF16 with fp8.enabled=false, or " if clipped else "")
+    bf16 = ([f"keep those projections in BF16 with fp8.targets=[{','.join(keep)}]"] if clipped and keep
+            else ["train in BF16 with fp8.enabled=false"] if clipped else [])
+    fixes = [f"give the scales headroom with fp8.margin={margin}",
+             "scale each step from its own amax with fp8.scaling=current", *bf16, cfg.optim.lower_rate()]
     return (f"FP8 clipping has persisted from step {first} to step {last}, longer than the {history}-step amax "
             f"history (fp8.amax_history_len), so it is not delayed scaling catching up: the delayed scale of "
             f"{shown}{more} fell {SATURATION_WARN:g}x or more short of its amax (worst {ratio:.1f}x, step {at}), "
-            "and the largest values were clipped to the FP8 maximum. If the loss spikes or stalls: give the scales "
-            f"headroom with fp8.margin={margin}, or scale each step from its own amax with fp8.scaling=current, or "
-            f"{bf16}or {cfg.optim.lower_rate()}; the per-step ratio is the metric fp8_saturation")
+            f"and the largest values were clipped to the FP8 maximum. If the loss spikes or stalls: "
+            f"{', or '.join(fixes)}; the per-step ratio is the metric fp8_saturation")
 
 
 def underflow_mean(fp8_state: dict, operand: str = "grad") -> jax.Array:
