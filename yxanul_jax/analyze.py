@@ -163,6 +163,7 @@ def inspect_stage(cfg: Config, stage_index: int, hlo_out: str | None = None, tar
 def format_report(r: dict) -> str:
     GB = 1e9
     f, m, d = r["flops"], r["memory"], r["dots"]
+    ns = f.get("newton_schulz_per_step")  # Muon's optimizer GEMMs (0 or absent: AdamW)
     lines = [f"model {r['model']} stage {r['stage']}: seq_len {r['seq_len']} x batch {r['batch_size']} x accum "
              f"{r['grad_accum_steps']} = {r['tokens_per_step']:,} tokens/step, compiled for {r['platform']}",
              f"FP8: {'on' if r['fp8']['enabled'] else 'off'} (backend {r['fp8']['backend']}, "
@@ -171,8 +172,7 @@ def format_report(r: dict) -> str:
              f"{'FLOPs':<34}{'per step':>16}{'per token':>14}",
              f"{'HLO (GEMMs, attention; trip counts)':<34}{f['hlo_per_step']:>16.4g}{f['hlo_per_token']:>14.4g}",
              f"{'model (6 N + attention)':<34}{f['model_per_step']:>16.4g}{f['model_per_token']:>14.4g}",
-             *([f"{'optimizer (Muon, Newton-Schulz)':<34}{ns:>16.4g}{ns / r['tokens_per_step']:>14.4g}"]
-               if (ns := f.get("newton_schulz_per_step")) else []),
+             *([f"{'optimizer (Muon, Newton-Schulz)':<34}{ns:>16.4g}{ns / r['tokens_per_step']:>14.4g}"] if ns else []),
              f"(HLO / model = {f['hlo_per_step'] / max(f['model_per_step'], 1):.2f}: remat recompute, causal attention "
              f"counted as run{', the optimizer' if ns else ''}; XLA's own cost analysis counts a loop body once)", "",
              f"{'memory analysis':<34}{'GB':>16}"]

@@ -68,7 +68,7 @@ def layer_params(cfg: Config) -> int:
 def muon_param_count(cfg: Config) -> int:
     """Parameters Muon trains under `optim.name: muon` (the blocks' attention and FFN kernels;
     `optim.muon_labels` picks the same ones, tested)."""
-    return cfg.model.n_layers * (layer_params(cfg) - 2 * cfg.model.d_model)
+    return cfg.model.n_layers * sum(i * o for i, o in layer_kernels(cfg).values())
 
 
 MUON_NS_STEPS = 5

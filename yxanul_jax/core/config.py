@@ -851,10 +851,10 @@ def from_saved(saved: dict) -> Config:
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None, *, run: bool = False) -> Config:
     """Defaults <- YAML file <- dotted overrides, then `validate`. `run`: the file is a run directory's resolved
     config (`read_yaml`; read with `from_saved`)."""
-    if path and run:
-        cfg = from_saved(read_yaml(path, run=True))
+    if not path:
+        cfg = Config()
     else:
-        cfg = from_dict(Config, read_yaml(path, run=run)) if path else Config()
+        cfg = from_saved(read_yaml(path, run=True)) if run else from_dict(Config, read_yaml(path))
     cfg = apply_overrides(cfg, list(overrides or []))
     return validate(cfg)
 
