@@ -55,6 +55,47 @@ def test_a_muon_step_is_an_orthogonalized_momentum():
     assert sg.max() / sg.min() > 30
 
 
+@pytest.mark.parametrize("overrides", [[], ["model.scan_layers=true", "model.remat=full"],
+                                       ["model.fuse_projections=true", "fp8.backend=none"]],
+                         ids=["unrolled", "scanned", "fused"])
+def test_newton_schulz_runs_once_per_matrix_shape_with_optax_state_and_updates(overrides):
+    """`muon.scale_by_muon` against optax's `scale_by_muon` leaf by leaf: the same state (a checkpoint of one
+    restores into the other), updates equal to float32 rounding (|u| ~ 0.1-1, the quintic's output) over three
+    steps on the model's own kernels (tall, wide and square; q/k/v and gate/up of one shape), and the lowered
+    update holds one iteration's 3 GEMMs (a loop of 5) per distinct matrix shape, not per kernel."""
+    from optax.contrib import MuonDimensionNumbers
+
+    from yxanul_jax.training import muon
+
+    params = _params(TRAINED_RUN + overrides)
+    labels = jax.tree_util.tree_leaves(optim.muon_labels(params))
+    kernels = {jax.tree_util.keystr(k): v for (k, v), lab in zip(jax.tree_util.tree_leaves_with_path(params), labels)
+               if lab == "muon"}
+    shapes = {v.shape[-2:] for v in kernels.values()}
+    assert len(shapes) < len(kernels) and any(v.shape[-2] > v.shape[-1] for v in kernels.values())  # down is tall
+    ours = muon.scale_by_muon(0.95)
+    ref = optax.contrib.scale_by_muon(beta=0.95, nesterov=True, weight_dimension_numbers={
+        k: MuonDimensionNumbers(v.ndim - 2, v.ndim - 1) for k, v in kernels.items()})
+    ours_state, ref_state = ours.init(kernels), ref.init(kernels)
+    assert jax.tree_util.tree_structure(ours_state) == jax.tree_util.tree_structure(ref_state)
+    assert jax.tree.map(lambda a, b: (a.shape, a.dtype) == (b.shape, b.dtype), ours_state, ref_state)
+    ours_update, ref_update = jax.jit(ours.update), jax.jit(ref.update)
+    for i in range(3):
+        grads = {k: jax.random.normal(jax.random.fold_in(jax.random.key(i), n), v.shape)
+                 for n, (k, v) in enumerate(kernels.items())}
+        u, ours_state = ours_update(grads, ours_state)
+        r, ref_state = ref_update(grads, ref_state)
+        for k in kernels:
+            assert float(jnp.abs(r[k]).max()) > 0.05, k
+            np.testing.assert_allclose(u[k], r[k], rtol=0, atol=3e-6, err_msg=k)
+            np.testing.assert_array_equal(ours_state.mu[k], ref_state.mu[k], err_msg=k)  # elementwise: bit-exact
+
+    def gemms(update):
+        return update.lower(grads, ours_state).as_text().count("dot_general")
+
+    assert gemms(ours_update) == 3 * len(shapes) and gemms(ref_update) == 3 * len(kernels)
+
+
 @pytest.mark.parametrize("overrides", [[], ["model.scan_layers=true", "model.remat=full"]], ids=["unrolled", "scanned"])
 def test_the_muon_group_steps_as_optax_contrib_muon(overrides):
     """The reference is optax's whole Muon (orthogonalized Nesterov momentum, then the width scaling

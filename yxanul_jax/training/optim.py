@@ -2,8 +2,8 @@
 learning-rate schedule including curriculum stages.
 
 `optim.name: muon` partitions the parameters (`optax.partition`): the attention and FFN kernels of the
-blocks get optax's `scale_by_muon` (Nesterov momentum, orthogonalized by Newton-Schulz; a scanned
-[n_layers, I, O] kernel is n_layers matrices, its leading axis a batch axis) times the width scaling
+blocks get `muon.scale_by_muon` (optax's Nesterov momentum orthogonalized by Newton-Schulz, one batched chain per
+matrix shape; a scanned [n_layers, I, O] kernel is n_layers matrices) times the width scaling
 sqrt(max(1, O / I)) (`width_scale`, as Keller Jordan's Muon and `optax.contrib.muon`), everything else (the
 embedding table, the head's factors, the norm scales) AdamW. Written here rather than taken whole from
 `optax.contrib.muon`: that bundles its own Nesterov Adam for the other leaves, with no weight-decay mask
@@ -30,12 +30,11 @@ import math
 import jax
 import jax.numpy as jnp
 import optax
-from optax.contrib import MuonDimensionNumbers, scale_by_muon
 
-from yxanul_jax.analysis.accounting import MUON_NS_STEPS
 from yxanul_jax.core.config import Config, from_saved
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model.transformer import stacked_axes
+from yxanul_jax.training.muon import scale_by_muon
 
 
 def _decay(shape: str, step, start: float, end: float, high: float, low: float):
@@ -162,12 +161,6 @@ def muon_labels(params):
     return jax.tree_util.tree_map_with_path(label, params)
 
 
-def muon_dimensions(params):
-    """Which axes of each Muon kernel are the matrix (reduction, output): the last two; a scanned stack's
-    leading layer axis is a batch axis."""
-    return jax.tree_util.tree_map(lambda p: MuonDimensionNumbers(p.ndim - 2, p.ndim - 1), params)
-
-
 def width_scale(update: jax.Array) -> jax.Array:
     """Muon's width scaling: an orthogonalized update of a [..., fan_in, fan_out] kernel times
     sqrt(max(1, fan_out / fan_in)), so a wide matrix (gate, up: [D, F > D]) moves its outputs as far per step as
@@ -214,8 +207,7 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
         return _adamw(cfg, schedule)
     ratio = o.muon_lr / o.lr
     muon = optax.chain(
-        scale_by_muon(ns_steps=MUON_NS_STEPS, beta=o.muon_momentum, nesterov=True,
-                      weight_dimension_numbers=muon_dimensions),
+        scale_by_muon(beta=o.muon_momentum),
         decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay, scale=width_scale),
         optax.scale_by_learning_rate(lambda step: schedule(step) * ratio))
     return optax.partition({"muon": muon, "adamw": _adamw(cfg, schedule)}, muon_labels)

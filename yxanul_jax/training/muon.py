@@ -1,0 +1,88 @@
+"""Muon's orthogonalized momentum with one Newton-Schulz iteration per matrix shape, not one per kernel.
+
+`scale_by_muon` is optax's `optax.contrib.scale_by_muon` (Nesterov momentum, Frobenius preconditioning, the
+quintic iteration and its coefficients) with the same state (`optax.contrib.MuonState`: a checkpoint of either
+restores into the other). What differs is how the orthogonalization is laid out: optax runs one chain of
+Newton-Schulz GEMMs per leaf (per layer and kernel when the layers are not scanned: 5 x 3 small GEMMs each), while
+here the matrices of one shape are stacked and each shape runs one batched chain (a tall matrix turned first, the
+iteration's f(X) = f(X^T)^T, as optax does per matrix). A 12-layer unscanned model's 84 kernels (q, k, v, o, gate,
+up, down) become one chain per distinct shape (three or four), and scanned yxanul-197m's seven stacks four (q and
+o, k and v, gate and up share theirs). Tall and wide matrices of the same sides are not stacked together: FSDP shards every kernel's
+first matrix axis (training/sharding.py), which a turned matrix would carry to its last, so stacking them would
+reshard one of them every step. The FLOPs are the same (`accounting.newton_schulz_flops`); fewer, larger GEMMs
+are what a GPU runs well, and the step has fewer ops to compile. Each matrix is still normalized by its own
+Frobenius norm and runs optax's ops; the updates equal optax's to float32 rounding (XLA's CPU GEMMs round a batch
+of 1 and of 5 matrices differently; tests/test_muon.py).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax.contrib import MuonState
+
+from yxanul_jax.analysis.accounting import MUON_NS_STEPS
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+"""The quintic iteration's coefficients (Keller Jordan's; optax's default): f(X) = a X + (b A + c A^2) X, A = X X^T."""
+NS_EPS = 1e-8
+"""Added to each matrix's Frobenius norm before dividing by it (optax's default)."""
+
+
+def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int) -> jax.Array:
+    """The iteration on a batch of M <= N matrices, each first divided by its own Frobenius norm; each matrix's
+    ops written as optax writes them (`x @ x.T`, `(c A) @ A`), so that a matrix gets optax's result."""
+    a, b, c = (coeffs[i].astype(x_BxMxN.dtype) for i in range(3))
+
+    def iteration(_, x_MxN):
+        a_MxM = x_MxN @ x_MxN.T
+        return a * x_MxN + (b * a_MxM + c * a_MxM @ a_MxM) @ x_MxN
+
+    def one(x_MxN):
+        x_MxN = x_MxN / (jnp.linalg.norm(x_MxN, ord="fro") + NS_EPS)
+        return jax.lax.fori_loop(0, steps, iteration, x_MxN, unroll=True)  # optax's loop
+
+    return jax.vmap(one)(x_BxMxN)
+
+
+def orthogonalize_by_shape(tree, coeffs: jax.Array, steps: int = MUON_NS_STEPS):
+    """Each leaf's last two axes orthogonalized (its leading axes, a scanned stack's layers, are a batch), one
+    batched Newton-Schulz chain per (rows, columns, dtype) over all the leaves."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    groups: dict[tuple, list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        groups.setdefault((*leaf.shape[-2:], leaf.dtype), []).append(i)
+    out = [None] * len(leaves)
+    for (rows, cols, _), members in groups.items():
+        x_BxRxC = jnp.concatenate([leaves[i].reshape(-1, rows, cols) for i in members])
+        if rows <= cols:
+            done_BxRxC = _newton_schulz_BxMxN(x_BxRxC, coeffs, steps)
+        else:
+            done_BxRxC = jnp.swapaxes(_newton_schulz_BxMxN(jnp.swapaxes(x_BxRxC, 1, 2), coeffs, steps), 1, 2)
+        start = 0
+        for i in members:
+            size = leaves[i].size // (rows * cols)
+            out[i] = done_BxRxC[start:start + size].reshape(leaves[i].shape)
+            start += size
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
+    """optax's `scale_by_muon(ns_steps=steps, beta=beta, nesterov=True)` on kernels whose last two axes are the
+    matrix, its Newton-Schulz grouped by shape (`orthogonalize_by_shape`); the same `MuonState`."""
+    def init(params):
+        return MuonState(count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params),
+                         ns_coeffs=jnp.asarray(NS_COEFFS))
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, beta, 1)
+        count = optax.safe_increment(state.count)
+        mu_hat = jax.tree_util.tree_map(  # Nesterov: the momentum one step ahead, bias-corrected as optax does
+            lambda m, g: beta * m + (1 - beta) * g,
+            optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
+            optax.tree.bias_correction(updates, beta, count))
+        return orthogonalize_by_shape(mu_hat, state.ns_coeffs, steps), MuonState(count=count, mu=mu,
+                                                                                  ns_coeffs=state.ns_coeffs)
+
+    return optax.GradientTransformation(init, update)
