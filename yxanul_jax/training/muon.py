@@ -5,11 +5,12 @@ quintic iteration and its coefficients) with the same state (`optax.contrib.Muon
 restores into the other). What differs is how the orthogonalization is laid out: optax runs one chain of
 Newton-Schulz GEMMs per leaf (per layer and kernel when the layers are not scanned: 5 x 3 small GEMMs each), while
 here the matrices of one shape are stacked and each shape runs one batched chain (a tall matrix turned first, the
-iteration's f(X) = f(X^T)^T, as optax does per matrix). A 12-layer unscanned model's 84 kernels (q, k, v, o, gate,
-up, down) become one chain per distinct shape (three or four), and scanned yxanul-197m's seven stacks four (q and
-o, k and v, gate and up share theirs). Tall and wide matrices of the same sides are not stacked together: FSDP shards every kernel's
-first matrix axis (training/sharding.py), which a turned matrix would carry to its last, so stacking them would
-reshard one of them every step. The FLOPs are the same (`accounting.newton_schulz_flops`); fewer, larger GEMMs
+iteration's f(X) = f(X^T)^T, as optax does per matrix). An unscanned model's 7 kernels a layer (q, k, v, o, gate,
+up, down) become one chain per distinct shape (three or four where n_heads x head_dim = d_model: pythia-70m's 42
+kernels three), and scanned yxanul-197m's seven stacks four (q and o, k and v, gate and up share theirs). Tall
+and wide matrices of the same sides are not stacked together: FSDP shards every kernel's first matrix axis
+(training/sharding.py), which a turned matrix would carry to its last, so stacking them would reshard one of them
+every step. The FLOPs are the same (`accounting.newton_schulz_flops`); fewer, larger GEMMs
 are what a GPU runs well, and the step has fewer ops to compile. Each matrix is still normalized by its own
 Frobenius norm and runs optax's ops; the updates equal optax's to float32 rounding (XLA's CPU GEMMs round a batch
 of 1 and of 5 matrices differently; tests/test_muon.py).
