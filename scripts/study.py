@@ -53,9 +53,13 @@ def tokens_to(xs: list[float], ys: list[float], target: float) -> float | None:
 
 
 def summarize(results: dict[str, dict[int, list[dict]]], target: float | None) -> dict:
-    """Per arm: final loss per seed, mean, spread (sample std), tokens to target per seed and mean."""
+    """Per arm: final loss per seed, mean, spread (sample std), tokens to target per seed and mean; and, paired
+    by seed, the fraction of the first arm's tokens at which the arm reached the first arm's final loss of that
+    seed (`paired_tokens_ratio`: "reaches AdamW's loss in 0.5x the tokens"; None where it never did)."""
     finals = {arm: {s: series(rows, "val/mean/loss")[1][-1] for s, rows in seeds.items()}
               for arm, seeds in results.items()}
+    first_arm = next(iter(results))
+    first_tokens = {s: series(rows, "val/mean/loss")[0][-1] for s, rows in results[first_arm].items()}
     if target is None:  # the highest final loss of any run: every run reaches it, so all compare
         target = max(v for f in finals.values() for v in f.values())
     out = {"target_loss": round(target, 4), "arms": {}}
@@ -68,7 +72,9 @@ def summarize(results: dict[str, dict[int, list[dict]]], target: float | None) -
             "mean": round(statistics.mean(values), 4),
             "spread": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
             "tokens_to_target": {str(s): None if v is None else round(v) for s, v in reach.items()},
-            "mean_tokens_to_target": round(statistics.mean(known)) if len(known) == len(reach) else None}
+            "mean_tokens_to_target": round(statistics.mean(known)) if len(known) == len(reach) else None,
+            "paired_tokens_ratio": {str(s): _ratio(tokens_to(*series(rows, "val/mean/loss"), finals[first_arm][s]),
+                                                   first_tokens[s]) for s, rows in seeds.items()}}
     first = next(iter(out["arms"].values()))
     for arm in out["arms"].values():
         a, b = arm["mean_tokens_to_target"], first["mean_tokens_to_target"]
@@ -78,18 +84,23 @@ def summarize(results: dict[str, dict[int, list[dict]]], target: float | None) -
     return out
 
 
+def _ratio(tokens: float | None, of: float) -> float | None:
+    return None if tokens is None else round(tokens / of, 3)
+
+
 def markdown(summary: dict, seeds: list[int], header: str) -> str:
     arms = summary["arms"]
     lines = [header, "",
              "| arm | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | spread | vs first | "
-             f"tokens to {summary['target_loss']} | ratio |",
-             "|---" * (len(seeds) + 6) + "|"]
+             f"tokens to {summary['target_loss']} | ratio | tokens to the first arm's loss, per seed |",
+             "|---" * (len(seeds) + 7) + "|"]
     for name, a in arms.items():
         reach = a["mean_tokens_to_target"]
+        paired = " / ".join("-" if (r := a["paired_tokens_ratio"][str(s)]) is None else f"{r:.2f}x" for s in seeds)
         lines.append(f"| {name} | " + " | ".join(f"{a['final'][str(s)]:.4f}" for s in seeds)
                      + f" | {a['mean']:.4f} | {a['spread']:.4f} | {a['mean_delta']:+.4f} ({a['mean_delta_pct']:+.2f} %) | "
                      + (f"{reach:,}" if reach else "not reached by every seed")
-                     + f" | {a['tokens_ratio'] if a['tokens_ratio'] else '-'} |")
+                     + f" | {a['tokens_ratio'] if a['tokens_ratio'] else '-'} | {paired} |")
     return "\n".join(lines) + "\n"
 
 

@@ -74,6 +74,12 @@ def test_tokens_to_target_interpolates_and_summary_compares_arms():
     assert a["mean_tokens_to_target"] == 200 and b["tokens_to_target"] == {"0": 300, "1": 267}
     assert b["mean_tokens_to_target"] == 283 and b["tokens_ratio"] == pytest.approx(283 / 200, abs=1e-3)
     assert b["mean_delta"] == pytest.approx(0.8)
+    # paired by seed: a reaches its own final loss at its last point (1.0x); b never reaches a's 4 on seed 0, and
+    # reaches a's 4.2 on seed 1 nowhere either (4.8 at the end); a at b's losses: b is the second arm, not compared
+    assert a["paired_tokens_ratio"] == {"0": 1.0, "1": 1.0} and b["paired_tokens_ratio"] == {"0": None, "1": None}
+    fast = study.summarize({"slow": {0: rows([6, 5, 4])}, "fast": {0: rows([5, 4, 3])}}, target=None)
+    assert fast["arms"]["fast"]["paired_tokens_ratio"] == {"0": pytest.approx(200 / 300, abs=1e-3)}  # slow's 4: 200 of 300
+    assert "0.67x" in study.markdown(fast, [0], "h")
 
 
 def test_study_runs_arms_and_seeds_and_writes_table_and_plot(tmp_path):
