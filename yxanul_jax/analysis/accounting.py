@@ -72,14 +72,14 @@ def muon_param_count(cfg: Config) -> int:
 
 
 MUON_NS_STEPS = 5
-"""Newton-Schulz iterations of Muon's orthogonalization (optax's and Keller Jordan's default; training/optim.py
-passes it)."""
+"""Newton-Schulz iterations of Muon's orthogonalization (optax's and Keller Jordan's default; training/muon.py
+runs it)."""
 
 
 def newton_schulz_flops(cfg: Config) -> int:
     """FLOPs of one optimizer step's Newton-Schulz iterations under `optim.name: muon` (0 under AdamW): per
-    kernel of m x n (m <= n; optax transposes the taller ones) and iteration, A = X X^T (2 m^2 n), A @ A (2 m^3)
-    and B X (2 m^2 n). Not model FLOPs (MFU leaves them out); `analyze` shows them beside the HLO's, which count
+    kernel of m x n (m <= n; training/muon.py turns the taller ones) and iteration, A = X X^T (2 m^2 n), A @ A
+    (2 m^3) and B X (2 m^2 n). Not model FLOPs (MFU leaves them out); `analyze` shows them beside the HLO's, which count
     them (tested)."""
     if cfg.optim.name != "muon":
         return 0

@@ -1,4 +1,4 @@
-"""Muon's orthogonalized momentum with one Newton-Schulz iteration per matrix shape, not one per kernel.
+"""Muon's orthogonalized momentum with one Newton-Schulz chain per matrix shape, not one per kernel.
 
 `scale_by_muon` is optax's `optax.contrib.scale_by_muon` (Nesterov momentum, Frobenius preconditioning, the
 quintic iteration and its coefficients) with the same state (`optax.contrib.MuonState`: a checkpoint of either
@@ -10,10 +10,10 @@ up, down) become one chain per distinct shape (three or four where n_heads x hea
 kernels three), and scanned yxanul-197m's seven stacks four (q and o, k and v, gate and up share theirs). Tall
 and wide matrices of the same sides are not stacked together: FSDP shards every kernel's first matrix axis
 (training/sharding.py), which a turned matrix would carry to its last, so stacking them would reshard one of them
-every step. The FLOPs are the same (`accounting.newton_schulz_flops`); fewer, larger GEMMs
-are what a GPU runs well, and the step has fewer ops to compile. Each matrix is still normalized by its own
-Frobenius norm and runs optax's ops; the updates equal optax's to float32 rounding (XLA's CPU GEMMs round a batch
-of 1 and of 5 matrices differently; tests/test_muon.py).
+every step. The FLOPs are the same (`accounting.newton_schulz_flops`); fewer, larger GEMMs are what a GPU runs
+well, and the step has fewer ops to compile. Each matrix is still normalized by its own Frobenius norm and runs
+optax's ops; the updates equal optax's to float32 rounding (XLA's CPU GEMMs round a batch of 1 and of 5 matrices
+differently; tests/test_muon.py).
 """
 from __future__ import annotations
 
