@@ -56,15 +56,14 @@ def summarize(results: dict[str, dict[int, list[dict]]], target: float | None) -
     """Per arm: final loss per seed, mean, spread (sample std), tokens to target per seed and mean; and, paired
     by seed, the fraction of the first arm's tokens at which the arm reached the first arm's final loss of that
     seed (`paired_tokens_ratio`: "reaches AdamW's loss in 0.5x the tokens"; None where it never did)."""
-    finals = {arm: {s: series(rows, "val/mean/loss")[1][-1] for s, rows in seeds.items()}
-              for arm, seeds in results.items()}
+    curves = {arm: {s: series(rows, "val/mean/loss") for s, rows in seeds.items()} for arm, seeds in results.items()}
+    finals = {arm: {s: ys[-1] for s, (_, ys) in seeds.items()} for arm, seeds in curves.items()}
     first_arm = next(iter(results))
-    first_tokens = {s: series(rows, "val/mean/loss")[0][-1] for s, rows in results[first_arm].items()}
     if target is None:  # the highest final loss of any run: every run reaches it, so all compare
         target = max(v for f in finals.values() for v in f.values())
     out = {"target_loss": round(target, 4), "arms": {}}
-    for arm, seeds in results.items():
-        reach = {s: tokens_to(*series(rows, "val/mean/loss"), target) for s, rows in seeds.items()}
+    for arm, seeds in curves.items():
+        reach = {s: tokens_to(*curve, target) for s, curve in seeds.items()}
         known = [v for v in reach.values() if v is not None]
         values = list(finals[arm].values())
         out["arms"][arm] = {
@@ -73,8 +72,8 @@ def summarize(results: dict[str, dict[int, list[dict]]], target: float | None) -
             "spread": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
             "tokens_to_target": {str(s): None if v is None else round(v) for s, v in reach.items()},
             "mean_tokens_to_target": round(statistics.mean(known)) if len(known) == len(reach) else None,
-            "paired_tokens_ratio": {str(s): _ratio(tokens_to(*series(rows, "val/mean/loss"), finals[first_arm][s]),
-                                                   first_tokens[s]) for s, rows in seeds.items()}}
+            "paired_tokens_ratio": {str(s): _ratio(tokens_to(*curve, finals[first_arm][s]), curves[first_arm][s][0][-1])
+                                    for s, curve in seeds.items()}}
     first = next(iter(out["arms"].values()))
     for arm in out["arms"].values():
         a, b = arm["mean_tokens_to_target"], first["mean_tokens_to_target"]

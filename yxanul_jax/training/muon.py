@@ -24,15 +24,14 @@ from optax.contrib import MuonState
 
 from yxanul_jax.analysis.accounting import MUON_NS_STEPS
 
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
-"""The quintic iteration's coefficients (Keller Jordan's; optax's default): f(X) = a X + (b A + c A^2) X, A = X X^T."""
 NS_EPS = 1e-8
 """Added to each matrix's Frobenius norm before dividing by it (optax's default)."""
 
 
 def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int) -> jax.Array:
-    """The iteration on a batch of M <= N matrices, each first divided by its own Frobenius norm; each matrix's
-    ops written as optax writes them (`x @ x.T`, `(c A) @ A`), so that a matrix gets optax's result."""
+    """The iteration f(X) = a X + (b A + c A^2) X, A = X X^T, on a batch of M <= N matrices, each first divided
+    by its own Frobenius norm; each matrix's ops written as optax writes them (`x @ x.T`, `(c A) @ A`), so that a
+    matrix gets optax's result."""
     a, b, c = (coeffs[i].astype(x_BxMxN.dtype) for i in range(3))
 
     def iteration(_, x_MxN):
@@ -71,9 +70,8 @@ def orthogonalize_by_shape(tree, coeffs: jax.Array, steps: int = MUON_NS_STEPS):
 def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
     """optax's `scale_by_muon(ns_steps=steps, beta=beta, nesterov=True)` on kernels whose last two axes are the
     matrix, its Newton-Schulz grouped by shape (`orthogonalize_by_shape`); the same `MuonState`."""
-    def init(params):
-        return MuonState(count=jnp.zeros([], jnp.int32), mu=optax.tree.zeros_like(params),
-                         ns_coeffs=jnp.asarray(NS_COEFFS))
+    # optax's own init: its state and its coefficients (Keller Jordan's quintic), which `update` reads from the state
+    init = optax.contrib.scale_by_muon(ns_steps=steps, beta=beta, nesterov=True).init
 
     def update(updates, state, params=None):
         del params
