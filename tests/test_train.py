@@ -345,6 +345,24 @@ def test_eval_only_reports_every_domain(fast_run, tmp_path):
                              "code": f"{val / 'humaneval_validation.parquet'}::{{prompt}}{{canonical_solution}}"})
 
 
+def test_eval_only_joins_as_its_own_command_line_says_not_as_the_run_trained(tmp_path):
+    """--eval-only reads the run's saved config but joins its processes as this command says: a group of N processes
+    or a long timeout saved by the training job is not waited on (the --checkpoint path must join before it can read
+    the saved config at all, so both paths join alike)."""
+    from yxanul_jax.core.coerce import to_yaml
+    from yxanul_jax.core.config import MeshConfig
+    from yxanul_jax.core.rundir import CONFIG_FILE
+    from yxanul_jax.train import load_run_config, parse_args
+
+    trained = load_config(None, ["mesh.num_processes=4", "mesh.coordinator_address=10.0.0.1:1234",
+                                 "mesh.init_timeout_s=900", "mesh.heartbeat_timeout_s=600", "model.d_model=48"])
+    (tmp_path / CONFIG_FILE).write_text(to_yaml(trained))
+    cfg = load_run_config(parse_args(["--eval-only", "--run-dir", str(tmp_path)]))
+    assert cfg.mesh == MeshConfig() and cfg.model.d_model == 48  # the run's model, this command's group
+    cfg = load_run_config(parse_args(["--eval-only", "--run-dir", str(tmp_path), "mesh.init_timeout_s=60"]))
+    assert cfg.mesh.init_timeout_s == 60 and cfg.mesh.heartbeat_timeout_s == MeshConfig().heartbeat_timeout_s
+
+
 def test_run_dir_with_another_config_is_refused(fast_run, tmp_path):
     run = fast_run[0]
     before = sorted(os.listdir(run))

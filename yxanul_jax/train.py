@@ -7,6 +7,7 @@ The command only parses: flags and config -> run directory -> one library call
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ import sys
 import jax
 
 from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
-from yxanul_jax.core.config import Config, load_config
+from yxanul_jax.core.config import Config, MeshConfig, load_config
 from yxanul_jax.core.rundir import CONFIG_FILE, RUN_DIR_RULE, default_run_dir
 from yxanul_jax.inference.run_sample import EndOfRunSample
 from yxanul_jax.training import sharding as sh
@@ -34,9 +35,12 @@ def parse_args(argv):
     return p.parse_intermixed_args(argv)  # overrides may come before, between or after flags
 
 
-SAVED_GROUP_DROPPED = ('mesh.coordinator_address=""', "mesh.num_processes=0", "mesh.process_id=-1", "mesh.cluster=auto")
-"""--eval-only reads a run's saved config without the process group it trained as (the processes of this command
-are its own: the environment's launcher, or the command line's flags)."""
+SAVED_GROUP_DROPPED = tuple(f"{key}={json.dumps(getattr(MeshConfig(), key.split('.', 1)[1]))}"
+                            for key in sh.PER_PROCESS_KEYS)
+"""--eval-only reads a run's saved config without how its processes joined (`sharding.PER_PROCESS_KEYS` back at
+their defaults: the group and its timeouts): the processes of this command are its own (the environment's launcher,
+or the command line's flags), and join the same way whether the config comes from the run directory or, read after
+joining, from --checkpoint."""
 
 
 def load_run_config(args) -> Config:
