@@ -1,7 +1,9 @@
 """Tests of yxanul_jax/data/corpus.py: the stdlib demo corpus and its cached, race-safe preparation."""
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import platform
 import sysconfig
 from pathlib import Path
 
@@ -28,7 +30,7 @@ def test_stdlib_files_are_deterministic_sorted_capped_and_skip_tests():
 def test_demo_dataset_is_built_once_into_the_cache_and_streams(tmp_path, monkeypatch):
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     path = corpus.ensure_demo_dataset()
-    assert Path(path) == tmp_path / "cache" / "demo-v2-4096"
+    assert Path(path) == tmp_path / "cache" / f"demo-v2-py{platform.python_version()}-4096"
     ds = open_dataset(path)
     assert ds.vocab_size == 4096 and ds.manifest["tokens"] > 500_000
     assert ds.manifest["tokenizer"]["vocab_size"] == 4096 and ds.tokenizer_path
@@ -60,6 +62,18 @@ def test_a_foreign_dataset_in_the_cache_slot_is_refused(tmp_path):
     corpus.ensure_demo_dataset(str(target), 512, max_bytes=200_000)
     with pytest.raises(UserError, match="another dataset"):
         corpus.ensure_demo_dataset(str(target), 640, max_bytes=200_000)
+
+
+def test_another_python_s_demo_corpus_is_refused_not_reused(tmp_path):
+    """Each Python has its own standard library, so its own demo text: a folder built by another Python is not taken
+    for this one's (the default cache keeps one folder per Python version)."""
+    target = tmp_path / "demo"
+    corpus.ensure_demo_dataset(str(target), 512, max_bytes=200_000)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["request"]["python"] = "3.9.0"
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=r"Python 3\.9\.0's standard library, not of this Python"):
+        corpus.ensure_demo_dataset(str(target), 512, max_bytes=200_000)
 
 
 def test_demo_vocab_equals_a_cap_larger_than_the_corpus_supports(tmp_path):

@@ -67,6 +67,12 @@ def _request(vocab_size: int, max_bytes: int) -> dict:
             "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
 
 
+def demo_dir_name(vocab_size: int) -> str:
+    """The demo dataset's folder in the cache: one per corpus version, Python version (each has its own standard
+    library, so its own text) and vocabulary size."""
+    return f"{DEMO_VERSION}-py{platform.python_version()}-{vocab_size}"
+
+
 def _ready(out: Path, vocab_size: int) -> bool:
     from yxanul_jax.data.dataset import open_dataset
     from yxanul_jax.data.layout import is_prepared
@@ -78,6 +84,10 @@ def _ready(out: Path, vocab_size: int) -> bool:
     if req.get("corpus") != "python-stdlib" or req.get("vocab_cap") != vocab_size:
         raise UserError(f"'{out}' holds another dataset than the {vocab_size}-token demo corpus; "
                         "delete it or point YXANUL_CACHE elsewhere")
+    if req.get("python") != platform.python_version():  # another Python's standard library: other text
+        raise UserError(f"'{out}' holds the demo corpus of Python {req.get('python')}'s standard library, not of this "
+                        f"Python {platform.python_version()}; delete it, or leave the folder to ensure_demo_dataset "
+                        f"(the default cache keeps one per Python)")
     return True
 
 
@@ -112,14 +122,15 @@ def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, ma
     200k entries, so a larger cap is filled with never-produced reserved entries (`pad_vocabulary`) and
     the dataset always matches `model.vocab_size`.
 
-    Default location `cache_root() / f"demo-v2-{vocab_size}"`. Building is atomic (temp dir,
-    then rename) and serialized by a lock file, so concurrent callers build it once.
+    Default location `cache_root() / demo_dir_name(vocab_size)` (`demo-v2-py3.12.3-4096`: a Python of another
+    version reads other text and builds its own). Building is atomic (temp dir, then rename) and serialized by a
+    lock file, so concurrent callers build it once.
     """
     from yxanul_jax.data.prepare import prepare_documents
     from yxanul_jax.data.tokenizer import check_bpe_args, pad_vocabulary, train_bpe
 
     check_bpe_args(vocab_size, 2, flag="model.vocab_size (the demo corpus trains its own BPE):")  # before its lock file
-    out = Path(cache_dir).expanduser() if cache_dir else cache_root() / f"{DEMO_VERSION}-{vocab_size}"
+    out = Path(cache_dir).expanduser() if cache_dir else cache_root() / demo_dir_name(vocab_size)
     if _ready(out, vocab_size):
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
