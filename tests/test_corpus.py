@@ -27,15 +27,18 @@ def test_stdlib_files_are_deterministic_sorted_capped_and_skip_tests():
     assert 500_000 < total <= 1_000_000
 
 
-def test_demo_dataset_is_built_once_into_the_cache_and_streams(tmp_path, monkeypatch):
+def test_demo_dataset_is_built_once_into_the_cache_and_streams(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     path = corpus.ensure_demo_dataset()
+    said = capsys.readouterr().out  # the first use says what the seconds before the first step are spent on
+    assert "demo corpus (first use of this Python): training a 4,096-token BPE" in said and "demo corpus ready in" in said
     assert Path(path) == tmp_path / "cache" / f"demo-v2-py{platform.python_version()}-4096"
     ds = open_dataset(path)
     assert ds.vocab_size == 4096 and ds.manifest["tokens"] > 500_000
     assert ds.manifest["tokenizer"]["vocab_size"] == 4096 and ds.tokenizer_path
     stamp = (Path(path) / "manifest.json").stat().st_mtime_ns
-    assert corpus.ensure_demo_dataset() == path  # cached: not rebuilt
+    assert corpus.ensure_demo_dataset() == path  # cached: not rebuilt, nothing said
+    assert capsys.readouterr().out == ""
     assert (Path(path) / "manifest.json").stat().st_mtime_ns == stamp
     batch = TrainStream(ds, seed=0).next_batch(128, 4)
     assert batch["inputs"].shape == (4, 128) and batch["inputs"].max() < 4096

@@ -17,9 +17,11 @@ import hashlib
 import os
 import platform
 import sysconfig
+import time
 from pathlib import Path
 from typing import Iterator
 
+from yxanul_jax.core import console
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import cache_root
 
@@ -136,8 +138,12 @@ def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, ma
     out.parent.mkdir(parents=True, exist_ok=True)
     with _locked(out.parent / f".{out.name}.lock"):
         if not _ready(out, vocab_size):
+            started = time.perf_counter()
+            console.info(f"demo corpus (first use of this Python): training a {vocab_size:,}-token BPE on Python "
+                         f"{platform.python_version()}'s standard library and writing its token shards to {out}")
             tok = pad_vocabulary(train_bpe(stdlib_documents(max_bytes), vocab_size), vocab_size)
             tok.source = f"byte-level BPE trained on the Python {platform.python_version()} stdlib"
             prepare_documents(stdlib_documents(max_bytes), tok, out, request=_request(vocab_size, max_bytes),
                               val_fraction=0.05, progress=False)
+            console.info(f"demo corpus ready in {time.perf_counter() - started:.1f} s")
     return str(out)
