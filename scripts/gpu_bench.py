@@ -149,7 +149,7 @@ def bench_cell(config: str | None, stage_index: int, precision: str, steps: int,
 
         del state, step  # the reference gets the device to itself
         try:
-            ref = time_train_step(cfg.model, stage.seq_len, row["rows"], lr=cfg.optim.lr, steps=steps,
+            ref = time_train_step(cfg.model, stage.seq_len, row["rows"], lr=cfg.optim.peak_lr, steps=steps,
                                   warmup=warmup, loss_chunk=cfg.train.loss_chunk, compile=device.platform == "gpu")
         except Exception as e:  # e.g. out of memory beside JAX's pool: keep the JAX cell's numbers
             row["torch_failed"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]

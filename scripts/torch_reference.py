@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     stage = cfg.curriculum[args.stage]
     rows = stage.batch_size * stage.grad_accum_steps
-    r = time_train_step(cfg.model, stage.seq_len, rows, lr=cfg.optim.lr, steps=args.steps, warmup=args.warmup,
+    r = time_train_step(cfg.model, stage.seq_len, rows, lr=cfg.optim.peak_lr, steps=args.steps, warmup=args.warmup,
                         loss_chunk=cfg.train.loss_chunk, compile=not args.no_compile)
     print(f"{'model':>12} {'stage':>5} {'seq':>5} {'rows':>5} {'step ms':>9} {'tokens/s':>12} {'device':>6}")
     print(f"{cfg.model.name:>12} {args.stage:>5} {stage.seq_len:>5} {rows:>5} {1e3 * r['step_s']:>9.1f} "

@@ -179,6 +179,25 @@ def test_a_run_saved_before_a_key_existed_resumes_with_its_default(tmp_path):
         prepare_run_dir(str(run_dir), load_config(None, ["model.fuse_projections=true"]))
 
 
+def test_a_resume_compares_optim_lr_by_the_rate_it_trains_at(tmp_path, capsys):
+    """optim.lr left unset is the optimizer's own rate: a run saved with that number written out resumes unchanged,
+    and a Muon run saved at 0.003 (the default before 2026-11-29) is told that its AdamW group now steps at 0.012."""
+    from yxanul_jax.core.rundir import prepare_run_dir
+
+    for written, said in ((0.012, None), (0.003, "optim.lr 0.003 -> 0.012")):
+        run_dir = tmp_path / str(written)
+        prepare_run_dir(str(run_dir), load_config())
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert saved["optim"]["lr"] is None
+        saved["optim"]["lr"] = written
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+        (run_dir / "checkpoints" / "10").mkdir(parents=True)
+        capsys.readouterr()
+        prepare_run_dir(str(run_dir), load_config())
+        err = capsys.readouterr().err
+        assert (said in err) if said else "differ from the run's config.yaml" not in err, err
+
+
 @pytest.mark.parametrize("args, needle", [
     (["model.d_modle=3"], "model.d_modle"),               # unknown key
     (["model.n_layers=two"], "model.n_layers"),           # wrong type

@@ -82,7 +82,7 @@ def test_config_guard_refuses_model_and_data_changes_and_takes_resumable_ones(tm
     prepare_run_dir(str(run_dir), resumed)
     said = capsys.readouterr().err  # each change named, not only recorded
     assert "5 setting(s) differ from the run's config.yaml and are taken from here on: " in said, said
-    assert "optim.lr 0.003 -> 0.0001" in said and "train.steps 1000 -> 900" in said, said
+    assert "optim.lr 0.012 -> 0.0001" in said and "train.steps 1000 -> 900" in said, said
     assert "(recorded in config_history.jsonl)" in said, said
     assert from_dict(Config, yaml.safe_load((run_dir / "config.yaml").read_text())) == resumed
     last = json.loads((run_dir / "config_history.jsonl").read_text().splitlines()[-1])["changes"]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from yxanul_jax.core.config import load_config
+from yxanul_jax.model.fp8 import split_state
 from yxanul_jax.model.transformer import init_variables
 from yxanul_jax.training.optim import clip_by_global_norm, decay_mask, lr_schedule, make_optimizer
 
@@ -37,6 +38,34 @@ def test_warmup_then_cosine_with_stage_scales_and_ramps():
     assert lr(70) == pytest.approx(_cosine(70))  # stage 2: lr_scale 1, no ramp
     assert lr(99) == pytest.approx(_cosine(99), rel=1e-5)
     assert lr(100) == pytest.approx(1e-4) and lr(1000) == pytest.approx(1e-4)  # the floor, never below
+
+
+def test_an_unset_lr_is_the_optimizer_s_own_and_a_set_one_is_kept():
+    """optim.lr unset: AdamW alone peaks at 0.003, Muon's AdamW group at 0.012 (each the demo's better rate,
+    docs/QUALITY.md); the Muon group at muon_lr whatever lr is; an explicit lr (YAML, override) is kept."""
+    from yxanul_jax.core.config import DEFAULT_LR
+    from yxanul_jax.core.errors import UserError
+
+    assert DEFAULT_LR == {"adamw": 3e-3, "muon": 0.012}
+    one = ["optim.warmup_steps=1", "optim.muon_lr=0.005"]
+    for overrides, peak in (([], 0.012), (["optim.name=adamw"], 3e-3), (["optim.lr=0.002"], 0.002),
+                            (["optim.name=adamw", "optim.lr=0.002"], 0.002), (["optim.lr=null"], 0.012)):
+        cfg = load_config(None, one + overrides)
+        assert cfg.optim.peak_lr == peak and float(lr_schedule(cfg)(0)) == pytest.approx(peak), overrides
+    assert load_config().optim.lr is None  # left unset in the resolved config: the optimizer's own
+    # The Muon group steps at muon_lr whatever lr is (set, or the optimizer's own): its first update is the same.
+    cfg = load_config("configs/tiny.yaml", one)
+    params, _ = split_state(init_variables(cfg.model, cfg.fp8, jax.random.key(0)))
+    grads = jax.tree.map(jnp.ones_like, params)
+    steps = []
+    for lr in (None, 0.002):
+        c = load_config("configs/tiny.yaml", one + ([f"optim.lr={lr}"] if lr else []))
+        opt = make_optimizer(c)
+        updates, _ = opt.update(grads, opt.init(params), params)
+        steps.append(float(jnp.abs(updates["layer_0"]["attn"]["q"]["kernel"]).max()))
+    assert steps[0] == pytest.approx(steps[1], rel=1e-6)  # the Muon group does not move with lr
+    with pytest.raises(UserError, match="'optim.lr' must be positive, or null for the optimizer's own, got 0"):
+        load_config(None, ["optim.lr=0"])
 
 
 def test_wsd_is_stable_then_decays_linearly_over_the_last_fraction():

@@ -18,7 +18,8 @@ from data_fixtures import run_cli
 
 # TRAINED_RUN (the session's shared compiled shapes) with checkpoints at steps 3 and 6.
 BASE = [*TRAINED_RUN, "checkpoint.interval=3", "train.log_every=1"]
-PEAK, FLOOR = 3e-3, 3e-3 * 0.1  # optim.lr and optim.lr * optim.min_lr_ratio (the defaults)
+PEAK = load_config(None, BASE).optim.peak_lr  # optim.lr (unset: the optimizer's own, Muon's AdamW group's)
+FLOOR = PEAK * 0.1  # optim.lr * optim.min_lr_ratio (the default)
 
 
 def cli(*args) -> tuple[int, str, str]:
@@ -73,7 +74,7 @@ def test_raising_steps_on_a_finished_run_is_refused_in_one_line_and_changes_noth
     rc, _, err = cli("--run-dir", run, *BASE, "train.steps=10")
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and lines[-1].startswith("error: train.steps went from 6 to 10"), err[-2000:]
-    assert "would jump from lr 0.0003 to" in lines[-1]  # the cosine's floor, back up to mid-decay
+    assert f"would jump from lr {FLOOR:.3g} to" in lines[-1]  # the cosine's floor, back up to mid-decay
     assert "train.extend=decay" in lines[-1] and "train.extend=wsd" in lines[-1]
     assert tree(run) == before
 
@@ -138,13 +139,13 @@ def test_a_changed_lr_scales_a_continuation_as_it_scales_the_schedule():
 
     chosen = continued(load_config(None, [*BASE, "train.steps=10", "train.extend=decay"]),
                        to_dict(load_config(None, BASE)), 3)
-    assert chosen.optim.continue_peak == chosen.optim.lr
-    doubled = dataclasses.replace(chosen, optim=dataclasses.replace(chosen.optim, lr=2 * chosen.optim.lr))
+    assert chosen.optim.lr is None and chosen.optim.continue_peak == chosen.optim.peak_lr  # unset: Muon's own
+    doubled = dataclasses.replace(chosen, optim=dataclasses.replace(chosen.optim, lr=2 * chosen.optim.peak_lr))
     for step in (3, 6, 10):
         assert float(base_schedule(doubled)(step)) == pytest.approx(2 * float(base_schedule(chosen)(step)), rel=1e-6)
     # Muon's rate (`make_optimizer`: the schedule times muon_lr / lr) is the same under either lr
-    assert float(lr_schedule(doubled)(6)) / doubled.optim.lr == pytest.approx(
-        float(lr_schedule(chosen)(6)) / chosen.optim.lr, rel=1e-6)
+    assert float(lr_schedule(doubled)(6)) / doubled.optim.peak_lr == pytest.approx(
+        float(lr_schedule(chosen)(6)) / chosen.optim.peak_lr, rel=1e-6)
     legacy = dataclasses.replace(doubled, optim=dataclasses.replace(doubled.optim, continue_peak=0.0))
     assert float(base_schedule(legacy)(3)) == pytest.approx(chosen.optim.continue_lr, rel=1e-6)
 

@@ -333,6 +333,11 @@ def check_curriculum(stages: tuple[StageConfig, ...], max_position: int) -> None
         s.check(i, max_position)
 
 
+DEFAULT_LR = {"adamw": 3e-3, "muon": 0.012}
+"""`optim.lr` left unset, per `optim.name`: the AdamW parameters' peak rate. AdamW alone and the AdamW group beside
+Muon (the embedding table, its tied head, the norms) train best at different rates on the demo (docs/QUALITY.md)."""
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """Muon for the hidden matrices and AdamW for the rest (or AdamW throughout), with warmup and a cosine or WSD
@@ -343,8 +348,12 @@ class OptimConfig:
     0.42-0.56x on the 8k study, every seed: docs/QUALITY.md): Newton-Schulz orthogonalized Nesterov momentum for the
     attention and FFN kernels (training/optim.py), AdamW (the keys below) for embeddings, the head and norms; or
     `adamw` for every parameter. A saved config without this key was trained with AdamW (`SAVED_WITHOUT`)."""
-    lr: float = field(default=3e-3, metadata=RESUME)
-    """Peak learning rate (of AdamW; with `muon`, of the AdamW group)."""
+    lr: float | None = field(default=None, metadata=RESUME)
+    """Peak learning rate of the AdamW parameters: every parameter under `adamw`; under `muon` the AdamW group (the
+    embedding table, the head's factors, the norm scales). Unset (null): the optimizer's own (`DEFAULT_LR`, read as
+    `peak_lr`): 0.003 under `adamw`, 0.012 under `muon`, each the better of a sweep on the demo (docs/QUALITY.md,
+    2026-11-29, three seeds each: at 0.012 rather than 0.003 AdamW alone ends 0.51 higher, the AdamW group beside Muon
+    0.10 lower)."""
     min_lr_ratio: float = 0.1
     """Final learning rate as a fraction of the peak."""
     warmup_steps: int = 20
@@ -383,16 +392,22 @@ class OptimConfig:
     """Written by the trainer: `optim.lr` when `continue_lr` was recorded, so that a later change of `lr` scales
     the continuation as it scales the rest of the schedule (0: recorded before this key, `continue_lr` as is)."""
 
+    @property
+    def peak_lr(self) -> float:
+        """`lr`, or when unset the optimizer's default (`DEFAULT_LR`): the AdamW parameters' peak rate."""
+        return DEFAULT_LR[self.name] if self.lr is None else self.lr
+
     def lower_rate(self) -> str:
         """The advice "a lower learning rate" in words for this optimizer: under Muon the blocks' matrices step at
         `muon_lr`, so naming `lr` alone (the embeddings', the head's and the norms') would leave most of the model's
         rate as it was."""
         if self.name == "muon":
-            return f"a lower optim.muon_lr and optim.lr (now {self.muon_lr:g} and {self.lr:g})"
-        return f"a lower optim.lr (now {self.lr:g})"
+            return f"a lower optim.muon_lr and optim.lr (now {self.muon_lr:g} and {self.peak_lr:g})"
+        return f"a lower optim.lr (now {self.peak_lr:g})"
 
     def check(self) -> None:
-        each_in_range(self, "optim", ("lr", "muon_lr"), lambda v: v > 0, "positive")
+        each_in_range(self, "optim", ("lr",), lambda v: v is None or v > 0, "positive, or null for the optimizer's own")
+        each_in_range(self, "optim", ("muon_lr",), lambda v: v > 0, "positive")
         each_in_range(self, "optim", ("muon_momentum",), lambda v: 0 <= v < 1, "in [0, 1)")
         each_in_range(self, "optim", ("muon_weight_decay",), lambda v: v >= 0, ">= 0")
         if not 0 <= self.min_lr_ratio <= 1:

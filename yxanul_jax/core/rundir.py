@@ -42,7 +42,7 @@ import yaml
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import load_yaml, to_dict, to_yaml
-from yxanul_jax.core.config import Config, from_saved, load_config, resumable, weight_fields
+from yxanul_jax.core.config import DEFAULT_LR, Config, from_saved, load_config, resumable, weight_fields
 from yxanul_jax.core.errors import UserError, one_line, write_error, writing
 
 CACHE_ENV = "YXANUL_CACHE"
@@ -340,6 +340,15 @@ def _resolved_head(config: Any) -> Any:
     return config
 
 
+def _resolved_lr(config: Any) -> Any:
+    """A config dict with an unset optim.lr written as the rate it resolves to (`OptimConfig.peak_lr`: the optimizer's
+    own), so that a run saved with the number and one leaving it unset compare by the rate they train at."""
+    optim = config.get("optim") if isinstance(config, dict) else None
+    if isinstance(optim, dict) and optim.get("lr") is None and optim.get("name") in DEFAULT_LR:
+        return {**config, "optim": {**optim, "lr": DEFAULT_LR[optim["name"]]}}
+    return config
+
+
 def checkpoint_steps(directory: str) -> list[int]:
     """Committed Orbax step directories (`<dir>/<int>`) in `directory`, ascending; [] if it is absent."""
     try:
@@ -444,7 +453,7 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
                             "--overwrite to move them aside and start over")
     else:  # the run's config: its config.yaml, or for checkpoints copied without it the latest one's own
         old = _read_run_config(config_path) if written else checkpoint_config
-        diffs = differences(_resolved_head(_with_defaults(old)), _resolved_head(yaml.safe_load(text)))
+        diffs = differences(*(_resolved_lr(_resolved_head(c)) for c in (_with_defaults(old), yaml.safe_load(text))))
         if copied:  # maybe with their data at another path: the stream's restore checks the dataset by content
             diffs = [d for d in diffs if not d[0].startswith("data.train")]  # (its fingerprint)
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others

@@ -388,9 +388,9 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             prepare_run_dir(run_dir, cfg, **copy)
         if cfg.optim.continue_as != "none" and cfg.optim.continue_from == start and start < cfg.train.steps:
             o = cfg.optim
-            how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.lr:.3g}, then down"
+            how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.peak_lr:.3g}, then down"
             console.info(f"train.extend={o.continue_as}: from step {start} (lr {continuation_lr(o):.3g}) the schedule "
-                         f"goes {how} to {o.lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} "
+                         f"goes {how} to {o.peak_lr * o.min_lr_ratio:.3g} at step {cfg.train.steps} "
                          "(recorded: optim.continue_*)")
         if restored is not None and not meta.get("validated") and (start >= cfg.train.steps
                                                                    or validation_due(cfg, start)):

@@ -8,7 +8,7 @@ sqrt(max(1, O / I)) (`width_scale`, as Keller Jordan's Muon and `optax.contrib.m
 embedding table, the head's factors, the norm scales) AdamW. Written here rather than taken whole from
 `optax.contrib.muon`: that bundles its own Nesterov Adam for the other leaves, with no weight-decay mask
 (it would decay the norm scales) and none of our AdamW settings. Both groups follow the same schedule
-(warmup, decay, stage `lr_scale`), each at its own peak (`optim.lr`, `optim.muon_lr`).
+(warmup, decay, stage `lr_scale`), each at its own peak (`optim.lr`, by default the optimizer's own: `peak_lr`; `optim.muon_lr`).
 
 The schedule is one pure function of the optimizer step: global warmup, then cosine / WSD /
 constant decay to `min_lr_ratio`, times the active stage's `lr_scale`, ramped over that stage's own
@@ -19,7 +19,7 @@ different schedule, jumping at the first new step (a cosine at its floor back to
 refuses that unless `train.extend` says how to go on (`decay`: from the current rate down to the floor at the
 new end; `wsd`: back at the peak, then the last `decay_fraction` of the new total decaying), and records the
 choice as `optim.continue_as/continue_from/continue_lr/continue_peak`, which every later resume carries over from
-the checkpoint's config, so the schedule stays one pure function of the step (and of optim.lr, as it always is).
+the checkpoint's config, so the schedule stays one pure function of the step (and of optim.lr, as it always is: `peak_lr`, the optimizer's default when unset).
 Gradient clipping is per stage and lives in the train step (it must leave FP8 state out).
 """
 from __future__ import annotations
@@ -56,7 +56,7 @@ def base_schedule(cfg: Config):
     """lr(step) before stage scaling: linear warmup, then the configured decay; from `optim.continue_from`
     on, the continuation `optim.continue_as` (see the module's docstring)."""
     o, total = cfg.optim, cfg.train.steps
-    peak, floor = o.lr, o.lr * o.min_lr_ratio
+    peak, floor = o.peak_lr, o.peak_lr * o.min_lr_ratio
     warm = max(o.warmup_steps, 0)
     shape = "linear" if o.schedule == "wsd" else o.schedule
 
@@ -84,7 +84,7 @@ def base_schedule(cfg: Config):
 def continuation_lr(o) -> float:
     """The rate a `decay` continuation starts from (`optim.continue_lr`), scaled as optim.lr has been since it was
     recorded (`optim.continue_peak`)."""
-    return o.continue_lr * (o.lr / o.continue_peak if o.continue_peak else 1.0)
+    return o.continue_lr * (o.peak_lr / o.continue_peak if o.continue_peak else 1.0)
 
 
 def continued(cfg: Config, saved: dict | None, step: int) -> Config:
@@ -108,7 +108,7 @@ def continued(cfg: Config, saved: dict | None, step: int) -> Config:
     if abs(now - was) <= 1e-6 * max(abs(was), 1e-12):
         return cfg  # no jump (the stable phase of a WSD run, a constant schedule): the new end holds
     o, how = cfg.optim, cfg.train.extend
-    floor = o.lr * o.min_lr_ratio
+    floor = o.peak_lr * o.min_lr_ratio
     if how == "refuse":
         wsd_from = int(wsd_decay_start(cfg, step))
         decay = (f"stays at the floor {floor:.3g} to step {after}" if math.isclose(was, floor, rel_tol=1e-4)
@@ -117,8 +117,8 @@ def continued(cfg: Config, saved: dict | None, step: int) -> Config:
             f"train.steps went from {before} to {after} on a run resuming at step {step}: its {o.schedule} "
             f"schedule would jump from lr {was:.3g} to {now:.3g} there; choose how it goes on: train.extend=decay "
             f"({decay}, no jump) or train.extend=wsd (back at the peak "
-            f"{o.lr:.3g} from step {step}, decaying to {floor:.3g} from step {wsd_from} to {after})")
-    optim = dataclasses.replace(o, continue_as=how, continue_from=int(step), continue_lr=was, continue_peak=o.lr)
+            f"{o.peak_lr:.3g} from step {step}, decaying to {floor:.3g} from step {wsd_from} to {after})")
+    optim = dataclasses.replace(o, continue_as=how, continue_from=int(step), continue_lr=was, continue_peak=o.peak_lr)
     return dataclasses.replace(cfg, optim=optim)
 
 
@@ -205,7 +205,7 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
     schedule = lr_schedule(cfg)
     if o.name == "adamw":
         return _adamw(cfg, schedule)
-    ratio = o.muon_lr / o.lr
+    ratio = o.muon_lr / o.peak_lr
     muon = optax.chain(
         scale_by_muon(beta=o.muon_momentum),
         decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay, scale=width_scale),
