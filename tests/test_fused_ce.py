@@ -235,8 +235,8 @@ def test_the_train_step_loss_is_the_same_fused_or_chunked():
         c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, loss_kernel=kernel, loss_chunk=32,
                                                                z_loss=1e-3, fused_ce_tiles=tiles))
         f = lambda p: loss_sums(c, p, {}, None, batch)  # noqa: E731
-        (total, (nll, z)), g = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
-        return total, nll, z, g
+        (total, sums), g = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+        return total, sums["nll"], sums["z"], g
 
     fused, chunked = run("fused"), run("chunked")
     # train.fused_ce_tiles: the same sums in other blocks, so in another order: float32 sums equal closely, BF16

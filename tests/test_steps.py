@@ -8,7 +8,8 @@ import pytest
 
 from yxanul_jax.core.config import Config, FP8Config, StageConfig, TrainConfig
 from yxanul_jax.training.batch import split_micro_batches
-from yxanul_jax.training.steps import fp8_bootstrap_config, init_train_state, make_accumulate, make_eval_step, make_train_step
+from yxanul_jax.training.steps import (fp8_bootstrap_config, init_train_state, loss_sums, make_accumulate, make_eval_step,
+                                       make_train_step)
 
 from conftest import micro_model
 
@@ -34,9 +35,9 @@ def test_grad_accumulation_4x2_equals_batch_8():
     big = _batch(1, 8, 16, cfg.model.vocab_size)
     small = {k: v.reshape(4, 2, 16) for k, v in big.items()}
     one, four = StageConfig(seq_len=16, batch_size=8), StageConfig(seq_len=16, batch_size=2, grad_accum_steps=4)
-    g1, _, nll1, _ = jax.jit(make_accumulate(cfg, one))(state.params, state.fp8, big)
-    g4, _, nll4, _ = jax.jit(make_accumulate(cfg, four))(state.params, state.fp8, small)
-    np.testing.assert_allclose(float(nll1), float(nll4), rtol=1e-5)
+    g1, _, sums1 = jax.jit(make_accumulate(cfg, one))(state.params, state.fp8, big)
+    g4, _, sums4 = jax.jit(make_accumulate(cfg, four))(state.params, state.fp8, small)
+    np.testing.assert_allclose(float(sums1["nll"]), float(sums4["nll"]), rtol=1e-5)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g1), jax.tree_util.tree_leaves(g4)):
         a, b = np.asarray(a), np.asarray(b)
         assert np.abs(a).max() > 0, jax.tree_util.keystr(path)
@@ -94,6 +95,47 @@ def test_fp8_state_is_max_merged_across_micro_batches():
                                    err_msg=jax.tree_util.keystr(path))
     head = s_both.fp8["fp8_meta"]["head_gemm"]["grad"]["amax_history"]
     assert head.shape == (4,) and float(head[0]) > 0  # chunked head: per-chunk states merged, not summed
+
+
+def _hidden_l2(coef):
+    """A term of one's own on the final hidden states: coef x the squared norm of each real token's, summed."""
+    def extra(h_BxLxD, params, batch):
+        return {"hidden_l2": coef * jnp.sum(batch["mask"] * jnp.sum(jnp.square(h_BxLxD.astype(jnp.float32)), -1))}
+    return extra
+
+
+def test_a_loss_of_one_s_own_trains_through_the_whole_step():
+    """make_train_step(loss=...): a term added through `loss_sums(extra=...)` is in the objective (it moves the
+    weights), summed over micro-batches like the NLL and reported per real token as metrics["loss/<name>"] (equal to
+    the term computed from the model's hidden states directly, float32 rtol 1e-5); at weight 0 the step is the
+    default one. A loss whose sums lack the NLL is refused while tracing."""
+    import functools
+
+    from yxanul_jax.model.transformer import Yxanul
+
+    cfg = _cfg(FP8Config(enabled=False))
+    state = init_train_state(cfg, jax.random.key(0))
+    batch = _batch(2, 2, 16, cfg.model.vocab_size)
+    stage = StageConfig(seq_len=16, batch_size=2, grad_accum_steps=2)
+    run = lambda loss: jax.jit(make_train_step(cfg, stage, loss=loss))(state, batch)  # noqa: E731
+    s0, m0 = run(loss_sums)
+    s_zero, m_zero = run(functools.partial(loss_sums, extra=_hidden_l2(0.0)))
+    s1, m1 = run(functools.partial(loss_sums, extra=_hidden_l2(1e-3)))
+    assert "loss/hidden_l2" not in m0 and float(m_zero["loss/hidden_l2"]) == 0.0
+    for a, b in zip(jax.tree_util.tree_leaves(s0.params), jax.tree_util.tree_leaves(s_zero.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+    flat = {k: v.reshape(4, 16) for k, v in batch.items()}
+    h = Yxanul(cfg.model, cfg.fp8).apply({"params": state.params}, flat["inputs"], method=Yxanul.hidden)
+    want = 1e-3 * float(jnp.sum(flat["mask"] * jnp.sum(jnp.square(h), -1)) / jnp.sum(flat["mask"]))
+    np.testing.assert_allclose(float(m1["loss/hidden_l2"]), want, rtol=1e-5)
+    np.testing.assert_allclose(float(m1["loss"]), float(m0["loss"]), rtol=1e-6)  # "loss" stays the NLL
+    moved = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(s0.params),
+                                                                 jax.tree_util.tree_leaves(s1.params)))
+    assert moved > 1e-6  # the term's gradient reached the weights
+    with pytest.raises(ValueError, match="holding 'nll' and 'z'"):
+        run(lambda *a: (loss_sums(*a)[0], {"nll": loss_sums(*a)[1]["nll"]}))
+    with pytest.raises(ValueError, match=r"\['nll'\] are the step's own"):
+        run(functools.partial(loss_sums, extra=lambda h, p, b: {"nll": jnp.sum(h)}))
 
 
 @pytest.mark.slow

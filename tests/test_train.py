@@ -248,6 +248,29 @@ def test_train_as_a_library_call_has_a_pulse(fast_run):
     assert [r["step"] for r in rows(run, "val/mean/loss")] == [6, 12]
 
 
+def test_fit_trains_a_loss_of_one_s_own_and_logs_its_terms(tmp_path):
+    """fit(loss=...): the step differentiates it from the first (bootstrap) step on, each term of its own is a
+    metrics.jsonl column `loss/<name>`, and validation still reports the NLL."""
+    import contextlib
+    import functools
+    import io
+
+    import jax.numpy as jnp
+
+    from yxanul_jax.training.loop import fit
+    from yxanul_jax.training.steps import loss_sums
+
+    def extra(h_BxLxD, params, batch):
+        return {"hidden_l2": 1e-3 * jnp.sum(batch["mask"] * jnp.sum(jnp.square(h_BxLxD.astype(jnp.float32)), -1))}
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = fit(load_config(None, [*TRAINED_RUN, "train.steps=3", "train.log_every=1"]), str(tmp_path / "run"),
+                  loss=functools.partial(loss_sums, extra=extra))
+    logged = rows(str(tmp_path / "run"), "loss/hidden_l2")
+    assert [r["step"] for r in logged] == [1, 2, 3] and all(r["loss/hidden_l2"] > 0 for r in logged)
+    assert "val/mean/loss" in out.validation and "val/mean/hidden_l2" not in out.validation
+
+
 def test_a_run_with_split_micro_batches_trains_the_same_losses(tmp_path):
     # train.micro_split (what remat: auto sets where it lets `none` fit): the same rows per step, each micro-batch cut
     # in 2 inside the step; float32 without FP8, so the losses agree to float rounding (rtol 1e-5)

@@ -33,6 +33,7 @@ from yxanul_jax.core.rundir import PROFILE_DIR
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training.monitor import MetricsWriter, Progress, profile_viewers
 from yxanul_jax.training.preemption import SignalGuard, stop_requested
+from yxanul_jax.training.steps import TERM_PREFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +159,8 @@ class MetricsLog(Hook):
                                "tokens_per_sec": info.tokens_per_sec, "mfu": info.mfu,
                                **({"z_loss": m["z_loss"]} if cfg.train.z_loss else {}),
                                **({"fp8_nonfinite": int(m["fp8_nonfinite"])} if "fp8_nonfinite" in m else {}),
-                               **{k: float(m[k]) for k in ("fp8_grad_underflow", "fp8_saturation") if k in m}})
+                               **{k: float(m[k]) for k in ("fp8_grad_underflow", "fp8_saturation") if k in m},
+                               **{k: v for k, v in m.items() if k.startswith(TERM_PREFIX)}})  # a LossFn's own terms
 
     def on_validation(self, loop, step: int, row: dict) -> None:
         self.writer.write({"step": step, "tokens": loop.tokens, **row})

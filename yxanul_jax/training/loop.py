@@ -39,6 +39,7 @@ from yxanul_jax.training.optim import continuation_lr, continued
 from yxanul_jax.training.session import RunContext, open_train_stream, resolve_start_model, same_train_state
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
+from yxanul_jax.training.steps import LossFn, loss_sums
 
 
 class TrainingDiverged(UserError):
@@ -75,10 +76,11 @@ class TrainResult:
 class Loop:
     """The steps of one run and what outlives a step: stream, compiled stages, checkpointer, counters."""
 
-    def __init__(self, ctx: RunContext, run_dir: str, ckpt: Checkpointer, hooks: list[Hook] = ()):
+    def __init__(self, ctx: RunContext, run_dir: str, ckpt: Checkpointer, hooks: list[Hook] = (),
+                 loss: LossFn = loss_sums):
         self.ctx, self.cfg, self.run_dir, self.ckpt = ctx, ctx.cfg, run_dir, ckpt
         self.hooks = list(hooks)
-        self.compiler = StageCompiler(self.cfg, run_dir if self.cfg.profile.dump_hlo else None, ctx.layout)
+        self.compiler = StageCompiler(self.cfg, run_dir if self.cfg.profile.dump_hlo else None, ctx.layout, loss)
         self.stream = open_train_stream(self.cfg, ctx.train_sets)  # one dataset's, or a mixture's
         self.peak = peak_flops_per_device(jax.devices()[0])
         self.tokens = 0
@@ -252,11 +254,13 @@ class Loop:
 
 
 def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
-        mesh=None, hooks: list[Hook] = ()) -> TrainResult:
+        mesh=None, hooks: list[Hook] = (), loss: LossFn = loss_sums) -> TrainResult:
     """Train `cfg` in `run_dir` (default `runs/<model.name>`), resuming from its checkpoints (or starting
     from `checkpoint`), and return a `TrainResult`. `hooks` run after the built-in ones (metrics log,
     profiler, signal stop); `python -m yxanul_jax.train` adds the end-of-run sample
-    (`inference.run_sample.EndOfRunSample`).
+    (`inference.run_sample.EndOfRunSample`). `loss` is what every train step differentiates (`steps.LossFn`; e.g.
+    `functools.partial(steps.loss_sums, extra=...)` for terms of your own, logged as `loss/<name>`); validation
+    reports the NLL whatever it is.
 
     Raises UserError for a user mistake (found before anything is written to the run directory) and
     TrainingDiverged (a UserError naming the step, and the newest checkpoint whose training loss was finite and
@@ -293,7 +297,7 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     enable_compilation_cache()
     lock = RunLock(run_dir).acquire() if lead else None
     try:
-        return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks), weights)
+        return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks), weights, loss)
     finally:
         if lock is not None:
             lock.release()
@@ -347,7 +351,7 @@ def _describe(ctx: RunContext, run_dir: str) -> str:
 
 
 def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: bool, extra: list[Hook],
-                weights=None) -> TrainResult:
+                weights=None, loss: LossFn = loss_sums) -> TrainResult:
     cfg = ctx.cfg
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     saved = checkpoint_steps(ckpt_dir)
@@ -404,7 +408,7 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
         signals = SignalStop()
         mixture = [DomainShares(cfg, writer)] if cfg.data.mixture() is not None else []
         loop = Loop(ctx, run_dir, ckpt, [MetricsLog(cfg, writer, progress), *mixture, Profiler(cfg, run_dir), signals,
-                                         *extra])
+                                         *extra], loss)
         try:
             if restored is not None:
                 loop.resume_from(meta)

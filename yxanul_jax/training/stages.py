@@ -20,8 +20,8 @@ from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import HLO_DIR, cache_root
 from yxanul_jax.training.batch import BatchSpec
-from yxanul_jax.training.steps import (abstract_train_state, fp8_bootstrap_config, init_train_state, make_train_step,
-                                       step_xla_options)
+from yxanul_jax.training.steps import (LossFn, abstract_train_state, fp8_bootstrap_config, init_train_state, loss_sums,
+                                       make_train_step, step_xla_options)
 
 
 def stage_index(cfg: Config, step: int) -> int:
@@ -39,16 +39,16 @@ def synthetic_inputs(cfg: Config, stage: StageConfig) -> tuple:
 SHARED_MEMORY_EXCEEDED = "Shared memory size limit exceeded"  # how XLA's GPU compile reports a Pallas kernel's excess
 
 
-def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
+def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None, loss: LossFn = loss_sums):
     """The compiled train step of one stage (donates the incoming state's buffers), compiled with
     `steps.step_xla_options` (the config's `train.xla_options` and what its FP8 GEMMs need).
 
     With a `layout` (`sharding.state_layout`: a mesh), the state is laid out by it and the batch
     split over data x fsdp; with a `device` (e.g. a compile-only GPU from
     `gpu_target.compile_device`), everything is placed on it; with neither, everything sits on the
-    default device.
+    default device. `loss`: what the step differentiates (`steps.LossFn`).
     """
-    lowered = lower_stage(cfg, stage, layout, device)
+    lowered = lower_stage(cfg, stage, layout, device, loss)
     try:
         return lowered.compile(compiler_options=step_xla_options(cfg))
     except jax.errors.JaxRuntimeError as e:
@@ -61,9 +61,9 @@ def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
         raise
 
 
-def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None):
+def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None, loss: LossFn = loss_sums):
     """The lowered (not yet compiled) train step of one stage; see `compile_stage`."""
-    step = make_train_step(cfg, stage, device)
+    step = make_train_step(cfg, stage, device, loss)
     if layout is not None:
         step_fn = jax.jit(step, in_shardings=(layout.shardings, layout.batch),
                           out_shardings=(layout.shardings, layout.replicated), donate_argnums=0)
@@ -89,8 +89,8 @@ def compiled_memory(compiled) -> dict:
 class StageCompiler:
     """Compiles stages on demand or ahead of time (one background thread); each stage once."""
 
-    def __init__(self, cfg: Config, hlo_dir: str | None = None, layout=None):
-        self.cfg = cfg
+    def __init__(self, cfg: Config, hlo_dir: str | None = None, layout=None, loss: LossFn = loss_sums):
+        self.cfg, self.loss = cfg, loss
         self.hlo_dir = hlo_dir
         self.layout = layout
         self.compile_counts = [0] * len(cfg.curriculum)
@@ -99,7 +99,7 @@ class StageCompiler:
 
     def _compile(self, i: int, bootstrap: bool = False):
         cfg = fp8_bootstrap_config(self.cfg) if bootstrap else self.cfg
-        compiled = compile_stage(cfg, cfg.curriculum[i], self.layout)
+        compiled = compile_stage(cfg, cfg.curriculum[i], self.layout, loss=self.loss)
         if not bootstrap:
             self.compile_counts[i] += 1
         if self.hlo_dir:

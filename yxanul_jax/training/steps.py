@@ -10,7 +10,7 @@ accumulation equals one batch of 8 up to float rounding.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +27,10 @@ from yxanul_jax.model.loss import chunked_cross_entropy, loss_kernel, masked_sum
 from yxanul_jax.model.transformer import Yxanul, init_variables, join_head_state, split_head_state
 from yxanul_jax.training.batch import split_micro_batches
 from yxanul_jax.training.optim import clip_by_global_norm, lr_schedule, make_optimizer
+
+
+TERM_PREFIX = "loss/"
+"""Metric name prefix of a `LossFn`'s own terms (`loss/<name>`: metrics.jsonl, TensorBoard)."""
 
 
 @struct.dataclass
@@ -100,27 +104,50 @@ def check_xla_options(cfg: Config) -> None:
                         "(XLA's DebugOptions fields, e.g. xla_gpu_enable_triton_gemm=false) or drop it") from None
 
 
-def loss_sums(cfg: Config, params, body_fp8, head_copies, batch):
-    """(NLL sum + z_loss * z sum, (NLL sum, z sum)) of one micro-batch [B, L]; the head runs in chunks,
-    or as the fused kernels (`train.loss_kernel`, `loss.loss_kernel`)."""
+def loss_sums(cfg: Config, params, body_fp8, head_copies, batch, extra=None):
+    """(objective, sums) of one micro-batch [B, L]: sums = {"nll": NLL sum, "z": z sum} over its real tokens and
+    objective = nll + z_loss * z; the head runs in chunks, or as the fused kernels (`train.loss_kernel`,
+    `loss.loss_kernel`).
+
+    `extra(h_BxLxD, params, batch) -> {name: sum}`: terms of your own on the final hidden states (after the final
+    norm) or the parameters, each added to the objective and returned in `sums`; the train step reports each as
+    `metrics["loss/<name>"]` per real token. Sums, not means: the step divides everything by the batch's real-token
+    count once (scale a per-token term by `batch["mask"]`). The model is applied once either way: FP8 state
+    updates once per step (a second `model.apply` in your term would sum two states, README: Model and precision).
+    This is the step's `LossFn`: `make_train_step(cfg, stage, loss=functools.partial(loss_sums, extra=...))`."""
     model = Yxanul(cfg.model, step_fp8(cfg))
     h_BxLxD = model.apply({"params": params, **body_fp8}, batch["inputs"], method=Yxanul.hidden)
+    d = h_BxLxD.shape[-1]
     if loss_kernel(cfg.train.loss_kernel, cfg.model, cfg.fp8) == "fused":
-        d = h_BxLxD.shape[-1]
         with jax.named_scope(scopes.LOSS):
             lse_N, target_N = model.apply({"params": params}, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
                                           tiles=cfg.train.fused_ce_tiles, method=Yxanul.fused_loss_terms)
             nll, z = masked_sums(lse_N, target_N, batch["mask"].reshape(-1))
-        return nll + cfg.train.z_loss * z, (nll, z)
+    else:
+        def logits_fn(h_CxD, head_state):
+            return model.apply({"params": params, **join_head_state({}, head_state)}, h_CxD,
+                               method=Yxanul.head_logits)
 
-    def logits_fn(h_CxD, head_state):
-        return model.apply({"params": params, **join_head_state({}, head_state)}, h_CxD, method=Yxanul.head_logits)
+        with jax.named_scope(scopes.LOSS):
+            nll, z = chunked_cross_entropy(logits_fn, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
+                                           batch["mask"].reshape(-1), cfg.train.loss_chunk, head_copies)
+    sums = {"nll": nll, "z": z}
+    objective = nll + cfg.train.z_loss * z
+    if extra is not None:
+        terms = extra(h_BxLxD, params, batch)
+        if clash := set(terms) & set(sums):
+            raise ValueError(f"loss_sums(extra=...): the term name(s) {sorted(clash)} are the step's own; rename them")
+        for name, value in terms.items():
+            objective = objective + value
+        sums = {**sums, **terms}
+    return objective, sums
 
-    d = h_BxLxD.shape[-1]
-    with jax.named_scope(scopes.LOSS):
-        nll, z = chunked_cross_entropy(logits_fn, h_BxLxD.reshape(-1, d), batch["targets"].reshape(-1),
-                                       batch["mask"].reshape(-1), cfg.train.loss_chunk, head_copies)
-    return nll + cfg.train.z_loss * z, (nll, z)
+
+LossFn = Callable[..., tuple[jax.Array, dict]]
+"""What a train step differentiates, with `loss_sums`'s signature and contract: `(cfg, params, body_fp8,
+head_copies, batch) -> (objective, sums)`, sums holding at least "nll" and "z" (sums over the micro-batch's real
+tokens). Wrap `loss_sums` (its `extra`, or terms of your own on `params` added to its objective) rather than
+applying the model again."""
 
 
 def fp8_bootstrap_config(cfg: Config) -> Config | None:
@@ -135,13 +162,14 @@ def fp8_bootstrap_config(cfg: Config) -> Config | None:
     return dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, scaling="current"))
 
 
-def make_accumulate(cfg: Config, stage: StageConfig):
-    """accumulate(params, fp8, batch[A, B, L]) -> (gradient sums, new FP8 state, NLL sum, z sum).
+def make_accumulate(cfg: Config, stage: StageConfig, loss: LossFn = loss_sums):
+    """accumulate(params, fp8, batch[A, B, L]) -> (gradient sums, new FP8 state, sums): `loss`'s sums ("nll",
+    "z", and any terms of its own) added over the A micro-batches.
 
     Sums over all A micro-batches (by `lax.scan`) of the float32 parameter gradients; the FP8 state
     updates of the micro-batches (and of the head's loss chunks) are max-merged, never summed.
     """
-    grad_fn = jax.grad(lambda *a: loss_sums(cfg, *a), argnums=(0, 1, 2), has_aux=True)
+    grad_fn = jax.grad(lambda *a: loss(cfg, *a), argnums=(0, 1, 2), has_aux=True)
     chunks = n_chunks(stage.batch_size * stage.seq_len, cfg.train.loss_chunk)
 
     def accumulate(params, fp8_state, batch):
@@ -149,38 +177,53 @@ def make_accumulate(cfg: Config, stage: StageConfig):
         head_copies = _head_copies(head, chunks)  # their updates are max-merged below
 
         def micro(carry, mb):
-            g_acc, fp8_acc, nll_acc, z_acc = carry
-            (g_params, g_body, g_head), (nll, z) = grad_fn(params, body_fp8, head_copies, mb)
+            g_acc, fp8_acc, sums_acc = carry
+            (g_params, g_body, g_head), sums = grad_fn(params, body_fp8, head_copies, mb)
             new_head = None if head is None else fp8_lib.merge_copies(g_head)
             new_fp8 = join_head_state(g_body, new_head)  # the "gradients" of FP8 state are its new values
             g_acc = jax.tree_util.tree_map(jnp.add, g_acc, g_params)
-            return (g_acc, fp8_lib.merge_fp8(fp8_acc, new_fp8), nll_acc + nll, z_acc + z), None
+            sums_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), sums_acc, sums)
+            return (g_acc, fp8_lib.merge_fp8(fp8_acc, new_fp8), sums_acc), None
 
         zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
-        init = (zeros(params), fp8_lib.merge_identity(fp8_state), jnp.zeros((), jnp.float32),
-                jnp.zeros((), jnp.float32))
-        (grads, new_fp8, nll, z), _ = jax.lax.scan(micro, init, batch)
-        return grads, new_fp8, nll, z
+        if loss is loss_sums:  # its sums are known: no second trace of the model
+            names = ("nll", "z")
+        else:  # another LossFn's terms, from its shapes (a trace, no compile)
+            first = jax.tree_util.tree_map(lambda x: x[0], batch)
+            shapes = jax.eval_shape(lambda: loss(cfg, params, body_fp8, head_copies, first)[1])
+            if not {"nll", "z"} <= set(shapes) or any(v.shape for v in shapes.values()):
+                raise ValueError(f"a train step's loss must return (objective, sums) with scalar sums holding 'nll' "
+                                 f"and 'z' (loss_sums' own), got sums of shapes "
+                                 f"{ {k: v.shape for k, v in shapes.items()} }")
+            names = tuple(shapes)
+        init = (zeros(params), fp8_lib.merge_identity(fp8_state), {k: jnp.zeros((), jnp.float32) for k in names})
+        (grads, new_fp8, sums), _ = jax.lax.scan(micro, init, batch)
+        return grads, new_fp8, sums
 
     return accumulate
 
 
-def make_train_step(cfg: Config, stage: StageConfig, device=None):
+def make_train_step(cfg: Config, stage: StageConfig, device=None, loss: LossFn = loss_sums):
     """The train step of one stage: `train_step(state, batch) -> (state, metrics)`, a pure function to
     jit once per stage. `batch` is `BatchSpec.of(stage)`'s dict (`training/batch.py`). `stage` gives the
     shapes and the clip; the learning rate is `cfg`'s schedule at `state.step`, whose per-stage `lr_scale`
     and warmup come from `cfg.curriculum` by step number, so a stage that is not in `cfg.curriculum`
     changes no lr. `model.remat: auto` (and with it train.micro_split) is chosen for this stage within `device`'s
-    memory (`memory.with_stage_remat`; default: this process's first device)."""
+    memory (`memory.with_stage_remat`; default: this process's first device).
+
+    `loss` (`LossFn`, default `loss_sums`) is what it differentiates; metrics: "loss" (NLL per real token: what
+    validation reports), "z_loss", a "loss/<name>" per real token for each other sum `loss` returns, "grad_norm",
+    "lr" (the AdamW parameters' rate), "step_tokens" and the FP8 counters."""
     cfg = memory.with_stage_remat(cfg, stage, device)
     optimizer = make_optimizer(cfg)
     schedule = lr_schedule(cfg)
     split = cfg.train.micro_split
-    accumulate = make_accumulate(cfg, stage.split(split))
+    accumulate = make_accumulate(cfg, stage.split(split), loss)
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         params = state.params
-        grads, new_fp8, nll, z = accumulate(params, state.fp8, split_micro_batches(batch, split))
+        grads, new_fp8, sums = accumulate(params, state.fp8, split_micro_batches(batch, split))
+        nll, z = sums["nll"], sums["z"]
         n_tokens = jnp.maximum(jnp.sum(batch["mask"]), 1.0)
         with jax.named_scope(scopes.OPTIMIZER):
             grads = jax.tree_util.tree_map(lambda g: g / n_tokens, grads)
@@ -189,7 +232,8 @@ def make_train_step(cfg: Config, stage: StageConfig, device=None):
             new_params = optax.apply_updates(params, updates)
         new_state = state.replace(step=state.step + 1, params=new_params, opt_state=opt_state, fp8=new_fp8)
         metrics = {"loss": nll / n_tokens, "z_loss": z / n_tokens, "grad_norm": grad_norm,
-                   "lr": schedule(state.step), "step_tokens": jnp.sum(batch["mask"])}
+                   "lr": schedule(state.step), "step_tokens": jnp.sum(batch["mask"]),
+                   **{f"{TERM_PREFIX}{k}": v / n_tokens for k, v in sums.items() if k not in ("nll", "z")}}
         if new_fp8:  # steps x operands whose amax was inf/NaN (kept out of the histories), over the whole run
             metrics["fp8_nonfinite"] = fp8_lib.nonfinite_total(new_fp8)
             if cfg.fp8.underflow_stats:
@@ -207,7 +251,7 @@ def make_eval_step(cfg: Config):
     def eval_step(params, fp8_state, batch):
         body, head = split_head_state(fp8_state)
         copies = _head_copies(head, n_chunks(batch["inputs"].size, cfg.train.loss_chunk))
-        _, (nll, _) = loss_sums(cfg, params, body, copies, batch)
-        return nll, jnp.sum(batch["mask"])
+        _, sums = loss_sums(cfg, params, body, copies, batch)
+        return sums["nll"], jnp.sum(batch["mask"])
 
     return eval_step
