@@ -59,6 +59,7 @@ def test_dotted_overrides_types_and_lists():
     ("curriculum.0.seq_len=99999", "curriculum.0.seq_len"),
     ("fp8.targets=[q,kk]", "fp8.targets.1"),
     ("optim.lr=-1", "optim.lr"),
+    ("optim.lr=none", "'optim.lr' must be a number, got 'none'; or null to leave it unset"),
     ("model.vocab_pad_to=0", "model.vocab_pad_to"),
     ("eval.seq_len=99999", "eval.seq_len"),
     ("fp8.scaling=later", "fp8.scaling' must be one of"),
@@ -179,7 +180,7 @@ def test_a_run_saved_before_a_key_existed_resumes_with_its_default(tmp_path):
         prepare_run_dir(str(run_dir), load_config(None, ["model.fuse_projections=true"]))
 
 
-def test_a_resume_compares_optim_lr_by_the_rate_it_trains_at(tmp_path, capsys):
+def test_a_resume_compares_optim_lr_by_the_rate_it_trains_at(tmp_path, capsys, monkeypatch):
     """optim.lr left unset is the optimizer's own rate: a run saved with that number written out resumes unchanged,
     and a Muon run saved at 0.003 (the default before 2026-11-29) is told that its AdamW group now steps at 0.012."""
     from yxanul_jax.core.rundir import prepare_run_dir
@@ -196,6 +197,18 @@ def test_a_resume_compares_optim_lr_by_the_rate_it_trains_at(tmp_path, capsys):
         prepare_run_dir(str(run_dir), load_config())
         err = capsys.readouterr().err
         assert (said in err) if said else "differ from the run's config.yaml" not in err, err
+    # fit records the rate (OptimConfig.with_rate), so a later change of the default is said on resume too
+    from yxanul_jax.core import config as config_module
+
+    run_dir = tmp_path / "recorded"
+    cfg = load_config()
+    prepare_run_dir(str(run_dir), dataclasses.replace(cfg, optim=cfg.optim.with_rate()))
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["optim"]["lr"] == 0.012
+    (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    monkeypatch.setitem(config_module.DEFAULT_LR, "muon", 0.02)
+    capsys.readouterr()
+    prepare_run_dir(str(run_dir), load_config())
+    assert "optim.lr 0.012 -> 0.02" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, needle", [

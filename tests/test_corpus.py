@@ -31,7 +31,7 @@ def test_demo_dataset_is_built_once_into_the_cache_and_streams(tmp_path, monkeyp
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     path = corpus.ensure_demo_dataset()
     said = capsys.readouterr().out  # the first use says what the seconds before the first step are spent on
-    assert "demo corpus (first use of this Python): training a 4,096-token BPE" in said and "demo corpus ready in" in said
+    assert "demo corpus: training a 4,096-token BPE on Python" in said and "demo corpus ready in" in said
     assert Path(path) == tmp_path / "cache" / f"demo-v2-py{platform.python_version()}-4096"
     ds = open_dataset(path)
     assert ds.vocab_size == 4096 and ds.manifest["tokens"] > 500_000

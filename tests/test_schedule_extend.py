@@ -150,6 +150,16 @@ def test_a_changed_lr_scales_a_continuation_as_it_scales_the_schedule():
     assert float(base_schedule(legacy)(3)) == pytest.approx(chosen.optim.continue_lr, rel=1e-6)
 
 
+def test_the_refusal_says_when_the_peak_rate_changed_too():
+    """A run saved at another optim.lr (a Muon run of the old default 0.003, now 0.012): the jump named is at this
+    command's rate, and the message says what the run trained at."""
+    saved = to_dict(load_config(None, ["train.steps=100", "optim.lr=0.003"]))
+    with pytest.raises(UserError, match=r"there \(rates at this command's optim.lr 0.012; the run trained at 0.003\)"):
+        continued(load_config(None, ["train.steps=200"]), saved, 50)
+    with pytest.raises(UserError, match=r"to [0-9.e-]+ there; choose how"):  # the same rate: nothing more said
+        continued(load_config(None, ["train.steps=200", "optim.lr=0.003"]), saved, 50)
+
+
 def test_a_typed_continuation_without_its_step_is_refused():
     with pytest.raises(UserError, match="'optim.continue_as' is 'decay' with no optim.continue_from.*set train.extend"):
         load_config(None, [*BASE, "optim.continue_as=decay"])

@@ -136,6 +136,10 @@ def test_a_loss_of_one_s_own_trains_through_the_whole_step():
         run(lambda *a: (loss_sums(*a)[0], {"nll": loss_sums(*a)[1]["nll"]}))
     with pytest.raises(ValueError, match=r"\['nll'\] are the step's own"):
         run(functools.partial(loss_sums, extra=lambda h, p, b: {"nll": jnp.sum(h)}))
+    with pytest.raises(ValueError, match=r"\['hidden l2'\] is not letters, digits"):
+        run(functools.partial(loss_sums, extra=lambda h, p, b: {"hidden l2": jnp.sum(h)}))
+    _, m = run(functools.partial(loss_sums, extra=lambda h, p, b: {"const": 2.0}))  # a Python number is a term too
+    np.testing.assert_allclose(float(m["loss/const"]), 2.0 * 2 / float(jnp.sum(batch["mask"])), rtol=1e-6)
 
 
 @pytest.mark.slow

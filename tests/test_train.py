@@ -269,6 +269,8 @@ def test_fit_trains_a_loss_of_one_s_own_and_logs_its_terms(tmp_path):
     logged = rows(str(tmp_path / "run"), "loss/hidden_l2")
     assert [r["step"] for r in logged] == [1, 2, 3] and all(r["loss/hidden_l2"] > 0 for r in logged)
     assert "val/mean/loss" in out.validation and "val/mean/hidden_l2" not in out.validation
+    import yaml  # the run records the rate it trained at, not "the optimizer's default" (OptimConfig.with_rate)
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["optim"]["lr"] == 0.012
 
 
 def test_a_run_with_split_micro_batches_trains_the_same_losses(tmp_path):

@@ -81,8 +81,10 @@ def _coerce(value: Any, tp, key: str) -> Any:
         for i, option in enumerate(inner):  # the first type that takes the value, in the order written
             try:
                 return _coerce(value, option, key)
-            except UserError:
+            except UserError as e:
                 if i == len(inner) - 1:
+                    if type(None) in args:  # the one spelling of "unset" YAML reads as None
+                        raise UserError(f"{e}; or null to leave it unset") from None
                     raise
     if origin is tuple:
         if isinstance(value, str):

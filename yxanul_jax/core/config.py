@@ -389,13 +389,18 @@ class OptimConfig:
     continue_lr: float = field(default=0.0, metadata=RESUME)
     """Written by the trainer: the learning rate (before stage scaling) at `continue_from`, where `decay` starts."""
     continue_peak: float = field(default=0.0, metadata=RESUME)
-    """Written by the trainer: `optim.lr` when `continue_lr` was recorded, so that a later change of `lr` scales
-    the continuation as it scales the rest of the schedule (0: recorded before this key, `continue_lr` as is)."""
+    """Written by the trainer: `optim.lr` (`peak_lr`) when `continue_lr` was recorded, so that a later change of `lr`
+    scales the continuation as it scales the rest of the schedule (0: recorded before this key, `continue_lr` as is)."""
 
     @property
     def peak_lr(self) -> float:
         """`lr`, or when unset the optimizer's default (`DEFAULT_LR`): the AdamW parameters' peak rate."""
         return DEFAULT_LR[self.name] if self.lr is None else self.lr
+
+    def with_rate(self) -> "OptimConfig":
+        """This section with `lr` written out (`peak_lr`): what a run records (config.yaml, checkpoints, W&B), so that
+        a later change of `DEFAULT_LR` shows as a change of the run's rate when it resumes."""
+        return dataclasses.replace(self, lr=self.peak_lr)
 
     def lower_rate(self) -> str:
         """The advice "a lower learning rate" in words for this optimizer: under Muon the blocks' matrices step at

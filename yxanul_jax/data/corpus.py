@@ -88,8 +88,8 @@ def _ready(out: Path, vocab_size: int) -> bool:
                         "delete it or point YXANUL_CACHE elsewhere")
     if req.get("python") != platform.python_version():  # another Python's standard library: other text
         raise UserError(f"'{out}' holds the demo corpus of Python {req.get('python')}'s standard library, not of this "
-                        f"Python {platform.python_version()}; delete it, or leave the folder to ensure_demo_dataset "
-                        f"(the default cache keeps one per Python)")
+                        f"Python {platform.python_version()}; delete it, or pass another cache_dir (or none: the default "
+                        "cache keeps one folder per Python)")
     return True
 
 
@@ -139,8 +139,8 @@ def ensure_demo_dataset(cache_dir: str | None = None, vocab_size: int = 4096, ma
     with _locked(out.parent / f".{out.name}.lock"):
         if not _ready(out, vocab_size):
             started = time.perf_counter()
-            console.info(f"demo corpus (first use of this Python): training a {vocab_size:,}-token BPE on Python "
-                         f"{platform.python_version()}'s standard library and writing its token shards to {out}")
+            console.info(f"demo corpus: training a {vocab_size:,}-token BPE on Python {platform.python_version()}'s "
+                         f"standard library and writing its token shards to {out} (once)")
             tok = pad_vocabulary(train_bpe(stdlib_documents(max_bytes), vocab_size), vocab_size)
             tok.source = f"byte-level BPE trained on the Python {platform.python_version()} stdlib"
             prepare_documents(stdlib_documents(max_bytes), tok, out, request=_request(vocab_size, max_bytes),

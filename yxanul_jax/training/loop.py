@@ -273,6 +273,7 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     """
     fp8_lib.check_backend(cfg.fp8)
     check_wandb(cfg)  # monitor.wandb without wandb installed: refused before anything is written
+    cfg = dataclasses.replace(cfg, optim=cfg.optim.with_rate())  # the run records its rate, not "the default"
     if checkpoint and cfg.init.from_checkpoint:
         raise UserError("--checkpoint continues a checkpoint's whole train state and init.from_checkpoint starts a "
                         "fresh one from a checkpoint's weights; pass one of them")

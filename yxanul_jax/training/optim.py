@@ -113,9 +113,11 @@ def continued(cfg: Config, saved: dict | None, step: int) -> Config:
         wsd_from = int(wsd_decay_start(cfg, step))
         decay = (f"stays at the floor {floor:.3g} to step {after}" if math.isclose(was, floor, rel_tol=1e-4)
                  else f"from {was:.3g} down to {floor:.3g} at step {after}")
+        peak = ("" if math.isclose(old.optim.peak_lr, o.peak_lr) else
+                f" (rates at this command's optim.lr {o.peak_lr:.3g}; the run trained at {old.optim.peak_lr:.3g})")
         raise UserError(
             f"train.steps went from {before} to {after} on a run resuming at step {step}: its {o.schedule} "
-            f"schedule would jump from lr {was:.3g} to {now:.3g} there; choose how it goes on: train.extend=decay "
+            f"schedule would jump from lr {was:.3g} to {now:.3g} there{peak}; choose how it goes on: train.extend=decay "
             f"({decay}, no jump) or train.extend=wsd (back at the peak "
             f"{o.peak_lr:.3g} from step {step}, decaying to {floor:.3g} from step {wsd_from} to {after})")
     optim = dataclasses.replace(o, continue_as=how, continue_from=int(step), continue_lr=was, continue_peak=o.peak_lr)

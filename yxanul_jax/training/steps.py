@@ -19,7 +19,7 @@ from flax import struct
 
 from yxanul_jax.analysis import memory
 from yxanul_jax.core import scopes
-from yxanul_jax.core.config import Config, StageConfig
+from yxanul_jax.core.config import MIXTURE_NAME, Config, StageConfig
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import dense_backend
@@ -31,6 +31,7 @@ from yxanul_jax.training.optim import clip_by_global_norm, lr_schedule, make_opt
 
 TERM_PREFIX = "loss/"
 """Metric name prefix of a `LossFn`'s own terms (`loss/<name>`: metrics.jsonl, TensorBoard)."""
+TERM_NAME = MIXTURE_NAME  # a term's name: letters, digits, '_' and '-' (a metric and TensorBoard tag)
 
 
 @struct.dataclass
@@ -112,7 +113,8 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch, extra=None):
     `extra(h_BxLxD, params, batch) -> {name: sum}`: terms of your own on the final hidden states (after the final
     norm) or the parameters, each added to the objective and returned in `sums`; the train step reports each as
     `metrics["loss/<name>"]` per real token. Sums, not means: the step divides everything by the batch's real-token
-    count once (scale a per-token term by `batch["mask"]`). The model is applied once either way: FP8 state
+    count once (scale a per-token term by `batch["mask"]`). `h_BxLxD` is in model.dtype (BF16 by default): cast it
+    to float32 before summing (each term is then taken as float32). The model is applied once either way: FP8 state
     updates once per step (a second `model.apply` in your term would sum two states, README: Model and precision).
     This is the step's `LossFn`: `make_train_step(cfg, stage, loss=functools.partial(loss_sums, extra=...))`."""
     model = Yxanul(cfg.model, step_fp8(cfg))
@@ -134,10 +136,13 @@ def loss_sums(cfg: Config, params, body_fp8, head_copies, batch, extra=None):
     sums = {"nll": nll, "z": z}
     objective = nll + cfg.train.z_loss * z
     if extra is not None:
-        terms = extra(h_BxLxD, params, batch)
+        terms = {name: jnp.asarray(value, jnp.float32) for name, value in extra(h_BxLxD, params, batch).items()}
         if clash := set(terms) & set(sums):
             raise ValueError(f"loss_sums(extra=...): the term name(s) {sorted(clash)} are the step's own; rename them")
-        for name, value in terms.items():
+        if bad := [n for n in terms if not isinstance(n, str) or not TERM_NAME.fullmatch(n)]:
+            raise ValueError(f"loss_sums(extra=...): term names become metric names (loss/<name>); {bad} is not "
+                             "letters, digits, '_' and '-'")
+        for value in terms.values():
             objective = objective + value
         sums = {**sums, **terms}
     return objective, sums
