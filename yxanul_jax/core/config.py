@@ -338,6 +338,11 @@ DEFAULT_LR = {"adamw": 3e-3, "muon": 0.012}
 Muon (the embedding table, its tied head, the norms) train best at different rates on the demo (docs/QUALITY.md)."""
 
 
+def peak_rate(name: str, lr: float | None) -> float:
+    """The AdamW parameters' peak rate of optimizer `name` with `optim.lr` = `lr` (None: `DEFAULT_LR[name]`)."""
+    return DEFAULT_LR[name] if lr is None else lr
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     """Muon for the hidden matrices and AdamW for the rest (or AdamW throughout), with warmup and a cosine or WSD
@@ -396,7 +401,7 @@ class OptimConfig:
     @property
     def peak_lr(self) -> float:
         """`lr`, or when unset the optimizer's default (`DEFAULT_LR`): the AdamW parameters' peak rate."""
-        return DEFAULT_LR[self.name] if self.lr is None else self.lr
+        return peak_rate(self.name, self.lr)
 
     def with_rate(self) -> "OptimConfig":
         """This section with `lr` written out (`peak_lr`): what a run records (config.yaml, checkpoints, W&B), so that

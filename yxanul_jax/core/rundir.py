@@ -42,7 +42,7 @@ import yaml
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import load_yaml, to_dict, to_yaml
-from yxanul_jax.core.config import DEFAULT_LR, Config, from_saved, load_config, resumable, weight_fields
+from yxanul_jax.core.config import DEFAULT_LR, Config, from_saved, load_config, peak_rate, resumable, weight_fields
 from yxanul_jax.core.errors import UserError, one_line, write_error, writing
 
 CACHE_ENV = "YXANUL_CACHE"
@@ -345,7 +345,7 @@ def _resolved_lr(config: Any) -> Any:
     own), so that a run saved with the number and one leaving it unset compare by the rate they train at."""
     optim = config.get("optim") if isinstance(config, dict) else None
     if isinstance(optim, dict) and optim.get("lr") is None and optim.get("name") in DEFAULT_LR:
-        return {**config, "optim": {**optim, "lr": DEFAULT_LR[optim["name"]]}}
+        return {**config, "optim": {**optim, "lr": peak_rate(optim["name"], None)}}
     return config
 
 

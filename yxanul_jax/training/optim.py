@@ -8,7 +8,8 @@ sqrt(max(1, O / I)) (`width_scale`, as Keller Jordan's Muon and `optax.contrib.m
 embedding table, the head's factors, the norm scales) AdamW. Written here rather than taken whole from
 `optax.contrib.muon`: that bundles its own Nesterov Adam for the other leaves, with no weight-decay mask
 (it would decay the norm scales) and none of our AdamW settings. Both groups follow the same schedule
-(warmup, decay, stage `lr_scale`), each at its own peak (`optim.lr`, by default the optimizer's own: `peak_lr`; `optim.muon_lr`).
+(warmup, decay, stage `lr_scale`), each at its own peak (`optim.lr`, unset: the optimizer's own, `peak_lr`;
+`optim.muon_lr`).
 
 The schedule is one pure function of the optimizer step: global warmup, then cosine / WSD /
 constant decay to `min_lr_ratio`, times the active stage's `lr_scale`, ramped over that stage's own
@@ -19,7 +20,8 @@ different schedule, jumping at the first new step (a cosine at its floor back to
 refuses that unless `train.extend` says how to go on (`decay`: from the current rate down to the floor at the
 new end; `wsd`: back at the peak, then the last `decay_fraction` of the new total decaying), and records the
 choice as `optim.continue_as/continue_from/continue_lr/continue_peak`, which every later resume carries over from
-the checkpoint's config, so the schedule stays one pure function of the step (and of optim.lr, as it always is: `peak_lr`, the optimizer's default when unset).
+the checkpoint's config, so the schedule stays one pure function of the step (and of optim.lr, as it always is:
+`peak_lr`).
 Gradient clipping is per stage and lives in the train step (it must leave FP8 state out).
 """
 from __future__ import annotations
