@@ -19,7 +19,7 @@ from flax import struct
 
 from yxanul_jax.analysis import memory
 from yxanul_jax.core import scopes
-from yxanul_jax.core.config import MIXTURE_NAME, Config, StageConfig
+from yxanul_jax.core.config import MIXTURE_NAME, Config, FP8Config, StageConfig
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import dense_backend
@@ -75,7 +75,7 @@ def _head_copies(head, chunks: int):
     return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (chunks, *x.shape)), head)
 
 
-def step_fp8(cfg: Config):
+def step_fp8(cfg: Config) -> FP8Config:
     """The `FP8Config` a train step traces with: `fp8.gemm_form: auto` resolved for this platform and the step's
     XLA options (`fp8.gemm_form`)."""
     return dataclasses.replace(cfg.fp8, gemm_form=fp8_lib.gemm_form(cfg.fp8, cfg.train.xla_options))
@@ -105,7 +105,8 @@ def check_xla_options(cfg: Config) -> None:
                         "(XLA's DebugOptions fields, e.g. xla_gpu_enable_triton_gemm=false) or drop it") from None
 
 
-def loss_sums(cfg: Config, params, body_fp8, head_copies, batch, extra=None):
+def loss_sums(cfg: Config, params: Any, body_fp8: dict, head_copies: Any, batch: dict[str, jax.Array],
+              extra: Callable[[jax.Array, Any, dict], dict] | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """(objective, sums) of one micro-batch [B, L]: sums = {"nll": NLL sum, "z": z sum} over its real tokens and
     objective = nll + z_loss * z; the head runs in chunks, or as the fused kernels (`train.loss_kernel`,
     `loss.loss_kernel`).
@@ -167,7 +168,7 @@ def fp8_bootstrap_config(cfg: Config) -> Config | None:
     return dataclasses.replace(cfg, fp8=dataclasses.replace(cfg.fp8, scaling="current"))
 
 
-def make_accumulate(cfg: Config, stage: StageConfig, loss: LossFn = loss_sums):
+def make_accumulate(cfg: Config, stage: StageConfig, loss: LossFn = loss_sums) -> Callable:
     """accumulate(params, fp8, batch[A, B, L]) -> (gradient sums, new FP8 state, sums): `loss`'s sums ("nll",
     "z", and any terms of its own) added over the A micro-batches.
 
@@ -208,7 +209,8 @@ def make_accumulate(cfg: Config, stage: StageConfig, loss: LossFn = loss_sums):
     return accumulate
 
 
-def make_train_step(cfg: Config, stage: StageConfig, device=None, loss: LossFn = loss_sums):
+def make_train_step(cfg: Config, stage: StageConfig, device: jax.Device | None = None,
+                    loss: LossFn = loss_sums) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
     """The train step of one stage: `train_step(state, batch) -> (state, metrics)`, a pure function to
     jit once per stage. `batch` is `BatchSpec.of(stage)`'s dict (`training/batch.py`). `stage` gives the
     shapes and the clip; the learning rate is `cfg`'s schedule at `state.step`, whose per-stage `lr_scale`
@@ -250,7 +252,7 @@ def make_train_step(cfg: Config, stage: StageConfig, device=None, loss: LossFn =
     return train_step
 
 
-def make_eval_step(cfg: Config):
+def make_eval_step(cfg: Config) -> Callable[[Any, dict, dict], tuple[jax.Array, jax.Array]]:
     """eval_step(params, fp8, batch[B, L]) -> (NLL sum, token count): no state change."""
 
     def eval_step(params, fp8_state, batch):
