@@ -33,6 +33,14 @@ def test_plot_command_draws_runs_and_refuses_mistakes(tmp_path):
     assert rc == 0 and out.read_bytes().startswith(PNG) and "2 runs" in stdout
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # written through a rename
     assert plot.series(plot.read_metrics(str(tmp_path / "b")), "val/mean/loss") == ([500.0], [4.8])
+    runs = {name: plot.read_metrics(str(tmp_path / name)) for name in ("a", "b")}
+    assert plot.panels_of(runs) == plot.PANELS  # no loss term of one's own: the four panels
+    with MetricsWriter(str(tmp_path / "b"), resume_step=5) as w:  # a run with a term of its own (fit(loss=...))
+        w.write({"step": 6, "loss": 4.0, "lr": 1e-3, "tokens": 600, "tokens_per_sec": 1000.0, "loss/hidden_l2": 0.3})
+    runs["b"] = plot.read_metrics(str(tmp_path / "b"))
+    assert plot.panels_of(runs) == (*plot.PANELS, ("loss/hidden_l2", "loss/hidden_l2 (per token)"))
+    rc, _, _ = run_cli(plot.main, [tmp_path / "a", tmp_path / "b", "--output", out])
+    assert rc == 0 and out.read_bytes().startswith(PNG)
     for argv, words in (([tmp_path / "missing"], "no metrics.jsonl"),
                         ([tmp_path / "a", "--output", tmp_path / "x.jpg"], "must end in .png"),
                         ([tmp_path / "a", "--output", out / "x.png"], "is a file")):

@@ -1,5 +1,6 @@
 """`python -m yxanul_jax.plot RUN_DIR [RUN_DIR ...]`: training and validation loss, tokens/s and lr
-against tokens, from each run's `metrics.jsonl`, in one PNG for comparing runs at a glance.
+against tokens, from each run's `metrics.jsonl`, in one PNG for comparing runs at a glance; a run trained on a loss
+of its own (`fit(loss=...)`) gets a panel per term (`loss/<name>`).
 
 Needs matplotlib (`pip install 'yxanul-jax[plot]'`); everything else reads plain JSON lines.
 """
@@ -12,10 +13,16 @@ import sys
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, cli_entry
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import METRICS_FILE, atomic_write_bytes, check_output_file
+from yxanul_jax.core.rundir import METRICS_FILE, TERM_PREFIX, atomic_write_bytes, check_output_file
 
 PANELS = (("loss", "training loss"), ("val/mean/loss", "validation loss"), ("tokens_per_sec", "tokens/s"),
           ("lr", "learning rate"))
+
+
+def panels_of(runs: dict[str, list[dict]]) -> tuple[tuple[str, str], ...]:
+    """`PANELS`, then one per loss term of one's own that any run logged (`loss/<name>`, in name order)."""
+    terms = sorted({k for rows in runs.values() for r in rows for k in r if k.startswith(TERM_PREFIX)})
+    return PANELS + tuple((k, f"{k} (per token)") for k in terms)
 
 
 def read_metrics(run_dir: str) -> list[dict]:
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         name = os.path.basename(os.path.normpath(d)) or d
         runs[name if name not in runs else d] = read_metrics(d)
     _pyplot()  # before any work: a missing matplotlib is one line
-    plot_runs(runs, args.output)
+    plot_runs(runs, args.output, panels_of(runs))
     console.info(f"wrote {args.output} ({len(runs)} run{'s' * (len(runs) > 1)})")
     return 0
 

@@ -59,6 +59,9 @@ TOKENIZER_EOS_FILE = "special_tokens_map.json"
 """Beside tokenizer.json, Hugging Face's file whose `eos_token` names the end-of-text token, which a tokenizer.json
 alone does not say (`eos_map`; `data.tokenizer` reads it, and writes it beside every copy it makes)."""
 METRICS_FILE = "metrics.jsonl"
+TERM_PREFIX = "loss/"
+"""Prefix of the metrics.jsonl (and TensorBoard) keys of a train step's own loss terms (`loss/<name>`,
+`training.steps.LossFn`)."""
 TB_DIR = "tb"
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt"

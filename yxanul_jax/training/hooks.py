@@ -29,11 +29,10 @@ import os
 import jax
 
 from yxanul_jax.core import console
-from yxanul_jax.core.rundir import PROFILE_DIR
+from yxanul_jax.core.rundir import PROFILE_DIR, TERM_PREFIX
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training.monitor import MetricsWriter, Progress, profile_viewers
 from yxanul_jax.training.preemption import SignalGuard, stop_requested
-from yxanul_jax.training.steps import TERM_PREFIX
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ from yxanul_jax.analysis import memory
 from yxanul_jax.core import scopes
 from yxanul_jax.core.config import MIXTURE_NAME, Config, FP8Config, StageConfig
 from yxanul_jax.core.errors import UserError, one_line
+from yxanul_jax.core.rundir import TERM_PREFIX
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.backends import dense_backend
 from yxanul_jax.model.loss import chunked_cross_entropy, loss_kernel, masked_sums, n_chunks
@@ -29,8 +30,6 @@ from yxanul_jax.training.batch import split_micro_batches
 from yxanul_jax.training.optim import clip_by_global_norm, lr_schedule, make_optimizer
 
 
-TERM_PREFIX = "loss/"
-"""Metric name prefix of a `LossFn`'s own terms (`loss/<name>`: metrics.jsonl, TensorBoard)."""
 TERM_NAME = MIXTURE_NAME  # a term's name: letters, digits, '_' and '-' (a metric and TensorBoard tag)
 
 
