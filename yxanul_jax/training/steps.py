@@ -182,28 +182,21 @@ def make_accumulate(cfg: Config, stage: StageConfig, loss: LossFn = loss_sums) -
         head_copies = _head_copies(head, chunks)  # their updates are max-merged below
 
         def micro(carry, mb):
-            g_acc, fp8_acc, sums_acc = carry
+            g_acc, fp8_acc = carry
             (g_params, g_body, g_head), sums = grad_fn(params, body_fp8, head_copies, mb)
             new_head = None if head is None else fp8_lib.merge_copies(g_head)
             new_fp8 = join_head_state(g_body, new_head)  # the "gradients" of FP8 state are its new values
             g_acc = jax.tree_util.tree_map(jnp.add, g_acc, g_params)
-            sums_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), sums_acc, sums)
-            return (g_acc, fp8_lib.merge_fp8(fp8_acc, new_fp8), sums_acc), None
+            sums = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float32), sums)  # stacked by the scan: [A]
+            return (g_acc, fp8_lib.merge_fp8(fp8_acc, new_fp8)), sums
 
         zeros = lambda t: jax.tree_util.tree_map(jnp.zeros_like, t)  # noqa: E731
-        if loss is loss_sums:  # its sums are known: no second trace of the model
-            names = ("nll", "z")
-        else:  # another LossFn's terms, from its shapes (a trace, no compile)
-            first = jax.tree_util.tree_map(lambda x: x[0], batch)
-            shapes = jax.eval_shape(lambda: loss(cfg, params, body_fp8, head_copies, first)[1])
-            if not {"nll", "z"} <= set(shapes) or any(v.shape for v in shapes.values()):
-                raise ValueError(f"a train step's loss must return (objective, sums) with scalar sums holding 'nll' "
-                                 f"and 'z' (loss_sums' own), got sums of shapes "
-                                 f"{ {k: v.shape for k, v in shapes.items()} }")
-            names = tuple(shapes)
-        init = (zeros(params), fp8_lib.merge_identity(fp8_state), {k: jnp.zeros((), jnp.float32) for k in names})
-        (grads, new_fp8, sums), _ = jax.lax.scan(micro, init, batch)
-        return grads, new_fp8, sums
+        (grads, new_fp8), sums_A = jax.lax.scan(micro, (zeros(params), fp8_lib.merge_identity(fp8_state)), batch)
+        if not {"nll", "z"} <= set(sums_A) or any(v.ndim != 1 for v in sums_A.values()):
+            shapes = {k: v.shape[1:] for k, v in sums_A.items()}
+            raise ValueError(f"a train step's loss must return (objective, sums) with scalar sums holding 'nll' and "
+                             f"'z' (loss_sums' own), got sums of shapes {shapes}")
+        return grads, new_fp8, {k: jnp.sum(v) for k, v in sums_A.items()}  # each sum over its A micro-batch values
 
     return accumulate
 
