@@ -11,19 +11,22 @@ On a GPU the head and the loss run instead as fused kernels that never write log
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 import numpy as np
 
+if TYPE_CHECKING:
+    from yxanul_jax.core.config import FP8Config, ModelConfig
+
 
 LSE_NAME = "chunk_lse"  # each chunk's logsumexp, kept for its backward (`chunked_cross_entropy`)
 
 
 @jax.custom_vjp
-def cross_entropy_sums(logits_NxV, targets_N, mask_N):
+def cross_entropy_sums(logits_NxV: jax.Array, targets_N: jax.Array, mask_N: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(sum of masked NLL, sum of masked logsumexp^2) for one block of logits, in float32.
 
     A masked-out token adds exactly 0 whatever its target: a padding id outside the vocabulary
@@ -37,7 +40,7 @@ def cross_entropy_sums(logits_NxV, targets_N, mask_N):
     return _sums_fwd(logits_NxV, targets_N, mask_N)[0]
 
 
-def logsumexp_rows(x_NxV):
+def logsumexp_rows(x_NxV: jax.Array) -> jax.Array:
     """logsumexp over the last axis in float32, in one pass over x: a variadic reduction whose carry is the running
     (max, sum of exps shifted by it), flash attention's online softmax as XLA's combiner. jax.nn.logsumexp reads x
     twice (its max, then the sum of exps), which for a chunk of BF16 logits is a second pass over `chunk x vocab`."""
@@ -88,7 +91,8 @@ def _sums_bwd(res, g):
 cross_entropy_sums.defvjp(_sums_fwd, _sums_bwd)
 
 
-def chunked_cross_entropy(logits_fn: Callable, h_NxD, targets_N, mask_N, chunk: int, per_chunk=None):
+def chunked_cross_entropy(logits_fn: Callable[[jax.Array, Any], jax.Array], h_NxD: jax.Array, targets_N: jax.Array,
+                          mask_N: jax.Array, chunk: int, per_chunk: Any = None) -> tuple[jax.Array, jax.Array]:
     """Sums over tokens of the NLL and of logsumexp^2, computing logits `chunk` rows at a time.
 
     logits_fn(h_CxD, extra) -> logits_CxV (float32, or BF16 as the head GEMM writes them: the sums are float32
@@ -120,7 +124,7 @@ def chunked_cross_entropy(logits_fn: Callable, h_NxD, targets_N, mask_N, chunk: 
     return nll_sum, z_sum
 
 
-def masked_sums(lse_N, target_N, mask_N):
+def masked_sums(lse_N: jax.Array, target_N: jax.Array, mask_N: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(sum of masked NLL, sum of masked logsumexp^2) from per-token logsumexp and target logit, as
     `cross_entropy_sums` forms them (a masked-out token adds exactly 0)."""
     keep_N = mask_N != 0
@@ -129,7 +133,7 @@ def masked_sums(lse_N, target_N, mask_N):
     return jnp.sum(nll_N), jnp.sum(jnp.where(keep_N, lse_N * lse_N * mask_N, 0.0))
 
 
-def loss_kernel(choice: str, model, fp8, platform: str | None = None) -> str:
+def loss_kernel(choice: str, model: ModelConfig, fp8: FP8Config, platform: str | None = None) -> str:
     """`chunked` or `fused`, for `train.loss_kernel` = choice. `auto`: fused on a single GPU for a BF16
     model whose head is not FP8 and whose head width the kernels take (`fused_ce.supported`), else
     chunked. Several devices keep the chunked loss: XLA cannot partition the kernels' custom calls and

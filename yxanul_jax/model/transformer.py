@@ -27,7 +27,7 @@ from yxanul_jax.core import scopes
 from yxanul_jax.core.config import FP8Config, ModelConfig
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model import fp8 as fp8_lib
-from yxanul_jax.model.backends import PLAIN, dense_backend
+from yxanul_jax.model.backends import PLAIN, Plain, dense_backend
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
@@ -51,7 +51,7 @@ class NormScale(nn.Module):
     features: int
 
     @nn.compact
-    def __call__(self):
+    def __call__(self) -> jax.Array:
         return _norm_scale(self, self.features)
 
 
@@ -64,7 +64,7 @@ class Kernel(nn.Module):
     std: float
 
     @nn.compact
-    def __call__(self):
+    def __call__(self) -> jax.Array:
         return _kernel(self, self.in_features, self.features, self.axes, self.std)
 
 
@@ -74,7 +74,7 @@ class Fp8State(nn.Module):
     backend: Any
 
     @nn.compact
-    def __call__(self):
+    def __call__(self) -> tuple[dict[str, jax.Array], ...]:
         return self.backend.metas(self)
 
 
@@ -89,7 +89,7 @@ class DenseOperands(nn.Module):
     backend: Any
 
     @nn.compact
-    def __call__(self):
+    def __call__(self) -> tuple[jax.Array, tuple[dict[str, jax.Array], ...]]:
         return _kernel(self, self.in_features, self.features, self.axes, self.std), Fp8State(self.backend, name="gemm")()
 
 
@@ -105,7 +105,7 @@ class RMSNorm(nn.Module):
     gain: float = 1.0
 
     @nn.compact
-    def __call__(self, x_BxLxD):
+    def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
         scale_D = _norm_scale(self, x_BxLxD.shape[-1], self.gain)
         x32 = x_BxLxD.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
@@ -144,14 +144,14 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, j
     return rope_at(jnp.arange(seq_len), head_dim, theta)
 
 
-def rope_at(positions, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_at(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
     """sin, cos [..., K/2] for integer positions of any shape ([L], or [B, T] when decoding)."""
     inv_freq_K2 = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     angles = positions.astype(jnp.float32)[..., None] * inv_freq_K2.reshape((1,) * positions.ndim + (-1,))
     return jnp.sin(angles), jnp.cos(angles)
 
 
-def apply_rope(x_BxLxHxK, sin, cos):
+def apply_rope(x_BxLxHxK: jax.Array, sin: jax.Array, cos: jax.Array) -> jax.Array:
     """Rotate channel pairs (i, i + K/2) by position-dependent angles (GPT-NeoX/Llama layout).
 
     sin, cos are [L, K/2] (the same positions for every row) or [B, L, K/2] (per-row positions)."""
@@ -179,7 +179,7 @@ class Matmul(nn.Module):
     target: str = ""
 
     @nn.compact
-    def __call__(self, x, w_IxO):
+    def __call__(self, x: jax.Array, w_IxO: jax.Array) -> jax.Array:
         backend = self.backend
         if backend.is_fp8 and not fp8_lib.gemm_aligned(*w_IxO.shape):
             fp8_lib.warn_unaligned(self.target or self.name, tuple(w_IxO.shape))
@@ -198,7 +198,7 @@ class Dense(nn.Module):
     dtype: Any
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x: jax.Array) -> jax.Array:
         kernel_IxO = _kernel(self, x.shape[-1], self.features, self.axes, self.std)
         return Matmul(self.backend, self.dtype, self.name, name="gemm")(x, kernel_IxO)
 
@@ -273,7 +273,7 @@ def _scores_bwd(res, ds_BxIxJ):
 _scores_f32.defvjp(_scores_fwd, _scores_bwd)
 
 
-def short_attention(q_BxLxHxK, k_BxLxGxK, v_BxLxGxK):
+def short_attention(q_BxLxHxK: jax.Array, k_BxLxGxK: jax.Array, v_BxLxGxK: jax.Array) -> jax.Array:
     """Causal grouped-query attention for short sequences as two batched GEMMs per row of the batch, in the
     tokens' own layout: a row's L x H queries against its L x G keys ([L*H, K] x [K, L*G]: reshapes, no
     transposes), the pairs of another kv head or a later token masked before the softmax, and the
@@ -316,7 +316,9 @@ class Attention(nn.Module):
     backend: Any
 
     @nn.compact
-    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None, norm_scale_D=None):
+    def __call__(self, x_BxLxD: jax.Array, sin_LxK2: jax.Array, cos_LxK2: jax.Array,
+                 cache: dict[str, jax.Array] | None = None, positions_BxL: jax.Array | None = None,
+                 norm_scale_D: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         """`norm_scale_D` given (the backend fuses norms): x is the block's un-normalized input, and the
         backend's fused RMSNorm + GEMM computes q, k, v in one (their kernels side by side, names unchanged)."""
         c = self.cfg
@@ -369,7 +371,7 @@ class Attention(nn.Module):
 
 
 @jax.custom_vjp
-def swiglu(gate, up):
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
     """silu(gate) * up, computed in float32 and rounded once. Its backward is one expression of (gate, up, dh)
     with two outputs in float32: XLA fuses it into one kernel (autodiff's graph of the same math compiled to
     three for sm_90). The float32 forward lets XLA fuse it into the down projection's FP8 cast (one kernel reads
@@ -396,7 +398,7 @@ swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 @jax.custom_vjp
-def materialized_grad(x):
+def materialized_grad(x: jax.Array) -> jax.Array:
     """x, whose gradient is written to memory whole before anything reads it (an `optimization_barrier`: XLA
     may not fuse the gradient's producers into its consumers)."""
     return x
@@ -413,7 +415,7 @@ def _materialized_bwd(_, g):
 materialized_grad.defvjp(_materialized_fwd, _materialized_bwd)
 
 
-def fuse_mlp(cfg: ModelConfig, backend) -> bool:
+def fuse_mlp(cfg: ModelConfig, backend: Plain) -> bool:
     """Whether gate and up run as one GEMM: `model.fuse_mlp` and neither is an FP8 GEMM. Under FP8 they stay
     two: XLA then recomputes the down GEMM's input (remat) in a kernel of its own instead of inside the SwiGLU
     backward's (analyze --target h100, yxanul-197m stage 9, jax 0.10.2, 2026-11-27: FP8 629.6 -> 637.8 ms
@@ -424,7 +426,7 @@ def fuse_mlp(cfg: ModelConfig, backend) -> bool:
     return cfg.fuse_mlp and not any(backend.for_target(t).is_fp8 for t in ("gate", "up"))
 
 
-def shares_fp8_input(cfg: ModelConfig, backend) -> bool:
+def shares_fp8_input(cfg: ModelConfig, backend: Plain) -> bool:
     """Whether gate and up run as two FP8 GEMMs of one FP8 cast of their input (`backend.dots`): both FP8 targets
     of a backend that shares inputs, with FP8-aligned shapes. One cast and one transposed copy for the weight
     gradients instead of two (analyze --target h100, yxanul-197m stage 9, 2026-11-27: 502.7 -> 497.8 ms)."""
@@ -439,7 +441,7 @@ class SwiGLU(nn.Module):
     backend: Any
 
     @nn.compact
-    def __call__(self, x_BxLxD, norm_scale_D=None):
+    def __call__(self, x_BxLxD: jax.Array, norm_scale_D: jax.Array | None = None) -> jax.Array:
         """`norm_scale_D` given (the backend fuses norms): x is un-normalized, and the backend's fused layer
         runs RMSNorm, gate/up, SwiGLU and down on these same kernels."""
         c = self.cfg
@@ -478,7 +480,9 @@ class Block(nn.Module):
     backend: Any
 
     @nn.compact
-    def __call__(self, x_BxLxD, sin_LxK2, cos_LxK2, cache=None, positions_BxL=None):
+    def __call__(self, x_BxLxD: jax.Array, sin_LxK2: jax.Array, cos_LxK2: jax.Array,
+                 cache: dict[str, jax.Array] | None = None,
+                 positions_BxL: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         c, dt = self.cfg, DTYPES[self.cfg.dtype]
         if self.backend.fuses_norms(c):  # each norm fused into the layer after it: same parameters
             D = x_BxLxD.shape[-1]
@@ -500,7 +504,7 @@ STACKED = "layers"
 parameter under it has a leading [n_layers] axis (unscanned layers are modules `layer_<i>`, unstacked)."""
 
 
-def stacked_axes(path) -> int:
+def stacked_axes(path: jax.tree_util.KeyPath) -> int:
     """1 for a parameter under the scanned layers (`STACKED`: a leading layer axis), else 0; `path` a pytree key path."""
     return int(any(getattr(k, "key", k) == STACKED for k in path))
 
@@ -550,7 +554,7 @@ class Yxanul(nn.Module):
     cfg: ModelConfig
     fp8: FP8Config
 
-    def setup(self):
+    def setup(self) -> None:
         c = self.cfg
         c.check()  # a ModelConfig built directly: its mistakes named here, not as a shape error deep inside
         backend = dense_backend(self.fp8)  # chosen once; the layers receive it
@@ -580,7 +584,7 @@ class Yxanul(nn.Module):
         self.final_norm = RMSNorm(c.norm_eps, DTYPES[c.dtype], head_gain(c))
         self.head_gemm = Matmul(backend.for_target("head"), DTYPES[c.dtype], "head")  # named HEAD_MODULE
 
-    def embed(self, tokens_BxL):
+    def embed(self, tokens_BxL: jax.Array) -> jax.Array:
         """Token ids -> residual stream x_BxLxD (compute dtype). Ids must be in [0, vocab_size): under jit
         nothing checks them, and one outside reads another row (negative) or gives NaN (too large)."""
         _check_ids(tokens_BxL)
@@ -590,7 +594,7 @@ class Yxanul(nn.Module):
             return jnp.einsum("blr,rd->bld", rows, self.embed_proj.astype(dt))
         return rows
 
-    def hidden(self, tokens_BxL):
+    def hidden(self, tokens_BxL: jax.Array) -> jax.Array:
         """Final-normed hidden states h_BxLxD, before the output head."""
         c = self.cfg
         _check_ids(tokens_BxL)
@@ -612,7 +616,8 @@ class Yxanul(nn.Module):
             cache = None if cache is None else jax.tree_util.tree_map(lambda *a: jnp.stack(a), *new)
         return self.final_norm(x_BxLxD), cache
 
-    def decode(self, tokens_BxT, positions_BxT, cache):
+    def decode(self, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+               cache: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         """One decoding call with a KV cache: T new tokens per row at `positions` [B, T] (a prefill
         when T > 1, one generated token when T = 1). `cache` is `init_cache(...)`'s layout. Returns
         (float32 logits [B, T, vocab_size], updated cache). Every position must be below the cache's length
@@ -624,7 +629,7 @@ class Yxanul(nn.Module):
         h_BxTxD, cache = self._trunk(tokens_BxT, sin_BxTxK2, cos_BxTxK2, cache, positions_BxT)
         return self.logits(h_BxTxD)[..., :c.vocab_size], cache
 
-    def head_operands(self, h_NxD):
+    def head_operands(self, h_NxD: jax.Array) -> tuple[jax.Array, jax.Array]:
         """The output head as one GEMM: (x_NxK, w_KxV) with logits = x @ w. K is embed_rank for a head
         through the rank-r factors (tied with embed_rank, factorized), d_model otherwise."""
         c, dt = self.cfg, DTYPES[self.cfg.dtype]
@@ -637,12 +642,12 @@ class Yxanul(nn.Module):
             return h_NxR, self.embedding.T
         return h_NxD, self.embedding.T
 
-    def logits(self, h_NxD):
+    def logits(self, h_NxD: jax.Array) -> jax.Array:
         """Output head: h[..., D] -> float32 logits[..., padded_vocab]; the padded columns are -inf
         (zero probability, never a target, never sampled). `__call__` drops them."""
         return self.head_logits(h_NxD).astype(jnp.float32)
 
-    def head_logits(self, h_NxD):
+    def head_logits(self, h_NxD: jax.Array) -> jax.Array:
         """`logits` in the head GEMM's own dtype (BF16 for a BF16 model: the GEMM rounds to it), what the chunked
         loss reads (`loss.cross_entropy_sums` computes in float32 and returns its gradient in this dtype)."""
         c = self.cfg
@@ -653,7 +658,8 @@ class Yxanul(nn.Module):
             logits = logits + bias_V.reshape((1,) * (logits.ndim - 1) + (-1,))
         return logits
 
-    def fused_loss_terms(self, h_NxD, targets_N, interpret: bool = False, tiles: str = "default"):
+    def fused_loss_terms(self, h_NxD: jax.Array, targets_N: jax.Array, interpret: bool = False,
+                         tiles: str = "default") -> tuple[jax.Array, jax.Array]:
         """(lse_N, target logit_N) of the head's logits by the fused kernels (`model.fused_ce`): the
         logits never exist in memory. The head must not be FP8 (`loss.loss_kernel` checks). `tiles`: the
         kernels' tiles (`core.tiles.parse_tiles`, `train.fused_ce_tiles`)."""
@@ -665,12 +671,13 @@ class Yxanul(nn.Module):
         return linear_cross_entropy(x_NxK.astype(dt), w_KxV.T.astype(dt), targets_N, self.cfg.vocab_size, interpret,
                                     parse_tiles(tiles))
 
-    def __call__(self, tokens_BxL):
+    def __call__(self, tokens_BxL: jax.Array) -> jax.Array:
         """Token ids [B, L] -> float32 logits [B, L, vocab_size]."""
         return self.logits(self.hidden(tokens_BxL))[..., :self.cfg.vocab_size]
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+def init_cache(cfg: ModelConfig, batch: int, max_len: int,
+               dtype: jax.typing.DTypeLike = jnp.float32) -> dict[str, jax.Array]:
     """An empty KV cache for `Yxanul.decode`: {"k", "v": [n_layers, B, max_len, kv heads, head_dim]}; it holds
     positions 0 .. max_len - 1 (decoding past them goes silently wrong)."""
     shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.resolved_head_dim)

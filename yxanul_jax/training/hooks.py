@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 import jax
 
@@ -33,6 +34,11 @@ from yxanul_jax.core.rundir import PROFILE_DIR, TERM_PREFIX
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training.monitor import MetricsWriter, Progress, profile_viewers
 from yxanul_jax.training.preemption import SignalGuard, stop_requested
+
+if TYPE_CHECKING:  # for the hints only: training.loop imports this module
+    from yxanul_jax.core.config import Config
+    from yxanul_jax.training.loop import Loop
+    from yxanul_jax.training.steps import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,34 +58,34 @@ class StepInfo:
 class Hook:
     """Base of the loop's hooks: every method does nothing until overridden (the protocol: module docstring)."""
 
-    def on_start(self, loop, state, step: int) -> None:
+    def on_start(self, loop: Loop, state: TrainState, step: int) -> None:
         pass
 
-    def before_step(self, loop, step: int) -> None:
+    def before_step(self, loop: Loop, step: int) -> None:
         pass
 
-    def after_step(self, loop, state, done: int) -> None:
+    def after_step(self, loop: Loop, state: TrainState, done: int) -> None:
         pass
 
-    def on_metrics(self, loop, info: StepInfo) -> None:
+    def on_metrics(self, loop: Loop, info: StepInfo) -> None:
         pass
 
-    def stop_reason(self, loop, done: int) -> str | None:
+    def stop_reason(self, loop: Loop, done: int) -> str | None:
         return None
 
-    def interrupt(self, loop) -> str | None:
+    def interrupt(self, loop: Loop) -> str | None:
         return None
 
-    def on_loop_end(self, loop) -> None:
+    def on_loop_end(self, loop: Loop) -> None:
         pass
 
-    def on_validation(self, loop, step: int, row: dict) -> None:
+    def on_validation(self, loop: Loop, step: int, row: dict) -> None:
         pass
 
-    def on_save(self, loop, step: int) -> None:
+    def on_save(self, loop: Loop, step: int) -> None:
         pass
 
-    def on_end(self, loop, state, step: int) -> None:
+    def on_end(self, loop: Loop, state: TrainState, step: int) -> None:
         pass
 
     def close(self) -> None:
@@ -106,7 +112,7 @@ class SaturationWatch:
     clips at a jump of an amax and its history absorbs it, so a short episode is expected; one that lasts more than `history` steps (first to latest clipping step: for
     clipping at every step, more than `history` consecutive steps) is not, and `update` says so once."""
 
-    def __init__(self, history: int):
+    def __init__(self, history: int) -> None:
         self.history = history
         self.first = self.last = -1  # the episode's first and latest clipping steps (-1: none yet)
         self.worst = (0.0, -1)  # (ratio, step)
@@ -127,7 +133,7 @@ class SaturationWatch:
         self.warned = True
         return True
 
-    def warning(self, cfg) -> str:
+    def warning(self, cfg: Config) -> str:
         """The warning's text for the current episode (`fp8.saturation_warning`)."""
         return fp8_lib.saturation_warning(self.first, self.last, self.history, self.worst,
                                           dict(self.counts.most_common()), cfg)
@@ -138,15 +144,15 @@ class MetricsLog(Hook):
     FP8 saturation warning (once per episode of clipping that outlasts the amax history: `SaturationWatch`).
     `writer` is a `MetricsWriter`, or `NullWriter` on processes other than 0."""
 
-    def __init__(self, cfg, writer: MetricsWriter | NullWriter, progress: Progress):
+    def __init__(self, cfg: Config, writer: MetricsWriter | NullWriter, progress: Progress) -> None:
         self.cfg, self.writer, self.progress = cfg, writer, progress
         self._names: list[str] = []
         self.saturation = SaturationWatch(cfg.fp8.amax_history_len)
 
-    def on_start(self, loop, state, step: int) -> None:
+    def on_start(self, loop: Loop, state: TrainState, step: int) -> None:
         self._names = fp8_lib.saturation_names(state.fp8)
 
-    def on_metrics(self, loop, info: StepInfo) -> None:
+    def on_metrics(self, loop: Loop, info: StepInfo) -> None:
         cfg, m = self.cfg, info.metrics
         self.progress.update(info.step, info.stage, info.seq_len, m["loss"], info.tokens_per_sec, info.mfu)
         if "fp8_saturation" in m and self.saturation.update(info.step, float(m["fp8_saturation"]),
@@ -161,13 +167,13 @@ class MetricsLog(Hook):
                                **{k: float(m[k]) for k in ("fp8_grad_underflow", "fp8_saturation") if k in m},
                                **{k: v for k, v in m.items() if k.startswith(TERM_PREFIX)}})  # a LossFn's own terms
 
-    def on_validation(self, loop, step: int, row: dict) -> None:
+    def on_validation(self, loop: Loop, step: int, row: dict) -> None:
         self.writer.write({"step": step, "tokens": loop.tokens, **row})
 
-    def on_loop_end(self, loop) -> None:
+    def on_loop_end(self, loop: Loop) -> None:
         self.progress.close()  # the progress line ends before the final validation's table
 
-    def on_save(self, loop, step: int) -> None:
+    def on_save(self, loop: Loop, step: int) -> None:
         self.writer.flush()  # TensorBoard loses nothing a checkpoint covers
 
     def close(self) -> None:
@@ -181,22 +187,22 @@ class Profiler(Hook):
     written, one line says where and the commands that open it (`monitor.profile_viewers`). Steps that end
     before the trace's last step (a stop, a shorter run) still write what was traced."""
 
-    def __init__(self, cfg, run_dir: str):
+    def __init__(self, cfg: Config, run_dir: str) -> None:
         self.start, self.num, self.run_dir = cfg.profile.start_step, cfg.profile.num_steps, run_dir
         self.trace_dir = os.path.join(run_dir, PROFILE_DIR)
         self._first: int | None = None  # the first traced step while a trace runs
 
-    def before_step(self, loop, step: int) -> None:
+    def before_step(self, loop: Loop, step: int) -> None:
         if step == self.start:
             jax.profiler.start_trace(self.trace_dir)
             self._first = step
 
-    def after_step(self, loop, state, done: int) -> None:
+    def after_step(self, loop: Loop, state: TrainState, done: int) -> None:
         if self._first is not None and done == self.start + self.num:
             jax.block_until_ready(state)
             self._stop(done)
 
-    def on_loop_end(self, loop) -> None:
+    def on_loop_end(self, loop: Loop) -> None:
         if self._first is not None:  # the steps ended inside the trace: keep what it holds
             self._stop(None)
 
@@ -222,16 +228,16 @@ class SignalStop(Hook):
     (`interrupt`); with several, those run to their end (their collectives need every process), and the stop is
     agreed at a step."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.guard = SignalGuard()
         self._on = False
 
-    def on_start(self, loop, state, step: int) -> None:
+    def on_start(self, loop: Loop, state: TrainState, step: int) -> None:
         if not self._on:  # once: a validation before the steps (`loop._run`) may have taken the guard already
             self.guard.__enter__()
             self._on = True
 
-    def stop_reason(self, loop, done: int) -> str | None:
+    def stop_reason(self, loop: Loop, done: int) -> str | None:
         if not stop_requested(self.guard, done):
             return None
         return self.guard.signal_name or "a signal to another process"
@@ -240,7 +246,7 @@ class SignalStop(Hook):
     def signal_name(self) -> str | None:
         return self.guard.signal_name
 
-    def interrupt(self, loop) -> str | None:
+    def interrupt(self, loop: Loop) -> str | None:
         if jax.process_count() > 1 or not self.guard.requested:
             return None
         return self.guard.signal_name

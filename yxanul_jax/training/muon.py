@@ -17,6 +17,8 @@ differently; tests/test_muon.py).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -45,7 +47,7 @@ def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int) -> j
     return jax.vmap(one)(x_BxMxN)
 
 
-def orthogonalize_by_shape(tree, coeffs: jax.Array, steps: int = MUON_NS_STEPS):
+def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_STEPS) -> Any:  # a pytree of 2-D+ arrays
     """Each leaf's last two axes orthogonalized (its leading axes, a scanned stack's layers, are a batch), one
     batched Newton-Schulz chain per (rows, columns, dtype) over all the leaves."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)

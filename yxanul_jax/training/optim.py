@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from yxanul_jax.core.config import Config, from_saved
+from yxanul_jax.core.config import Config, OptimConfig, from_saved
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model.transformer import stacked_axes
 from yxanul_jax.training.muon import scale_by_muon
@@ -54,7 +55,7 @@ def wsd_decay_start(cfg: Config, start: int = 0) -> float:
     return max(total - cfg.optim.decay_fraction * total, start)
 
 
-def base_schedule(cfg: Config):
+def base_schedule(cfg: Config) -> optax.Schedule:
     """lr(step) before stage scaling: linear warmup, then the configured decay; from `optim.continue_from`
     on, the continuation `optim.continue_as` (see the module's docstring)."""
     o, total = cfg.optim, cfg.train.steps
@@ -83,7 +84,7 @@ def base_schedule(cfg: Config):
     return schedule
 
 
-def continuation_lr(o) -> float:
+def continuation_lr(o: OptimConfig) -> float:
     """The rate a `decay` continuation starts from (`optim.continue_lr`), scaled as optim.lr has been since it was
     recorded (`optim.continue_peak`)."""
     return o.continue_lr * (o.peak_lr / o.continue_peak if o.continue_peak else 1.0)
@@ -126,7 +127,7 @@ def continued(cfg: Config, saved: dict | None, step: int) -> Config:
     return dataclasses.replace(cfg, optim=optim)
 
 
-def stage_scale(cfg: Config):
+def stage_scale(cfg: Config) -> optax.Schedule:
     """lr multiplier of the stage active at `step` (with its optional per-stage warmup ramp)."""
     starts = jnp.array([s.start_step for s in cfg.curriculum], jnp.float32)
     scales = jnp.array([s.lr_scale for s in cfg.curriculum], jnp.float32)
@@ -141,12 +142,12 @@ def stage_scale(cfg: Config):
     return scale
 
 
-def lr_schedule(cfg: Config):
+def lr_schedule(cfg: Config) -> optax.Schedule:
     base, scale = base_schedule(cfg), stage_scale(cfg)
     return lambda step: base(step) * scale(step)
 
 
-def decay_mask(params):
+def decay_mask(params: Any) -> Any:  # a pytree of arrays -> the same tree with a bool per leaf
     """Weight decay on matrices only (two or more axes besides a scanned stack's layer axis): never on norm scales,
     which the scanned layers stack to [n_layers, D]."""
     return jax.tree_util.tree_map_with_path(lambda path, p: p.ndim - stacked_axes(path) >= 2, params)
@@ -155,7 +156,7 @@ def decay_mask(params):
 MUON_MODULES = ("attn", "mlp")  # the blocks' projections: q, k, v, o, gate, up, down (TE's fused names too)
 
 
-def muon_labels(params):
+def muon_labels(params: Any) -> Any:  # a pytree of arrays -> the same tree with "muon" or "adamw" per leaf
     """"muon" for every kernel of the blocks' attention and FFN, "adamw" for the rest."""
     def label(path, leaf):
         names = [str(getattr(k, "key", k)) for k in path]
@@ -172,8 +173,8 @@ def width_scale(update: jax.Array) -> jax.Array:
     return update * math.sqrt(max(1.0, update.shape[-1] / update.shape[-2]))
 
 
-def decayed_weights(weight_decay: float, mask=None, cautious: bool = False,
-                    scale=None) -> optax.GradientTransformation:
+def decayed_weights(weight_decay: float, mask: Callable[[Any], Any] | None = None, cautious: bool = False,
+                    scale: Callable[[jax.Array], jax.Array] | None = None) -> optax.GradientTransformation:
     """Decoupled weight decay (added before the learning rate scales the update, as optax's AdamW does);
     `cautious`: only where the update and the weight agree in sign (the decay then never works against
     the step). `mask(params)`: which leaves decay. `scale(update)`: applied to each update first (Muon's
@@ -217,7 +218,7 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
     return optax.partition({"muon": muon, "adamw": _adamw(cfg, schedule)}, muon_labels)
 
 
-def clip_by_global_norm(grads, max_norm: float):
+def clip_by_global_norm(grads: Any, max_norm: float) -> tuple[Any, jax.Array]:  # grads: a pytree of arrays
     """(clipped grads, pre-clip global norm); max_norm <= 0 disables clipping."""
     norm = optax.tree.norm(grads)
     if max_norm <= 0:
