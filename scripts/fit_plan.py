@@ -3,13 +3,15 @@
     # 1. compile a set of variants and record XLA's peak (CPU, or an H100 with no GPU: gpu-check venv)
     .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --out fit_gpu.jsonl
     python scripts/fit_plan.py collect --out fit_cpu.jsonl
+    .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --only n_layers=8 --out more.jsonl  # a few
     # 2. fit the coefficients of one platform and print them with the per-row errors (needs scipy)
     python scripts/fit_plan.py fit fit_gpu.jsonl --platform gpu
 
-Each variant is compiled exactly as training compiles it (`stages.compile_stage`: abstract shapes,
-donated state); the peak is arguments + outputs - aliased + temporaries. The fit minimizes a robust
-(soft-L1) loss of the relative error of `memory.estimate_stage` over all rows, starting from the
-platform's current coefficients. Prints a table and, last, one JSON line with the coefficients.
+The last sm_90 collection (53 rows, 2026-11-29, jax 0.10.2, 2-core CPU box, ~25 minutes; the rows are
+docs/bench/fit_plan_sm90_2026-11-29.jsonl) set `memory.GPU_CALIBRATION`. Each variant is compiled exactly
+as training compiles it (`stages.compile_stage`: abstract shapes, donated state); the peak is arguments +
+outputs - aliased + temporaries. The fit minimizes a robust (soft-L1) loss of the relative error of
+`memory.estimate_stage` over all rows, starting from the platform's current coefficients. Prints a table and, last, one JSON line with the coefficients.
 """
 from __future__ import annotations
 
@@ -38,6 +40,25 @@ VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, a
     ("configs/yxanul_197m.yaml", [0, 9], ["model.scan_unroll=1", "model.remat=none"]),
     ("configs/yxanul_197m_baseline.yaml", [0], []),
     ("configs/yxanul_270m.yaml", [0, 2, 5], []),
+    # the configs' own path: the layers without a loop (scan_unroll = n_layers), every policy `auto` offers there
+    # (none whole and split, attention, full), at 8, 14 and 28 layers so that per-layer and fixed terms separate
+    ("configs/yxanul_197m.yaml", [0, 4, 9], []),
+    ("configs/yxanul_197m.yaml", [0, 9], ["model.remat=full"]),
+    ("configs/yxanul_197m.yaml", [9], ["model.remat=attention"]),
+    ("configs/yxanul_197m.yaml", [9], ["model.remat=none", "train.micro_split=4"]),
+    ("configs/yxanul_197m.yaml", [0, 9], ["fp8.enabled=false"]),
+    ("configs/yxanul_197m.yaml", [0, 9], ["model.n_layers=8", "model.scan_unroll=8", "model.remat=full"]),
+    ("configs/yxanul_197m.yaml", [0], ["model.n_layers=8", "model.scan_unroll=8"]),
+    ("configs/yxanul_197m.yaml", [0], ["model.n_layers=8", "model.scan_unroll=8", "fp8.enabled=false"]),
+    ("configs/yxanul_197m.yaml", [9], ["model.n_layers=8", "model.scan_unroll=8", "model.remat=none",
+                                       "train.micro_split=2"]),
+    ("configs/yxanul_197m.yaml", [9], ["model.n_layers=8", "model.scan_unroll=8", "model.remat=attention"]),
+    ("configs/yxanul_197m.yaml", [0, 9], ["model.n_layers=14", "model.scan_unroll=14", "model.remat=full"]),
+    ("configs/yxanul_197m.yaml", [0], ["model.n_layers=14", "model.scan_unroll=14", "model.remat=none"]),
+    # large micro-batches under `full` (the planner's max_batch_size searches there)
+    ("configs/yxanul_197m.yaml", [9], ["model.scan_unroll=1", "model.remat=full", "curriculum.9.batch_size=256"]),
+    ("configs/yxanul_197m.yaml", [9], ["model.remat=full", "curriculum.9.batch_size=192"]),
+    ("configs/yxanul_270m.yaml", [0, 5], ["model.remat=full"]),
 ]
 
 
@@ -57,6 +78,8 @@ def collect(args) -> None:
     platform = "gpu" if device is not None else jax.devices()[0].platform
     with open(args.out, "w", encoding="utf-8") as fh:
         for path, stages, overrides in VARIANTS:
+            if args.only and not any(m in " ".join([path, *overrides]) for m in args.only):
+                continue
             cfg = load_config(path, overrides)
             for i in stages:
                 start = time.perf_counter()
@@ -121,6 +144,8 @@ def main() -> None:
     c = sub.add_parser("collect", help="compile the variants and record XLA's peak")
     c.add_argument("--target", default=None, help="h100 / h200: compile for that GPU (gpu-check venv)")
     c.add_argument("--out", required=True)
+    c.add_argument("--only", action="append", default=[], metavar="TEXT",
+                   help="only the variants whose config path or overrides contain TEXT (repeatable)")
     f = sub.add_parser("fit", help="fit the coefficients to recorded rows")
     f.add_argument("rows")
     f.add_argument("--platform", choices=["gpu", "cpu"], required=True)

@@ -69,9 +69,10 @@ largest error 9.5 % over 10 curriculum stages, 5 of them not in the fit). Two pl
   times its residuals; and remat saves nothing for unrolled layers (`scan_layers: false`, or
   `scan_unroll` = n_layers): XLA CPU schedules the recomputation early, so remat there costs what none
   costs (measured).
-* `gpu` (the default for planning) uses model.dtype for a and the residual stream and honors remat
-  for unrolled layers; every fitted coefficient is the CPU one. It has not been checked against a
-  GPU compile: scripts/check_plan.py on a GPU machine compares it with XLA's GPU memory analysis.
+* `gpu` (the default for planning) uses model.dtype for a and the residual stream, honors remat
+  for unrolled layers, and has coefficients of its own (`GPU_CALIBRATION`), fitted to XLA's sm_90
+  memory analysis of deviceless H100 compiles (`scripts/fit_plan.py collect --target h100`);
+  `scripts/check_plan.py --target h100` compares it with fresh ones (docs/MEMORY.md).
 
 Attention: XLA's attention materializes the H x L x L scores: the H L terms above, quadratic in the
 sequence length. On the `gpu` platform `model.attention: cudnn`, and `auto` for BF16 with head_dim
@@ -140,22 +141,17 @@ CALIBRATION = Calibration()
 # loss_multi, loss_single refitted alone (the others held) to the 31 CPU compiles of scripts/fit_plan.py after the
 # chunked loss began to keep the head GEMM's dtype (2026-11-27, jax 0.10.2): RMS error 16.9 % (17.0 % before on the
 # same set; its largest, 74 %, is yxanul-197m stage 9 without remat, as before).
-# Fitted to XLA's sm_90 memory analysis: 29 deviceless H100 compiles of tiny, pythia-70m-capped,
-# yxanul-197m and -270m variants (scripts/fit_plan.py, jax 0.10.2, 2026-11-21; largest error 18 %,
-# RMS 6 %; docs/MEMORY.md). XLA's GPU fusions keep almost none of the RMSNorms' float32 copies and 1.875 a F
-# of the SwiGLU's (fitted as 3/8 of autodiff's 5 a F; mlp_keep rescaled to the 2 a F `swiglu` keeps,
-# 2026-11-26), and recompute a rematerialized layer piece by piece.
-GPU_CALIBRATION = Calibration(g_loss=0.516, g_layer=0.07, g_accum=2.643, embed=0.328, t_D=0.825, t_F=0.917,
-                              t_S=1.262, t_h=9.684, loss_multi=0.859, loss_single=0.954, norm_keep=0.015,
-                              mlp_keep=0.9375, recompute=0.111, swiglu_f32=0.0, fp8_norm_keep=0.5)
-# fp8_norm_keep: set by hand to 0.5 from 9 sm_90 compiles of yxanul-197m with fp8.wgrad=fp8 and unrolled layers
-# (2026-11-27, jax 0.10.2): with no a D per norm the planner was exact at 8 layers and 10.7 % under XLA at 28 (stage
-# 9, none/2); with the whole a D, 13.4 % over at 8 and 3.7 % over at 28. XLA keeps more per layer the more layers it
-# schedules; half of it puts both within 7 %.
-# loss_multi, loss_single: refitted alone (the other coefficients held) to 31 sm_90 compiles of the same set after the
-# chunked loss began to keep its logits and their gradient in the head GEMM's dtype (`loss.cross_entropy_sums`;
-# 2026-11-27, jax 0.10.2): per byte of it, 5.901 and 5.644 bytes per logit before; largest error 18.2 % (tiny without
-# FP8, as before), RMS 6.2 %.
+# Fitted to XLA's sm_90 memory analysis: 53 deviceless H100 compiles (scripts/fit_plan.py, jax 0.10.2, 2026-11-29) of
+# tiny, pythia-70m-capped, yxanul-197m and -270m variants: remat none/dots/attention/full, FP8 on/off/head,
+# bfloat16/float32, untied head, accumulation, a wider tiny, the 197m's layers in a loop and (as its config runs them)
+# without one at 8, 14 and 28 layers, `none` whole and in 2 or 4 pieces, and `full` at up to 524,288 tokens a
+# micro-batch. Largest error 12.7 % (tiny without FP8; before this fit 19.2 %), RMS 4.4 %; the 197m and 270m rows
+# within 7.6 % (before: 16.2 %, an 8-layer cut under `full`, whose fixed terms the older fit, with 28 layers only,
+# had taken for per-layer ones; docs/MEMORY.md). XLA's GPU fusions keep almost none of the RMSNorms' float32 copies
+# and about 0.8 of the SwiGLU's 2 a F, and recompute a rematerialized layer piece by piece.
+GPU_CALIBRATION = Calibration(g_loss=0.512, g_layer=0.118, g_accum=2.226, embed=0.239, t_D=0.495, t_F=0.536,
+                              t_S=5.556, t_h=7.945, loss_multi=0.768, loss_single=1.193, norm_keep=0.014,
+                              mlp_keep=0.819, recompute=0.129, swiglu_f32=0.063, fp8_norm_keep=1.045)
 
 
 # --------------------------------------------------------------------------------------------
