@@ -11,15 +11,14 @@ On a GPU the head and the loss run instead as fused kernels that never write log
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 import numpy as np
 
-if TYPE_CHECKING:
-    from yxanul_jax.core.config import FP8Config, ModelConfig
+from yxanul_jax.core.config import FP8Config, ModelConfig
 
 
 LSE_NAME = "chunk_lse"  # each chunk's logsumexp, kept for its backward (`chunked_cross_entropy`)

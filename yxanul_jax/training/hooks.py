@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING
 import jax
 
 from yxanul_jax.core import console
+from yxanul_jax.core.config import Config
 from yxanul_jax.core.rundir import PROFILE_DIR, TERM_PREFIX
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.training.monitor import MetricsWriter, Progress, profile_viewers
 from yxanul_jax.training.preemption import SignalGuard, stop_requested
+from yxanul_jax.training.steps import TrainState
 
-if TYPE_CHECKING:  # for the hints only: training.loop imports this module
-    from yxanul_jax.core.config import Config
+if TYPE_CHECKING:  # for the hints only: training.loop imports this module (get_type_hints: localns={"Loop": Loop})
     from yxanul_jax.training.loop import Loop
-    from yxanul_jax.training.steps import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
