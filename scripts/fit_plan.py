@@ -3,15 +3,18 @@
     # 1. compile a set of variants and record XLA's peak (CPU, or an H100 with no GPU: gpu-check venv)
     .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --out fit_gpu.jsonl
     python scripts/fit_plan.py collect --out fit_cpu.jsonl
-    .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --only n_layers=8 --out more.jsonl  # a few
+    .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --only model.n_layers=8 --out more.jsonl  # some
     # 2. fit the coefficients of one platform and print them with the per-row errors (needs scipy)
     python scripts/fit_plan.py fit fit_gpu.jsonl --platform gpu
 
-The last sm_90 collection (53 rows, 2026-11-29, jax 0.10.2, 2-core CPU box, ~25 minutes; the rows are
-docs/bench/fit_plan_sm90_2026-11-29.jsonl) set `memory.GPU_CALIBRATION`. Each variant is compiled exactly
-as training compiles it (`stages.compile_stage`: abstract shapes, donated state); the peak is arguments +
-outputs - aliased + temporaries. The fit minimizes a robust (soft-L1) loss of the relative error of
-`memory.estimate_stage` over all rows, starting from the platform's current coefficients. Prints a table and, last, one JSON line with the coefficients.
+The last sm_90 collection (61 rows, 2026-11-29, jax 0.10.2, 2-core CPU box, ~30 minutes; the rows are
+docs/bench/fit_plan_sm90_2026-11-29.jsonl) set `memory.GPU_CALIBRATION`: `fit` of those rows with `--start
+docs/bench/fit_plan_sm90_start_2026-11-29.json` gives it (a fit is local: from other coefficients it can end
+elsewhere with similar errors). Each variant is compiled exactly as training compiles it
+(`stages.compile_stage`: abstract shapes, donated state); the peak is arguments + outputs - aliased +
+temporaries. The fit minimizes a robust (soft-L1) loss of the relative error of `memory.estimate_stage`
+over all rows, starting from the platform's current coefficients (or `--start`). Prints a table and, last,
+one JSON line with the coefficients.
 """
 from __future__ import annotations
 
@@ -59,7 +62,30 @@ VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, a
     ("configs/yxanul_197m.yaml", [9], ["model.scan_unroll=1", "model.remat=full", "curriculum.9.batch_size=256"]),
     ("configs/yxanul_197m.yaml", [9], ["model.remat=full", "curriculum.9.batch_size=192"]),
     ("configs/yxanul_270m.yaml", [0, 5], ["model.remat=full"]),
+    # XLA's attention (its H x L x L scores: Calibration.t_S) at 128 and 2,048 tokens, in a loop and without one
+    ("configs/yxanul_197m.yaml", [4, 9], ["model.scan_unroll=1", "model.remat=full", "model.attention=xla"]),
+    ("configs/yxanul_197m.yaml", [4, 9], ["model.n_layers=8", "model.scan_unroll=8", "model.remat=full",
+                                          "model.attention=xla"]),
+    # small micro-batches of narrow models, where the state outweighs the activations: `plan --gpu gtx1650`'s
+    # suggestions for the 197m (28 x 576 and 28 x 640, small loss chunks, accumulation)
+    ("configs/yxanul_197m.yaml", [0, 7], ["model.d_model=576", "model.ffn_dim=1536", "model.n_heads=9",
+                                          "model.n_kv_heads=1", "model.embed_rank=96", "train.loss_chunk=256",
+                                          "model.remat=full", "curriculum.0.batch_size=1024",
+                                          "curriculum.0.grad_accum_steps=8", "curriculum.7.batch_size=8",
+                                          "curriculum.7.grad_accum_steps=32"]),
+    ("configs/yxanul_197m.yaml", [7], ["model.d_model=576", "model.ffn_dim=1536", "model.n_heads=9",
+                                       "model.n_kv_heads=1", "model.embed_rank=96", "train.loss_chunk=256",
+                                       "model.remat=attention", "curriculum.7.batch_size=8",
+                                       "curriculum.7.grad_accum_steps=32"]),
+    ("configs/yxanul_197m.yaml", [1], ["model.d_model=640", "model.ffn_dim=1728", "model.n_heads=10",
+                                       "model.embed_rank=112", "train.loss_chunk=256", "model.remat=full",
+                                       "curriculum.1.batch_size=128", "curriculum.1.grad_accum_steps=64"]),
 ]
+
+
+def selected(only: list[str]) -> list[tuple[str, list[int], list[str]]]:
+    """The variants holding every token of `only` (a config path, or one of its overrides, exactly)."""
+    return [v for v in VARIANTS if all(t == v[0] or t in v[2] for t in only)]
 
 
 def collect(args) -> None:
@@ -71,15 +97,17 @@ def collect(args) -> None:
     from yxanul_jax.core.config import load_config
     from yxanul_jax.training.stages import compile_stage, compiled_memory
 
+    variants = selected(args.only)
+    if not variants:
+        raise SystemExit(f"no variant holds all of {args.only}: give a config path or an override exactly as "
+                         "VARIANTS lists it")
     device = None
     if args.target:
         from yxanul_jax.analysis.gpu_target import compile_device
         device = compile_device(args.target)
     platform = "gpu" if device is not None else jax.devices()[0].platform
     with open(args.out, "w", encoding="utf-8") as fh:
-        for path, stages, overrides in VARIANTS:
-            if args.only and not any(m in " ".join([path, *overrides]) for m in args.only):
-                continue
+        for path, stages, overrides in variants:
             cfg = load_config(path, overrides)
             for i in stages:
                 start = time.perf_counter()
@@ -115,6 +143,10 @@ def fit(args) -> None:
 
     rows = _load(args.rows)
     base = memory.GPU_CALIBRATION if args.platform == "gpu" else memory.CALIBRATION
+    if args.start:  # a fit is local: the same rows from other coefficients can end elsewhere
+        with open(args.start, encoding="utf-8") as fh:
+            start = json.load(fh)
+        base = dataclasses.replace(base, **start.get("calibration", start))
     names = [f.name for f in dataclasses.fields(base) if f.name not in args.fixed]
 
     def errors(x):
@@ -132,8 +164,9 @@ def fit(args) -> None:
     for (r, _), b, a in zip(rows, before, after):
         print(f"{r['config'].split('/')[-1]:<34}{r['stage']:>6} {' '.join(r['overrides'])[:60]:<60}"
               f"{r['peak_bytes'] / 1e9:>9.3f}{100 * b:>+8.1f}%{100 * a:>+8.1f}%")
-    print(f"largest |error| before {100 * np.abs(before).max():.1f} %, after {100 * np.abs(after).max():.1f} % "
-          f"(RMS {100 * np.sqrt(np.mean(after ** 2)):.1f} %) over {len(rows)} rows")
+    rms = lambda e: 100 * np.sqrt(np.mean(e ** 2))  # noqa: E731
+    print(f"largest |error| before {100 * np.abs(before).max():.1f} % (RMS {rms(before):.1f} %), after "
+          f"{100 * np.abs(after).max():.1f} % (RMS {rms(after):.1f} %) over {len(rows)} rows")
     print(json.dumps({"platform": args.platform, "calibration": dataclasses.asdict(fitted),
                       "max_abs_error": round(float(np.abs(after).max()), 4)}))
 
@@ -144,12 +177,15 @@ def main() -> None:
     c = sub.add_parser("collect", help="compile the variants and record XLA's peak")
     c.add_argument("--target", default=None, help="h100 / h200: compile for that GPU (gpu-check venv)")
     c.add_argument("--out", required=True)
-    c.add_argument("--only", action="append", default=[], metavar="TEXT",
-                   help="only the variants whose config path or overrides contain TEXT (repeatable)")
+    c.add_argument("--only", action="append", default=[], metavar="TOKEN",
+                   help="only the variants with this config path or this override, exactly (repeatable: all of them)")
     f = sub.add_parser("fit", help="fit the coefficients to recorded rows")
     f.add_argument("rows")
     f.add_argument("--platform", choices=["gpu", "cpu"], required=True)
     f.add_argument("--fixed", action="append", default=["cpu_scan_none"], help="coefficients kept as they are")
+    f.add_argument("--start", default=None, metavar="JSON",
+                   help="coefficients to start from (a fit's last line, or a {name: value} object; default: the "
+                        "platform's current ones)")
     args = p.parse_args()
     collect(args) if args.cmd == "collect" else fit(args)
 

@@ -310,7 +310,7 @@ def test_unrolled_layers_compile_without_a_loop_and_save_everything_on_an_h100(f
     # BF16 46.9 and 46.1). `full` still recomputes each layer: without remat's CSE barrier XLA merged the
     # recomputed forward GEMMs into the first ones on sm_90 (stage 9 `attention` took 59 GB). `full` at 8 layers was
     # planned 10.5 % over XLA's 3.50 GB until the planner's refit with 8, 14 and 28 layers (memory.GPU_CALIBRATION,
-    # 2026-11-29: +1.9 %; 28 layers -3.4 %)
+    # 2026-11-29: +2.1 %; 28 layers -0.2 %, a fit row: docs/bench/fit_plan_sm90_2026-11-29.jsonl)
     hlo_path = tmp_path / "step.hlo"
     r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "0", f"model.n_layers={n}",
                      f"model.scan_unroll={n}", f"model.remat={remat}",

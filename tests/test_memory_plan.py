@@ -158,9 +158,9 @@ def test_auto_splits_the_micro_batch_where_that_lets_none_fit(monkeypatch):
     cfg = load_config(Y197)
     s9 = cfg.curriculum[9]
     none = {k: memory.estimate_stage(cfg, s9, remat="none", split=k)["bytes_total"] for k in memory.AUTO_SPLITS}
-    # the activations are the micro-batch's: half of them in 2 pieces, a quarter in 4
+    # the activations are the micro-batch's: half of them in 2 pieces, a quarter in 4 (each rounded to a byte)
     acts = {k: memory.estimate_stage(cfg, s9, remat="none", split=k)["activations"] for k in memory.AUTO_SPLITS}
-    assert acts[2] == acts[1] // 2 and acts[4] == acts[1] // 4
+    assert abs(2 * acts[2] - acts[1]) <= 1 and abs(4 * acts[4] - acts[1]) <= 2
     assert memory.stage_choice(cfg, s9, none[1]) == ("none", 1)
     assert memory.stage_choice(cfg, s9, none[1] - 1) == ("none", 2)
     assert memory.stage_choice(cfg, s9, none[2] - 1) == ("none", 4)
@@ -269,12 +269,12 @@ def _check_suggestion_fits(cfg, gpu_name, tmp_path):
 def test_gtx1650_suggestion_for_yxanul_197m_plans_as_fitting(tmp_path):
     suggested = _check_suggestion_fits(load_config(Y197), "gtx1650", tmp_path)
     # it had to shrink the model, to the largest shape that fits: a narrower one (its embedding rank scaled with it to
-    # 112, which the fused loss does not take) on the chunked loss with a small chunk. Under AdamW (the config's
-    # optimizer before Muon's one momentum buffer) it was 28 x 576; before the chunked loss kept its logits in BF16
-    # (loss.cross_entropy_sums) that did not fit, and the suggestion was 14 x 768 on the fused loss
+    # 96, which the fused loss does not take) on the chunked loss with a small chunk. Before the planner's sm_90 refit
+    # (2026-11-29) it was 28 x 640, which XLA's sm_90 compile put at 2.91 GB against the 2.58 GB budget (docs/MEMORY.md);
+    # before the chunked loss kept its logits in BF16 (loss.cross_entropy_sums), 14 x 768 on the fused loss
     m = suggested.model
     assert suggested.optim.name == "muon"
-    assert (m.n_layers, m.d_model, m.head_width) == (28, 640, 112) and suggested.train.loss_chunk < 1024
+    assert (m.n_layers, m.d_model, m.head_width) == (28, 576, 96) and suggested.train.loss_chunk < 1024
 
 
 def test_gtx1650_suggestion_for_the_seeds_32k_vocab_model_plans_as_fitting(tmp_path):
