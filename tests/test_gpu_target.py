@@ -341,12 +341,14 @@ def test_a_split_micro_batch_compiles_as_planned_on_an_h100(tmp_path):
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10, (r["planner_bytes"], r["memory"])
 
 
-@pytest.mark.parametrize("remat", ["none", "dots"])
-def test_planner_within_10_percent_of_sm90_for_every_remat_policy(remat):
+@pytest.mark.parametrize("remat, attention", [("none", "auto"), ("dots", "auto"), ("full", "xla")])
+def test_planner_within_10_percent_of_sm90_for_every_remat_policy(remat, attention):
     # `full` is checked above at stage 0 and `attention` (what `auto` picks on an H100) at stage 9; the policies
-    # plan offers beside them, at the largest stage (a scanned layer without remat stacks every residual: 159 GB
-    # of XLA's peak, issue 25)
-    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "9", f"model.remat={remat}", LAYER_LOOP)
+    # plan offers beside them, at the largest stage (a scanned layer without remat stacks every residual: 112 GB
+    # of XLA's peak, issue 25). XLA's attention (a float32 model's on a GPU) at 2,048 tokens: its scores' working set,
+    # planned 54 % under XLA's 43.2 GB before the planner's refit of 2026-11-29 (-2.9 % after)
+    r = inspect_h100("--config", "configs/yxanul_197m.yaml", "--stage", "9", f"model.remat={remat}",
+                     f"model.attention={attention}", LAYER_LOOP)
     assert abs(r["planner_bytes"] / r["memory"]["peak_bytes"] - 1) < 0.10, (r["planner_bytes"], r["memory"])
 
 
