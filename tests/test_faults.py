@@ -288,7 +288,7 @@ def test_the_nan_advice_names_the_newest_checkpoint_whose_loss_was_finite_and_no
             in text)
     # Muon (the default): both rates named, the blocks' matrices step at muon_lr
     assert f"--checkpoint {directory / '4'} --run-dir NEW_DIR" in text
-    assert "a lower optim.muon_lr and optim.lr (now 0.005 and 0.012)" in text, text
+    assert "a lower optim.muon_lr and optim.lr (now 0.01 and 0.012)" in text, text
     e, text, _ = advice({2: (7.9, 7.8), 4: (7.4, 7.3)}, 7)  # the latest is good: resume the same run
     assert e.last_good_step == 4 and "run the same command again with a lower optim.muon_lr" in text
     adamw = load_config(None, ["optim.name=adamw"])  # AdamW: its one rate

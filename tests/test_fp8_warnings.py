@@ -88,7 +88,7 @@ def test_clipping_that_outlasts_the_history_is_reported_once_per_episode_with_fi
     # clipped projection (up) out of fp8.targets, a lower lr
     fixes = re.findall(r"\b(fp8\.\w+=(?:\[[^\]]*\]|\w+))", first)
     assert fixes == ["fp8.margin=3", "fp8.scaling=current", "fp8.targets=[q,k,v,o,gate,down]"], fixes
-    assert ", or a lower optim.muon_lr and optim.lr (now 0.005 and 0.012); the per-step" in first, first  # Muon's
+    assert ", or a lower optim.muon_lr and optim.lr (now 0.01 and 0.012); the per-step" in first, first  # Muon's
     assert "or or" not in first, first  # one "or" between fixes (there were two before each of the last two)
     fixed = validate(apply_overrides(Config(), fixes))
     assert fixed.fp8.margin == 3 and "up" not in fixed.fp8.targets
