@@ -398,8 +398,12 @@ def changes_note(diffs: list[tuple[str, Any, Any]]) -> str:
     writes (optim.continue_*) come after those a user sets."""
     diffs = sorted(diffs, key=lambda d: d[0].startswith("optim.continue_"))
     shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
+    # a changed default moves a resumed run silently unless it is said how to keep the saved value
+    keep = next((f"{k}={'null' if was is None else was}" for k, was, _ in diffs if not k.startswith("optim.continue_")),
+                None)
     return (f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
-            f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})")
+            f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})"
+            + (f"; to keep a saved value, pass it: {keep}" if keep else ""))
 
 
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
