@@ -43,8 +43,9 @@ VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, a
     ("configs/yxanul_197m.yaml", [0, 9], ["model.scan_unroll=1", "model.remat=none"]),
     ("configs/yxanul_197m_baseline.yaml", [0], []),
     ("configs/yxanul_270m.yaml", [0, 2, 5], []),
-    # the configs' own path: the layers without a loop (scan_unroll = n_layers), every policy `auto` offers there
-    # (none whole and split, attention, full), at 8, 14 and 28 layers so that per-layer and fixed terms separate
+    # the configs' own path: the layers without a loop (scan_unroll = n_layers), the policies `auto` offers there
+    # (none whole and split, attention, full; not each at every depth), at 8, 14 and 28 layers so that per-layer and
+    # fixed terms separate
     ("configs/yxanul_197m.yaml", [0, 4, 9], []),
     ("configs/yxanul_197m.yaml", [0, 9], ["model.remat=full"]),
     ("configs/yxanul_197m.yaml", [9], ["model.remat=attention"]),

@@ -147,7 +147,8 @@ CALIBRATION = Calibration()
 # 197m's layers in a loop and (as its config runs them) without one at 8, 14 and 28 layers, `none` whole and split,
 # cuDNN's, XLA's and short attention from 8 to 2,048 tokens, `full` up to 524,288 tokens a micro-batch, and the
 # narrow models `plan --gpu gtx1650` suggests. Largest error 10.1 % (an 8-layer cut with XLA's attention at 128
-# tokens), RMS 4.1 %; the configs' own path (cuDNN attention, no loop) within 5 %. The coefficients before (fitted
+# tokens), RMS 4.1 %; the configs' own path (cuDNN attention, no loop) within 7.3 % (the 270m's stage 0, over; the
+# 197m's within 5.4 %). The coefficients before (fitted
 # 2026-11-21 to 29 compiles of 28-layer models with cuDNN's attention) planned XLA's attention at 2,048 tokens 54-59 %
 # under XLA and an 8-layer cut 10-16 % over (docs/MEMORY.md). They are a fit, not a measurement each: the data
 # identifies them poorly (another fit from another start lands elsewhere with similar errors), so trust the errors

@@ -377,8 +377,9 @@ class OptimConfig:
     """Adam epsilon."""
     muon_lr: float = field(default=0.01, metadata=RESUME)
     """`muon` only: peak learning rate of the Muon group (same warmup, decay and stage scaling as `lr`). The
-    default is the demo's best at its `optim.lr` (0.012): 0.01 against 0.005 on five seeds, lower on every one
-    (paired -0.026 +- 0.010 nats; 4.088 +- 0.036 against 4.114 +- 0.043; docs/QUALITY.md, 2026-11-29). A sweep on
+    default has the lowest mean of 0.0025/0.005/0.01 at the demo's `optim.lr` (0.012): against 0.005 on five seeds
+    4.088 +- 0.036 and 4.114 +- 0.043, no effect detected by the seed spread, but lower on every seed (paired
+    -0.026 +- 0.010 nats; docs/QUALITY.md, 2026-11-29). A sweep on
     seed 0 with `optim.lr` at 0.003 had put 0.005 first (0.0025: 4.279, 0.005: 4.187, 0.01: 4.198, 0.02: 4.295,
     0.04: 4.468; 2026-11-28). The yxanul configs set 0.02, the 8k study's."""
     muon_momentum: float = 0.95
