@@ -148,11 +148,11 @@ CALIBRATION = Calibration()
 # cuDNN's, XLA's and short attention from 8 to 2,048 tokens, `full` up to 524,288 tokens a micro-batch, and the
 # narrow models `plan --gpu gtx1650` suggests. Largest error 10.1 % (an 8-layer cut with XLA's attention at 128
 # tokens), RMS 4.1 %; the configs' own path (cuDNN attention, no loop) within 7.3 % (the 270m's stage 0, over; the
-# 197m's within 5.4 %). The coefficients before (fitted
-# 2026-11-21 to 29 compiles of 28-layer models with cuDNN's attention) planned XLA's attention at 2,048 tokens 54-59 %
-# under XLA and an 8-layer cut 10-16 % over (docs/MEMORY.md). They are a fit, not a measurement each: the data
-# identifies them poorly (another fit from another start lands elsewhere with similar errors), so trust the errors
-# over the rows, not one coefficient's value as "the share XLA keeps".
+# 197m's within 5.4 %). The coefficients before (fitted 2026-11-21 to 29 compiles whose 197m and 270m rows all had
+# 28 layers and cuDNN's attention) planned XLA's attention at 2,048 tokens 54-59 % under XLA and an 8-layer cut 10-16 %
+# over (docs/MEMORY.md). They are a fit, not a measurement each: the data identifies them poorly (fitting again from
+# them lands elsewhere with similar errors), so trust the errors over the rows, not one coefficient's value as "the
+# share XLA keeps".
 GPU_CALIBRATION = Calibration(g_loss=0.637, g_layer=0.831, g_accum=1.868, embed=0.187, t_D=0.466, t_F=0.462,
                               t_S=5.687, t_h=6.187, loss_multi=1.146, loss_single=1.2, norm_keep=0.018,
                               mlp_keep=0.802, recompute=0.345, swiglu_f32=0.033, fp8_norm_keep=1.142)
