@@ -3,7 +3,7 @@
     # 1. compile a set of variants and record XLA's peak (CPU, or an H100 with no GPU: gpu-check venv)
     .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --out fit_gpu.jsonl
     python scripts/fit_plan.py collect --out fit_cpu.jsonl
-    .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --only model.n_layers=8 --out more.jsonl  # some
+    .venv-gpu-check/bin/python scripts/fit_plan.py collect --target h100 --only model.n_layers=8 --out more.jsonl
     # 2. fit the coefficients of one platform and print them with the per-row errors (needs scipy)
     python scripts/fit_plan.py fit fit_gpu.jsonl --platform gpu
 
@@ -23,6 +23,9 @@ import dataclasses
 import json
 import time
 
+NARROW_576 = ["model.d_model=576", "model.ffn_dim=1536", "model.n_heads=9", "model.n_kv_heads=1",
+              "model.embed_rank=96", "train.loss_chunk=256"]  # the GTX 1650 suggestion's model (2026-11-29)
+NARROW_576_S7 = ["curriculum.7.batch_size=8", "curriculum.7.grad_accum_steps=32"]  # ... and its stage 7
 VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, accumulation, loss chunks
     ("configs/tiny.yaml", [0, 1], []),
     ("configs/tiny.yaml", [0, 1], ["model.remat=full"]),
@@ -69,15 +72,9 @@ VARIANTS = [  # (config, stages, overrides): shapes, remat, FP8, dtype, heads, a
                                           "model.attention=xla"]),
     # small micro-batches of narrow models, where the state outweighs the activations: `plan --gpu gtx1650`'s
     # suggestions for the 197m (28 x 576 and 28 x 640, small loss chunks, accumulation)
-    ("configs/yxanul_197m.yaml", [0, 7], ["model.d_model=576", "model.ffn_dim=1536", "model.n_heads=9",
-                                          "model.n_kv_heads=1", "model.embed_rank=96", "train.loss_chunk=256",
-                                          "model.remat=full", "curriculum.0.batch_size=1024",
-                                          "curriculum.0.grad_accum_steps=8", "curriculum.7.batch_size=8",
-                                          "curriculum.7.grad_accum_steps=32"]),
-    ("configs/yxanul_197m.yaml", [7], ["model.d_model=576", "model.ffn_dim=1536", "model.n_heads=9",
-                                       "model.n_kv_heads=1", "model.embed_rank=96", "train.loss_chunk=256",
-                                       "model.remat=attention", "curriculum.7.batch_size=8",
-                                       "curriculum.7.grad_accum_steps=32"]),
+    ("configs/yxanul_197m.yaml", [0, 7], [*NARROW_576, "model.remat=full", "curriculum.0.batch_size=1024",
+                                          "curriculum.0.grad_accum_steps=8", *NARROW_576_S7]),
+    ("configs/yxanul_197m.yaml", [7], [*NARROW_576, "model.remat=attention", *NARROW_576_S7]),
     ("configs/yxanul_197m.yaml", [1], ["model.d_model=640", "model.ffn_dim=1728", "model.n_heads=10",
                                        "model.embed_rank=112", "train.loss_chunk=256", "model.remat=full",
                                        "curriculum.1.batch_size=128", "curriculum.1.grad_accum_steps=64"]),

@@ -396,11 +396,11 @@ def changes_note(diffs: list[tuple[str, Any, Any]]) -> str:
     """The note that settings differing from a run's config.yaml (`differences`) are taken: said, not only recorded,
     since a default changed by an upgrade (optim.muon_lr, 2026-11-28) applies this way too. The keys the trainer
     writes (optim.continue_*) come after those a user sets."""
-    diffs = sorted(diffs, key=lambda d: d[0].startswith("optim.continue_"))
+    chosen = [d for d in diffs if not d[0].startswith("optim.continue_")]
+    diffs = chosen + [d for d in diffs if d not in chosen]
     shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
     # a changed default moves a resumed run silently unless it is said how to keep the saved value
-    keep = next((f"{k}={'null' if was is None else was}" for k, was, _ in diffs if not k.startswith("optim.continue_")),
-                None)
+    keep = f"{chosen[0][0]}={'null' if chosen[0][1] is None else chosen[0][1]}" if chosen else None
     return (f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
             f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})"
             + (f"; to keep a saved value, pass it: {keep}" if keep else ""))
