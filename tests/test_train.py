@@ -286,13 +286,17 @@ def test_a_run_with_split_micro_batches_trains_the_same_losses(tmp_path):
     losses, logs = {}, {}
     for k in (1, 2):
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):  # as in one log file
             train_fn(load_config(None, base + [f"train.micro_split={k}"]), str(tmp_path / f"split{k}"))
         losses[k], logs[k] = [r["loss"] for r in rows(str(tmp_path / f"split{k}"))], out.getvalue()
     assert len(losses[1]) == 8 and losses[1][-1] < losses[1][0]
     np.testing.assert_allclose(losses[2], losses[1], rtol=1e-5)
     assert "each micro-batch run as 2 of 4 rows (train.micro_split)" in logs[2] and "run as" not in logs[1]
     assert "stage 1 from step 6: seq_len 64 x batch 4 x accum 1, each micro-batch run as 2 of 2 rows" in logs[2]
+    # a stage's line comes after the last stage's final step line (the metrics are fetched a step late)
+    lines = logs[1].splitlines()
+    assert lines.index("stage 1 from step 6: seq_len 64 x batch 4 x accum 1 (full rows)") > next(
+        i for i, line in enumerate(lines) if line.startswith("step 6/8 | stage 0")), logs[1]
 
 
 def test_two_stage_curriculum_compiles_each_stage_once_and_keeps_data_position(tmp_path):

@@ -214,6 +214,7 @@ class Loop:
                 entering = si != stage_i or step == start_step
                 if entering:
                     stage_i = si
+                    self._flush()  # the last stage's final metrics line comes before this stage's line
                     self._enter_stage(si, step)
                 compiled = self._compiled(si, step, entering, start_step)
                 if compiled is None:  # stopped while waiting for a compile: `step` steps are done
