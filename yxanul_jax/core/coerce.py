@@ -16,14 +16,16 @@ import os
 import textwrap
 import types
 import typing
-from typing import Any, Iterator, Literal
+from typing import Any, Iterable, Iterator, Literal, TypeVar
 
 import yaml
 
 from yxanul_jax.core.errors import UserError, one_line
 
+T = TypeVar("T")
 
-def suggest(key: str, choices, prefix: str = "") -> str:
+
+def suggest(key: str, choices: Iterable[str], prefix: str = "") -> str:
     """A close match spelled as a full dotted key, else the list of valid keys."""
     close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.5)
     if close:
@@ -35,7 +37,7 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def type_name(tp) -> str:
+def type_name(tp: Any) -> str:
     """An annotation as a user reads it: `int`, `'a' | 'b'`, `list[str]` (a tuple), `dict[str, str]`."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
@@ -129,7 +131,7 @@ def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def from_dict(cls, data: dict, prefix: str = ""):
+def from_dict(cls: type[T], data: dict | None, prefix: str = "") -> T:
     """Build dataclass `cls` from a (sparse) dict; unknown keys and bad types raise UserError."""
     if data is None:
         data = {}
@@ -145,7 +147,7 @@ def from_dict(cls, data: dict, prefix: str = ""):
     return cls(**kwargs)
 
 
-def to_dict(obj) -> Any:
+def to_dict(obj: Any) -> Any:
     """Plain dict/list form of a dataclass tree (YAML- and JSON-safe)."""
     if dataclasses.is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
@@ -215,7 +217,7 @@ def _takes_mapping(tp) -> bool:
                                                  for a in typing.get_args(tp))
 
 
-def apply_overrides(obj, overrides: list[str]):
+def apply_overrides(obj: T, overrides: list[str]) -> T:
     """Apply `key.sub=value` strings in order to dataclass `obj` (values parsed as YAML scalars/lists)."""
     for item in overrides:
         if "=" not in item:
@@ -257,7 +259,7 @@ def field_docs(cls) -> dict[str, str]:
             and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
 
 
-def leaves(obj, base, prefix: str = "") -> Iterator[tuple[str, Any, Any, Any, str]]:
+def leaves(obj: Any, base: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any, Any, str]]:
     """(dotted key, annotation, value in `base`, value in `obj`, doc) of every key of dataclass `obj` that an
     override sets, in schema order; `base` is a reference of the same type (the defaults). A list of
     dataclasses is one leaf for the whole list (doc: the element's class docstring), then each entry's keys
@@ -277,7 +279,7 @@ def leaves(obj, base, prefix: str = "") -> Iterator[tuple[str, Any, Any, Any, st
             yield key, tp, default, value, docs.get(f.name, "")
 
 
-def to_yaml(obj) -> str:
+def to_yaml(obj: Any) -> str:
     """YAML text of a dataclass (its `to_dict`), fields in schema order."""
     return yaml.safe_dump(to_dict(obj), sort_keys=False)
 
@@ -307,7 +309,7 @@ class _UniqueKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(text):
+def load_yaml(text: str) -> Any:
     """`yaml.safe_load` of a config's text (a file, or an override's value), with keys given twice refused."""
     return yaml.load(text, Loader=_UniqueKeys)
 

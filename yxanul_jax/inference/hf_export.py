@@ -7,12 +7,13 @@ import os
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import check_new_output, staged_dir
 from yxanul_jax.inference import sampling
+from yxanul_jax.inference.trained import Trained
 from yxanul_jax.model.hf import hf_config, to_hf
 
 DTYPES = ("bfloat16", "float32")
 
 
-def export(trained, output: str, dtype: str = "bfloat16") -> dict:
+def export(trained: Trained, output: str, dtype: str = "bfloat16") -> dict:
     """Write the HF folder of a `trained.Trained` to `output` (atomically); returns a summary dict."""
     import jax.numpy as jnp
     from safetensors.flax import save_file

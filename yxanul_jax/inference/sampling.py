@@ -40,7 +40,7 @@ def describe(temperature: float = TEMPERATURE, top_k: int = TOP_K, top_p: float 
                       *([f"top-p {top_p:g}"] if top_p < 1 else [])])
 
 
-def filter_logits(logits_BxV, temperature: float, top_k: int, top_p: float):
+def filter_logits(logits_BxV: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
     """Logits scaled by 1/temperature with everything outside the top-k and the top-p mass at -inf. Each row's
     largest logit is subtracted first (the same distribution): a tiny temperature then leaves the top logit at 0 and
     the rest far below, nearly greedy, where dividing as they are overflowed every positive logit to +inf."""
@@ -61,7 +61,8 @@ def filter_logits(logits_BxV, temperature: float, top_k: int, top_p: float):
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p"))
-def sample(logits_BxV, key, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+def sample(logits_BxV: jax.Array, key: jax.Array, temperature: float = 0.0, top_k: int = 0,
+           top_p: float = 1.0) -> jax.Array:
     """Next token per row: argmax when temperature is 0, else a draw from the filtered distribution."""
     if temperature <= 0:
         return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)

@@ -48,13 +48,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from yxanul_jax.core import console, scopes
-from yxanul_jax.core.config import FP8_TARGETS, TRITON_GEMM_OPTION, triton_gemm_asked
+from yxanul_jax.core.config import FP8_TARGETS, TRITON_GEMM_OPTION, Config, FP8Config, ModelConfig, triton_gemm_asked
 from yxanul_jax.core.errors import UserError, one_line
 
 E4M3 = jnp.float8_e4m3fn
@@ -81,7 +81,7 @@ class Fp8Spec(NamedTuple):
     # reads the target from it); () for one GEMM in its own module's scope
 
 
-def fp8_max(dtype) -> float:
+def fp8_max(dtype: Any) -> float:
     return float(jnp.finfo(dtype).max)
 
 
@@ -90,7 +90,7 @@ def gemm_aligned(*dims: int) -> bool:
     return all(int(d) % GEMM_ALIGN == 0 for d in dims)
 
 
-def fused_aligned(model) -> bool:
+def fused_aligned(model: ModelConfig) -> bool:
     """Whether every GEMM of TE's fused layers (`fp8.te_layers`) has FP8-aligned shapes for this `ModelConfig`;
     when not, the blocks run unfused (each aligned projection still in FP8)."""
     K = model.resolved_head_dim
@@ -124,7 +124,7 @@ def _scale_of(amax: jax.Array, q_dtype, margin: int) -> jax.Array:
     return amax * (2.0 ** margin) / fp8_max(q_dtype)
 
 
-def update_meta(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec, underflow=None) -> dict:
+def update_meta(meta: dict, amax: jax.Array, q_dtype: Any, spec: Fp8Spec, underflow: jax.Array | None = None) -> dict:
     """Push `amax` into the history and compute the scale the *next* step will use.
 
     scale = max(history) * 2**margin / fp8_max (or the most recent amax). A non-finite amax (an
@@ -144,7 +144,7 @@ def update_meta(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec, underflow=N
             "underflow": jnp.zeros((), jnp.float32) if underflow is None else underflow.astype(jnp.float32)}
 
 
-def step_scale(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> jax.Array:
+def step_scale(meta: dict, amax: jax.Array, q_dtype: Any, spec: Fp8Spec) -> jax.Array:
     """The scale this step quantizes with. `delayed`: the state's (set at the end of the previous
     step; `amax` is not read, so its reduction can fuse with the cast). `current`: this tensor's
     own amax (the state's scale when that amax is zero or not finite)."""
@@ -154,14 +154,14 @@ def step_scale(meta: dict, amax: jax.Array, q_dtype, spec: Fp8Spec) -> jax.Array
     return jnp.where(ok, _scale_of(jnp.where(ok, amax, 1.0), q_dtype, spec.margin), meta["scale"])
 
 
-def quantize(x: jax.Array, q_dtype, scale: jax.Array) -> jax.Array:
+def quantize(x: jax.Array, q_dtype: Any, scale: jax.Array) -> jax.Array:
     """Saturating cast of x / scale to an FP8 dtype."""
     m = fp8_max(q_dtype)
     inv = (1.0 / scale).astype(jnp.float32)
     return jnp.clip(x.astype(jnp.float32) * inv, -m, m).astype(q_dtype)
 
 
-def underflow_share(x: jax.Array, x_q: jax.Array, spec: Fp8Spec):
+def underflow_share(x: jax.Array, x_q: jax.Array, spec: Fp8Spec) -> jax.Array | None:
     """Share of x's nonzero values that its FP8 cast flushed to zero (None unless spec.underflow_stats):
     information the GEMM never sees. E5M2 gradients scaled by a stale, large amax lose most of it."""
     if not spec.underflow_stats:
@@ -191,7 +191,7 @@ in all, and each computes the same product of the same FP8 operands:
     BF16 (2**-9 relative); the cuBLAS call reads them in float32."""
 
 
-def gemm_form(cfg, xla_options=None, platform: str | None = None) -> str:
+def gemm_form(cfg: FP8Config, xla_options: dict | None = None, platform: str | None = None) -> str:
     """The `GEMM_FORMS` entry an `FP8Config` runs: its own, or for `auto`, `dequant` on a GPU unless `xla_options`
     turns Triton GEMMs on (which would take its dequantized operands in BF16), else `f32`. `platform` defaults to
     jax's default backend."""
@@ -201,14 +201,14 @@ def gemm_form(cfg, xla_options=None, platform: str | None = None) -> str:
     return "dequant" if on_gpu and not triton_gemm_asked(xla_options or {}) else "f32"
 
 
-def required_xla_options(cfg, xla_options=None, platform: str | None = None) -> dict:
+def required_xla_options(cfg: FP8Config, xla_options: dict | None = None, platform: str | None = None) -> dict:
     """XLA options a step with these FP8 settings needs beside `xla_options`: Triton GEMMs off for `dequant`."""
     if cfg.native and gemm_form(cfg, xla_options, platform) == "dequant":
         return {TRITON_GEMM_OPTION: False}
     return {}
 
 
-def jit(fun, cfg, **jit_kwargs):
+def jit(fun: Callable, cfg: FP8Config, **jit_kwargs: Any) -> Callable:
     """`jax.jit` of your own step with FP8 layers of `cfg` (an `FP8Config`), compiled with the XLA options its GEMM
     form needs (`required_xla_options`). On a GPU the form is `dequant`, and XLA's Triton GEMMs would take its
     dequantized operands as BF16 GEMMs: under a plain `jax.jit` no FP8 GEMM is left (checked for sm_90,
@@ -218,7 +218,7 @@ def jit(fun, cfg, **jit_kwargs):
     return jax.jit(fun, compiler_options=options or None, **jit_kwargs)
 
 
-def scaled_dot(a_q: jax.Array, a_scale: jax.Array, b_q: jax.Array, b_scale: jax.Array, dims, out_dtype,
+def scaled_dot(a_q: jax.Array, a_scale: jax.Array, b_q: jax.Array, b_scale: jax.Array, dims: Any, out_dtype: Any,
                form: str = "f32") -> jax.Array:
     """dot_general of two FP8 operands with float32 accumulation, times their (scalar) scales, in `out_dtype`,
     in one of the `GEMM_FORMS`: patterns XLA rewrites into one scaled cuBLASLt FP8 GEMM."""
@@ -234,7 +234,7 @@ def scaled_dot(a_q: jax.Array, a_scale: jax.Array, b_q: jax.Array, b_scale: jax.
     return (acc.astype(jnp.float32) * scale).astype(out_dtype)
 
 
-def fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
+def fp8_dot(x: jax.Array, w: jax.Array, x_meta: dict, w_meta: dict, g_meta: dict, spec: Fp8Spec) -> jax.Array:
     """y[..., O] = x[..., I] @ w[I, O] with E4M3 operands (forward) and an E5M2 gradient (backward).
 
     The *_meta arguments are the layer's FP8 state; their "gradients" are the updated state.
@@ -242,7 +242,7 @@ def fp8_dot(x, w, x_meta, w_meta, g_meta, spec: Fp8Spec):
     return fp8_dots(x, (w,), ((x_meta, w_meta, g_meta),), spec)[0]
 
 
-def fp8_dots(x, ws, metas, spec: Fp8Spec):
+def fp8_dots(x: jax.Array, ws: Sequence[jax.Array], metas: Sequence[tuple], spec: Fp8Spec) -> tuple:
     """(x @ w for w in ws): GEMMs of one input, cast to FP8 once. `metas`: each GEMM's (input, kernel, grad) state;
     their "gradients" are the updated states.
 
@@ -370,7 +370,7 @@ _fp8_dots.defvjp(_fp8_fwd, _fp8_bwd)
 # Transformer Engine
 
 
-def import_te():
+def import_te() -> Any:
     """Import Transformer Engine's JAX API, or raise a one-line UserError saying why and what to do.
 
     TE raises RuntimeError (not only ImportError) on machines without CUDA libraries.
@@ -385,7 +385,7 @@ def import_te():
     return te, te_flax, recipe
 
 
-def te_recipe(cfg):
+def te_recipe(cfg: FP8Config) -> Any:
     """TE's recipe for an `FP8Config`: DelayedScaling (HYBRID) or, for `scaling: current`,
     Float8CurrentScaling where this TE has it."""
     _, _, recipe = import_te()
@@ -395,7 +395,7 @@ def te_recipe(cfg):
                                  amax_history_len=cfg.amax_history_len, amax_compute_algo=cfg.amax_compute_algo)
 
 
-def check_backend(cfg) -> None:
+def check_backend(cfg: FP8Config) -> None:
     """Fail early (UserError) when the configured backend cannot run here."""
     if cfg.active and cfg.backend == "te":
         import_te()
@@ -412,7 +412,7 @@ def split_state(variables: dict) -> tuple[dict, dict]:
     return params, state
 
 
-def value_and_grad(fun, has_aux: bool = False):
+def value_and_grad(fun: Callable, has_aux: bool = False) -> Callable:
     """`jax.value_and_grad` for a loss `fun(params, fp8_state, *args)` of a model with FP8 layers; the
     returned function gives `(value, (param_grads, new_fp8_state))`.
 
@@ -490,20 +490,20 @@ def _min_merged(path) -> bool:
     return getattr(path[0], "key", None) in TE_COLLECTIONS and str(getattr(path[-1], "key", "")).endswith("_scale")
 
 
-def merge_fp8(a, b):
+def merge_fp8(a: Any, b: Any) -> Any:
     """Merge two FP8 states (micro-batches, loss chunks, devices) so the safe, larger amax wins: element-wise
     max, except TE's quantizing scales (min). Histories, counters and our dequantizing scales: max."""
     return jax.tree_util.tree_map_with_path(
         lambda p, x, y: jnp.minimum(x, y) if _min_merged(p) else jnp.maximum(x, y), a, b)
 
 
-def merge_copies(state):
+def merge_copies(state: Any) -> Any:
     """`merge_fp8` over axis 0 of stacked copies (the head's state, one copy per loss chunk)."""
     return jax.tree_util.tree_map_with_path(
         lambda p, x: jnp.min(x, axis=0) if _min_merged(p) else jnp.max(x, axis=0), state)
 
 
-def merge_identity(state):
+def merge_identity(state: Any) -> Any:
     """The state `merge_fp8` leaves unchanged: zeros (every max-merged leaf is >= 0), +inf for min-merged ones."""
     return jax.tree_util.tree_map_with_path(
         lambda p, x: jnp.full_like(x, jnp.inf) if _min_merged(p) else jnp.zeros_like(x), state)
@@ -564,7 +564,7 @@ def saturation(old_state: dict, new_state: dict) -> tuple[jax.Array, jax.Array]:
     return jnp.max(flat), jnp.argmax(flat).astype(jnp.int32)
 
 
-def saturation_targets(names) -> list[str]:
+def saturation_targets(names: Sequence[str]) -> list[str]:
     """The `fp8.targets` entries that `saturation_names` entries belong to, in FP8_TARGETS order:
     "layer_1/attn/k/gemm grad" -> k, a fused "layer_0/attn/qkv ..." -> q, k, v, "head_gemm ..." -> head."""
     found = set()
@@ -575,7 +575,7 @@ def saturation_targets(names) -> list[str]:
 
 
 def saturation_warning(first: int, last: int, history: int, worst: tuple[float, int], counts: dict[str, int],
-                       cfg) -> str:
+                       cfg: Config) -> str:
     """The train loop's warning about clipping that persisted from step `first` to `last`, longer than the
     `history`-step amax history: `worst` = (ratio, step), `counts` = operand name -> its clipping steps (most
     first), `cfg` the run's `Config` (the fixes name its keys with values to set)."""

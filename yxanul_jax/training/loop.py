@@ -15,8 +15,10 @@ import json
 import math
 import os
 import time
+from typing import Sequence
 
 import jax
+from jax.sharding import Mesh
 
 from yxanul_jax.analysis import accounting, memory
 from yxanul_jax.core import console
@@ -39,7 +41,7 @@ from yxanul_jax.training.optim import continuation_lr, continued
 from yxanul_jax.training.session import RunContext, open_train_stream, resolve_start_model, same_train_state
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
-from yxanul_jax.training.steps import LossFn, loss_sums
+from yxanul_jax.training.steps import LossFn, TrainState, loss_sums
 
 
 class TrainingDiverged(UserError):
@@ -116,7 +118,7 @@ class Loop:
 
     # ---- the validate-then-save point
 
-    def validate(self, state, step: int) -> dict | None:
+    def validate(self, state: TrainState, step: int) -> dict | None:
         """The validation row of `step`, or None when a signal (`interrupted`) cut it short."""
         t0 = time.perf_counter()
         row = self.ctx.validate(state.params, state.fp8, step, should_stop=lambda: self.interrupted() is not None)
@@ -125,7 +127,7 @@ class Loop:
             self.call_hooks("on_validation", step, row)
         return row
 
-    def save(self, state, step: int, val_ppl: float | None = None) -> bool:
+    def save(self, state: TrainState, step: int, val_ppl: float | None = None) -> bool:
         t0 = time.perf_counter()
         try:
             if self.ckpt.latest_step() == step:  # saved just before a stop came (a compile wait)
@@ -138,7 +140,7 @@ class Loop:
         finally:
             self.times["checkpoint"] += time.perf_counter() - t0
 
-    def point(self, state, step: int, validate: bool, final: bool = False) -> dict | None:
+    def point(self, state: TrainState, step: int, validate: bool, final: bool = False) -> dict | None:
         """Validate (if asked) and save `step`, the perplexity attached to the checkpoint; the final point
         reports the row (`report_validation`) and waits for the save to be written. Returns the row, or None
         (not asked, or cut short by a signal: the step is saved all the same, without a perplexity)."""
@@ -201,7 +203,7 @@ class Loop:
             self.stage_waits[si] = waited
         return compiled
 
-    def run(self, state, start_step: int) -> tuple:
+    def run(self, state: TrainState, start_step: int) -> tuple[TrainState, int, str | None]:
         """Train from `start_step` to train.steps: (state, step reached, the stop reason or None)."""
         cfg, total = self.cfg, self.cfg.train.steps
         self._last_time, self._paused = time.perf_counter(), 0.0
@@ -247,7 +249,7 @@ class Loop:
         finally:
             self.call_hooks("on_loop_end")
 
-    def _stop(self, state, done: int, reason: str) -> tuple:
+    def _stop(self, state: TrainState, done: int, reason: str) -> tuple[TrainState, int, str]:
         """End the steps after `done` was saved: wait for the write, and say how to go on."""
         self.ckpt.wait()
         console.info(f"stopped by {reason} at step {done}; checkpoint saved. Run the same command again to resume.")
@@ -255,7 +257,7 @@ class Loop:
 
 
 def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = None, overwrite: bool = False,
-        mesh=None, hooks: list[Hook] = (), loss: LossFn = loss_sums) -> TrainResult:
+        mesh: Mesh | None = None, hooks: Sequence[Hook] = (), loss: LossFn = loss_sums) -> TrainResult:
     """Train `cfg` in `run_dir` (default `runs/<model.name>`), resuming from its checkpoints (or starting
     from `checkpoint`), and return a `TrainResult`. `hooks` run after the built-in ones (metrics log,
     profiler, signal stop); `python -m yxanul_jax.train` adds the end-of-run sample

@@ -13,6 +13,7 @@ import os
 from typing import Any, Callable
 
 import jax
+from jax.sharding import Mesh
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
@@ -110,7 +111,7 @@ class RunContext:
     """name -> dataset of a mixture; one dataset: {"": ds}."""
 
     @classmethod
-    def open(cls, cfg: Config, mesh=None, *, training: bool = True) -> "RunContext":
+    def open(cls, cfg: Config, mesh: Mesh | None = None, *, training: bool = True) -> "RunContext":
         """Open the data and check everything a run (`training`) or a validation needs; writes nothing."""
         check_attention_platform(cfg.model, jax.default_backend())  # training and validation alike
         mesh = mesh if mesh is not None else sh.make_mesh(cfg.mesh)
@@ -123,10 +124,11 @@ class RunContext:
         return cls(cfg, ds, sh.state_layout(cfg, mesh), domains, eval_step, train_sets)
 
     @property
-    def mesh(self):
+    def mesh(self) -> Mesh:
         return self.layout.mesh
 
-    def validate(self, params, fp8_state, step: int, should_stop: Callable[[], bool] | None = None) -> dict | None:
+    def validate(self, params: Any, fp8_state: Any, step: int,
+                 should_stop: Callable[[], bool] | None = None) -> dict | None:
         """Validation of the model after `step` steps on every domain, batches split over the mesh and over
         processes: {"val/<domain>/loss", ".../ppl", ".../tokens", "val/mean/loss", "val/mean/ppl"}; None when
         `should_stop()` (asked before each batch) abandoned it. A batch this process's devices do not divide is
@@ -242,7 +244,8 @@ def _with_sizes(cfg: Config, saved_model: dict, fields) -> Config:
     return validate(dataclasses.replace(cfg, model=from_dict(ModelConfig, {**to_dict(cfg.model), **sizes})))
 
 
-def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None, mesh=None) -> tuple[int, dict]:
+def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None,
+                        mesh: Mesh | None = None) -> tuple[int, dict]:
     """(step, validation row) of a checkpoint (`checkpoint`, else the run directory's latest) on every
     domain; only its parameters and FP8 state are read, nothing is written. The library form of
     `train --eval-only`: it starts what `loop.fit` starts (backend check, multi-host, compilation cache)."""

@@ -20,6 +20,7 @@ from yxanul_jax.core.config import Config, StageConfig
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import HLO_DIR, cache_root
 from yxanul_jax.training.batch import BatchSpec
+from yxanul_jax.training.sharding import StateLayout
 from yxanul_jax.training.steps import (LossFn, abstract_train_state, fp8_bootstrap_config, init_train_state, loss_sums,
                                        make_train_step, step_xla_options)
 
@@ -39,7 +40,8 @@ def synthetic_inputs(cfg: Config, stage: StageConfig) -> tuple:
 SHARED_MEMORY_EXCEEDED = "Shared memory size limit exceeded"  # how XLA's GPU compile reports a Pallas kernel's excess
 
 
-def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None, loss: LossFn = loss_sums):
+def compile_stage(cfg: Config, stage: StageConfig, layout: StateLayout | None = None, device: jax.Device | None = None,
+                  loss: LossFn = loss_sums) -> jax.stages.Compiled:
     """The compiled train step of one stage (donates the incoming state's buffers), compiled with
     `steps.step_xla_options` (the config's `train.xla_options` and what its FP8 GEMMs need).
 
@@ -61,7 +63,8 @@ def compile_stage(cfg: Config, stage: StageConfig, layout=None, device=None, los
         raise
 
 
-def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None, loss: LossFn = loss_sums):
+def lower_stage(cfg: Config, stage: StageConfig, layout: StateLayout | None = None, device: jax.Device | None = None,
+                loss: LossFn = loss_sums) -> jax.stages.Lowered:
     """The lowered (not yet compiled) train step of one stage; see `compile_stage`."""
     step = make_train_step(cfg, stage, device, loss)
     if layout is not None:
@@ -76,7 +79,7 @@ def lower_stage(cfg: Config, stage: StageConfig, layout=None, device=None, loss:
     return jax.jit(step, donate_argnums=0).lower(state_shapes, BatchSpec.of(stage).abstract())
 
 
-def compiled_memory(compiled) -> dict:
+def compiled_memory(compiled: jax.stages.Compiled) -> dict:
     """XLA's memory analysis of a compiled step, and the peak it adds up to:
     arguments + outputs - aliased (donated) + temporaries."""
     mem = compiled.memory_analysis()
@@ -97,7 +100,7 @@ class StageCompiler:
         self._futures: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compile")
 
-    def _compile(self, i: int, bootstrap: bool = False):
+    def _compile(self, i: int, bootstrap: bool = False) -> jax.stages.Compiled:
         cfg = fp8_bootstrap_config(self.cfg) if bootstrap else self.cfg
         compiled = compile_stage(cfg, cfg.curriculum[i], self.layout, loss=self.loss)
         if not bootstrap:
@@ -109,7 +112,7 @@ class StageCompiler:
                 fh.write(compiled.as_text())
         return compiled
 
-    def first_step(self, i: int):
+    def first_step(self, i: int) -> jax.stages.Compiled | None:
         """The compiled step for a fresh run's step 0 when it needs its own (delayed FP8 scaling fills
         its amax histories with one `current`-scaled step, `steps.fp8_bootstrap_config`), else None.
         Compiled in the foreground: it runs once, before anything else."""
@@ -122,7 +125,7 @@ class StageCompiler:
         if i not in self._futures:
             self._futures[i] = self._pool.submit(self._compile, i)
 
-    def get(self, i: int, should_stop: Callable[[], bool] | None = None):
+    def get(self, i: int, should_stop: Callable[[], bool] | None = None) -> jax.stages.Compiled | None:
         """Stage i's compiled step, waiting for its compilation if needed; None when `should_stop()` (asked
         every 0.2 s of the wait) said to give up (the compile goes on in the background)."""
         self.prefetch(i)
