@@ -185,7 +185,7 @@ def test_a_resume_compares_optim_lr_by_the_rate_it_trains_at(tmp_path, capsys, m
     and a Muon run saved at 0.003 (the default before 2026-11-29) is told that its AdamW group now steps at 0.012."""
     from yxanul_jax.core.rundir import prepare_run_dir
 
-    kept = "optim.lr 0.003 -> 0.012 (recorded in config_history.jsonl); to keep a saved value, pass it: optim.lr=0.003"
+    kept = "optim.lr 0.003 -> 0.012 (recorded in config_history.jsonl); to keep the saved values, pass them: optim.lr=0.003"
     for written, said in ((0.012, None), (0.003, kept)):
         run_dir = tmp_path / str(written)
         prepare_run_dir(str(run_dir), load_config())

@@ -205,10 +205,16 @@ def test_vocab_mismatch_names_both_numbers_and_the_fix(prepared):
     assert "\n" not in msg
     # under init.from_hf the model's vocabulary is the checkpoint's: no config key can fix it, the data must
     with pytest.raises(UserError) as e:
-        ds.check_vocab(4096, from_hf="hf/llama")
+        ds.check_vocab(4096, "init.from_hf", "hf/llama")
     msg = str(e.value)
     assert "init.from_hf ('hf/llama') has 4096 entries" in msg and "model.vocab_size=" not in msg
     assert "that model's tokenizer" in msg and "\n" not in msg
+    # and under init.from_checkpoint (model.vocab_size=N would be replaced by the checkpoint's again)
+    with pytest.raises(UserError) as e:
+        ds.check_vocab(4096, "init.from_checkpoint", "runs/a/checkpoints")
+    msg = str(e.value)
+    assert "init.from_checkpoint ('runs/a/checkpoints') has 4096 entries" in msg and "model.vocab_size=" not in msg
+    assert "the tokenizer its run trained with" in msg
 
 
 def test_restore_refuses_other_seed_or_dataset(prepared, tmp_path, docs, tiny_tok):

@@ -89,6 +89,33 @@ def test_its_mistakes_are_one_line_and_write_nothing(trained_run, tmp_path, docs
         rc, _, err = cli("--run-dir", out, *TRAINED_RUN, *args)
         assert rc == 2 and err.count("\n") == 1 and needle in err, (args, err[-2000:])
         assert not os.path.exists(out)
+    # given to a run directory that holds checkpoints (a forgotten --run-dir): refused, not ignored for a resume
+    own = tmp_path / "own"
+    shutil.copytree(trained_run, own)
+    before = {p: p.read_bytes() for p in own.rglob("*") if p.is_file()}
+    rc, _, err = cli("--run-dir", own, *TRAINED_RUN, "train.steps=8", "train.extend=decay",
+                     f"init.from_checkpoint={ckpt}")
+    assert rc == 2 and err.count("\n") == 1, err[-2000:]
+    assert (f"init.from_checkpoint={ckpt} starts a fresh run from those weights, but run directory '{own}' holds "
+            "checkpoints (latest step 6), which training would resume instead; pass a new --run-dir, or --overwrite"
+            ) in err, err
+    assert {p: p.read_bytes() for p in own.rglob("*") if p.is_file()} == before
     rc, _, err = cli("--run-dir", out, *TRAINED_RUN, "model.d_model=32", f"init.from_checkpoint={ckpt}",
                      "train.steps=1")
     assert rc == 0 and "the model's sizes are those of" in err and "model.d_model 32 -> 64" in err, err[-2000:]
+
+
+def test_a_checkpoint_continued_on_other_data_leaves_no_run_directory(trained_run, tmp_path, docs):  # noqa: F811
+    """--checkpoint with another data.train: the stream's restore refuses it (by content), after the new folder was
+    made; the folder is removed again, so that a retry does not find a config.yaml that contradicts it."""
+    from yxanul_jax.data.prepare import prepare_documents
+    from yxanul_jax.data.tokenizer import load_tokenizer
+
+    other = tmp_path / "same-tokenizer"  # the run's own tokenizer, other documents
+    prepare_documents([docs[:200]], load_tokenizer(trained_run / "tokenizer.json"), other, request={"t": 2},
+                      val_fraction=0.1, progress=False)
+    out = tmp_path / "new"
+    rc, _, err = cli("--run-dir", out, *TRAINED_RUN, "train.steps=8", "train.extend=decay", f"data.train={other}",
+                     "--checkpoint", trained_run / "checkpoints")
+    assert rc == 2 and "belongs to another dataset" in err.strip().splitlines()[-1], err[-2000:]
+    assert not out.exists()

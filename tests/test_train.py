@@ -430,6 +430,16 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
             needle="is a file, not a checkpoint")
     refused("--run-dir", str(tmp_path / "new"), *FAST, "train.steps=10", "--checkpoint", str(run / "checkpoints"),
             needle="--checkpoint is at step 12 and train.steps is 10: there is nothing to train")  # had written a run
+    # what a resume in the checkpoint's own folder refuses: refused for --checkpoint too, before the folder exists
+    # (a raised train.steps without train.extend had left an empty folder; warmup and batch were taken silently)
+    refused("--run-dir", str(tmp_path / "new"), *FAST, "train.steps=14", "--checkpoint", str(run / "checkpoints"),
+            needle="train.steps went from 12 to 14 on a run resuming at step 12")
+    more = ["train.steps=14", "train.extend=decay", "--checkpoint", str(run / "checkpoints")]
+    refused("--run-dir", str(tmp_path / "new"), *FAST, "optim.warmup_steps=3", *more,
+            needle=f"--checkpoint {run / 'checkpoints'} was saved with 'optim.warmup_steps' 2, not 3, which continuing "
+                   "its train state cannot change; pass optim.warmup_steps=2, or init.from_checkpoint=")
+    refused("--run-dir", str(tmp_path / "new"), *FAST, "curriculum.1.batch_size=8", *more,
+            needle="was saved with 'curriculum.1.batch_size' 4, not 8")
     assert not (tmp_path / "new").exists()
     # the run's own earlier step into the run itself: its later checkpoints would be overwritten (and its metrics cut)
     earlier = min(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())

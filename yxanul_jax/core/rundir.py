@@ -370,7 +370,7 @@ def check_run_dir(run_dir: str) -> None:
         raise UserError(f"run directory '{run_dir}': '{ancestor}' is a file; pass a --run-dir that is not inside it")
 
 
-def _read_run_config(config_path: str) -> dict:
+def read_run_config(config_path: str) -> dict:
     """A run directory's config.yaml as a mapping; UserError when it is unreadable, emptied or not a mapping."""
     try:
         with open(config_path, encoding="utf-8") as fh:
@@ -392,6 +392,35 @@ def eos_map(eos_token: str) -> bytes:
     return (json.dumps({"eos_token": eos_token}) + "\n").encode()
 
 
+def settings_differences(saved: Any, cfg: Config) -> list[tuple[str, Any, Any]]:
+    """`differences` of a run's saved resolved config (a dict) and `cfg`: saved defaults filled in, the head and
+    the rate resolved alike on both sides."""
+    now = yaml.safe_load(to_yaml(cfg))
+    return differences(*(_resolved_lr(_resolved_head(c)) for c in (_with_defaults(saved), now)))
+
+
+def _give_back(key: str, was: Any) -> str | None:
+    """The override that gives `key` its saved value `was` back, where one override can (not a list, a mapping,
+    an empty string or a key the saved config lacked)."""
+    return _override(key, was) if isinstance(was, (str, int, float)) and was not in ("", ABSENT) else None
+
+
+def check_continuation(cfg: Config, saved: Any, path: str) -> None:
+    """UserError when `--checkpoint path`, saved with the resolved config `saved` (a dict; None: nothing to compare,
+    its arrays are checked when read), would continue its train state under a setting that a resume in its own run
+    directory could not change (`config.resumable`), as the run directory's guard refuses them. Its data.train is
+    compared by content when the data stream is restored, wherever the data now lies."""
+    if not isinstance(saved, dict):
+        return
+    fixed = [d for d in settings_differences(saved, cfg) if not resumable(d[0]) and not d[0].startswith("data.train")]
+    if fixed:
+        key, was, now = fixed[0]
+        back = f"{give_back}, or " if (give_back := _give_back(key, was)) else ""
+        raise UserError(f"--checkpoint {path} was saved with '{key}' {was!r}, not {now!r}, which continuing its train "
+                        f"state cannot change; pass {back}init.from_checkpoint={path} instead of --checkpoint to "
+                        "start a fresh run (a fresh optimizer, from step 0) from its weights")
+
+
 def changes_note(diffs: list[tuple[str, Any, Any]]) -> str:
     """The note that settings differing from a run's config.yaml (`differences`) are taken: said, not only recorded,
     since a default changed by an upgrade (optim.muon_lr, 2026-11-28) applies this way too. The keys the trainer
@@ -399,11 +428,11 @@ def changes_note(diffs: list[tuple[str, Any, Any]]) -> str:
     chosen = [d for d in diffs if not d[0].startswith("optim.continue_")]
     diffs = chosen + [d for d in diffs if d not in chosen]
     shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
-    # a changed default moves a resumed run silently unless it is said how to keep the saved value
-    keep = f"{chosen[0][0]}={'null' if chosen[0][1] is None else chosen[0][1]}" if chosen else None
+    # a changed default moves a resumed run silently unless it is said how to keep the saved values (each one)
+    keep = " ".join(f"{k}=null" if was is None else _override(k, was) for k, was, _ in chosen[:6])
     return (f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
             f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})"
-            + (f"; to keep a saved value, pass it: {keep}" if keep else ""))
+            + (f"; to keep the saved values, pass them: {keep}" if keep else ""))
 
 
 def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resume: bool = True,
@@ -459,15 +488,14 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
                             "not a run to continue and training would write over them; pass a new --run-dir, or "
                             "--overwrite to move them aside and start over")
     else:  # the run's config: its config.yaml, or for checkpoints copied without it the latest one's own
-        old = _read_run_config(config_path) if written else checkpoint_config
-        diffs = differences(*(_resolved_lr(_resolved_head(c)) for c in (_with_defaults(old), yaml.safe_load(text))))
+        old = read_run_config(config_path) if written else checkpoint_config
+        diffs = settings_differences(old, cfg)
         if copied:  # maybe with their data at another path: the stream's restore checks the dataset by content
             diffs = [d for d in diffs if not d[0].startswith("data.train")]  # (its fingerprint)
         fixed = [d for d in diffs if not resumable(d[0])]  # config.RESUME marks the others
         if fixed and held:
             key, was, now = fixed[0]
-            typed = isinstance(was, (str, int, float)) and was not in ("", ABSENT)  # a value one override gives back
-            back = f"{_override(key, was)} to resume it as it was, " if typed else ""
+            back = f"{give_back} to resume it as it was, " if (give_back := _give_back(key, was)) else ""
             if key.startswith("model.") and key.split(".")[1] in weight_fields():
                 ways = f"pass {back}a new --run-dir, or --overwrite to start over"
             else:  # the same model: its weights can start another run

@@ -105,15 +105,18 @@ class PreparedDataset:
             raise UserError(f"dataset '{self.path}' has no {TOKENIZER}; prepare it again")
         return load_tokenizer(self.tokenizer_path, eos_id=self.eos_id)
 
-    def check_vocab(self, model_vocab_size: int, from_hf: str = "") -> None:
-        """UserError unless the model's embedding has exactly the dataset tokenizer's vocabulary. `from_hf`: the
-        folder the model's sizes come from (`init.from_hf`), whose vocabulary no config key changes."""
+    def check_vocab(self, model_vocab_size: int, init_key: str = "", init_path: str = "") -> None:
+        """UserError unless the model's embedding has exactly the dataset tokenizer's vocabulary. `init_key`
+        (`init.from_hf` or `init.from_checkpoint`) and `init_path`: where the model's sizes come from, whose
+        vocabulary no config key changes."""
         if model_vocab_size != self.vocab_size:
             src = self.manifest.get("tokenizer", {}).get("source", "its tokenizer")
             said = f"dataset '{self.path}' was tokenized with vocab {self.vocab_size} ({src}) but "
-            if from_hf:
-                raise UserError(f"{said}the model of init.from_hf ('{from_hf}') has {model_vocab_size} entries; "
-                                "prepare the data with that model's tokenizer (its tokenizer.json)")
+            if init_key:
+                theirs = ("that model's tokenizer (its tokenizer.json)" if init_key == "init.from_hf" else
+                          "the tokenizer its run trained with (the run directory's tokenizer.json)")
+                raise UserError(f"{said}the model of {init_key} ('{init_path}') has {model_vocab_size} entries; "
+                                f"prepare the data with {theirs}")
             raise UserError(f"{said}model.vocab_size is {model_vocab_size}; set model.vocab_size={self.vocab_size} "
                             f"or prepare the data with a {model_vocab_size}-entry tokenizer")
 

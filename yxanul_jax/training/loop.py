@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from typing import Sequence
 
@@ -25,8 +26,8 @@ from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, RUNS_DIR, RunLock, check_run_dir, checkpoint_steps,
-                                    changes_note, prepare_run_dir)
+from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RUNS_DIR, RunLock, check_continuation,
+                                    check_run_dir, checkpoint_steps, changes_note, prepare_run_dir)
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
@@ -38,7 +39,8 @@ from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
                                          validation_logged)
 from yxanul_jax.training.optim import continuation_lr, continued
-from yxanul_jax.training.session import RunContext, open_train_stream, resolve_start_model, same_train_state
+from yxanul_jax.training.session import (RunContext, check_start_unchanged, open_train_stream, resolve_start_model,
+                                         same_train_state)
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
 from yxanul_jax.training.steps import LossFn, TrainState, loss_sums
@@ -284,6 +286,8 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     check_run_dir(run_dir)
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
+    if not fresh and not checkpoint:
+        check_start_unchanged(cfg, run_dir, ckpt_dir)  # init.* given to a run that would resume: refused, not ignored
     sh.maybe_initialize_distributed(cfg.mesh)  # before anything starts JAX's backend (reading a checkpoint does)
     cfg = resolve_start_model(cfg, ckpt_dir, fresh, checkpoint)  # init.*: the sizes of the weights it starts from
     sh.check_same_config(cfg)
@@ -297,14 +301,32 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
         raise UserError(f"--checkpoint is at step {explicit[0]} and train.steps is {cfg.train.steps}: there is nothing "
                         "to train; pass a larger train.steps (and train.extend=decay or wsd), or --eval-only to "
                         "validate it")
+    if explicit is not None:  # settings a resume could not change, and a train.steps change without train.extend
+        check_continuation(cfg, explicit[2].get("config"), checkpoint)
+        continued(cfg, explicit[2].get("config"), explicit[0])  # refused here, before the run directory exists
     weights = ctx.start_weights() if cfg.init.from_checkpoint and fresh else None
     enable_compilation_cache()
+    created = not os.path.exists(run_dir)
     lock = RunLock(run_dir).acquire() if lead else None
     try:
         return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks), weights, loss)
+    except UserError as e:
+        if created and lead and not isinstance(e, TrainingDiverged) and _nothing_trained(run_dir):
+            # refused before a step was logged or saved (a check that needs the restored state): the folder this
+            # call made holds nothing of use, and its config.yaml would contradict the next attempt
+            lock.release()
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     finally:
         if lock is not None:
             lock.release()
+
+
+def _nothing_trained(run_dir: str) -> bool:
+    """Whether a run directory holds no checkpoint and no logged row: a run refused before its first step."""
+    metrics = os.path.join(run_dir, METRICS_FILE)
+    return not checkpoint_steps(os.path.join(run_dir, CHECKPOINT_DIR)) and not (os.path.exists(metrics)
+                                                                                 and os.path.getsize(metrics) > 0)
 
 
 def _by_stage(cfg: Config, choice) -> str:

@@ -20,7 +20,7 @@ from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
 from yxanul_jax.core.config import (Config, ModelConfig, from_saved, model_mismatch, stream_lanes, validate,
                                     weight_fields)
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, cache_root, checkpoint_steps
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, cache_root, checkpoint_steps, read_run_config
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
 from yxanul_jax.data.loader import BatchStream, TrainStream
 from yxanul_jax.data.mixture import MixtureStream
@@ -34,6 +34,15 @@ from yxanul_jax.training.stages import enable_compilation_cache, stage_index
 from yxanul_jax.training.steps import check_xla_options, init_train_state, make_eval_step, step_xla_options
 
 
+def init_source(cfg: Config) -> tuple[str, str]:
+    """(the init key, its path) of a run whose weights start from elsewhere (`init.from_hf`, `init.from_checkpoint`),
+    else ("", "")."""
+    for key in ("from_hf", "from_checkpoint"):
+        if getattr(cfg.init, key):
+            return f"init.{key}", getattr(cfg.init, key)
+    return "", ""
+
+
 def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
     """name -> prepared dataset of a mixture (`data.train` a mapping), each checked against the model's vocabulary;
     UserError naming the dataset whose tokenizer differs from the first one's (one tokenizer for all). One
@@ -43,7 +52,7 @@ def open_training_sets(cfg: Config) -> dict[str, PreparedDataset]:
     sets: dict[str, PreparedDataset] = {}
     for name, path in cfg.data.train.items():
         ds = open_dataset(path)
-        ds.check_vocab(cfg.model.vocab_size, cfg.init.from_hf)
+        ds.check_vocab(cfg.model.vocab_size, *init_source(cfg))
         if sets:
             first_name, first = next(iter(sets.items()))
             ds.check_tokenizer(first, f"data.train.{name} ('{path}')", f"data.train.{first_name}",
@@ -61,7 +70,7 @@ def open_training_data(cfg: Config) -> PreparedDataset:
         console.info(f"data: embedded demo corpus (Python stdlib sources, {cfg.model.vocab_size}-entry BPE; built "
                      f"once, then read from {cache_root()})")
     ds = open_dataset(training_dataset_path(cfg.data.train, cfg.model.vocab_size))
-    ds.check_vocab(cfg.model.vocab_size, cfg.init.from_hf)
+    ds.check_vocab(cfg.model.vocab_size, *init_source(cfg))
     return ds
 
 
@@ -205,6 +214,30 @@ def _tokenizer_hashes(data_meta) -> set[str]:
 INIT_SIZES = (*weight_fields(), "max_position")
 """The model fields a start from other weights takes from them: what shapes the weights, and (init.from_hf) the
 context its config.json gives."""
+
+
+def check_start_unchanged(cfg: Config, run_dir: str, ckpt_dir: str) -> None:
+    """UserError when a run directory that holds checkpoints is given an init source (`init_source`) its run did not
+    start from: the run would resume from its own checkpoints and the weights named be ignored without a word (a
+    forgotten --run-dir, a run to start again). The same source as the run's start resumes, as its command rerun."""
+    key, path = init_source(cfg)
+    if not key:
+        return
+    steps = checkpoint_steps(ckpt_dir)
+    config_path = os.path.join(run_dir, CONFIG_FILE)
+    if os.path.exists(config_path):
+        saved = read_run_config(config_path)
+    else:  # checkpoints copied without their config.yaml: the latest one's own
+        saved = (resume_meta(ckpt_dir, steps)[0] or {}).get("config") if steps else None
+    init = saved.get("init") if isinstance(saved, dict) else None
+    was = init.get(key.split(".", 1)[1]) if isinstance(init, dict) else None
+    if isinstance(was, str) and was and (was == path or os.path.realpath(was) == os.path.realpath(path)):
+        return
+    latest = f" (latest step {steps[-1]})" if steps else ""
+    started = f", a run started from {key}={was}" if isinstance(was, str) and was else ""
+    raise UserError(f"{key}={path} starts a fresh run from those weights, but run directory '{run_dir}' holds "
+                    f"checkpoints{latest}{started}, which training would resume instead; pass a new --run-dir, or "
+                    f"--overwrite to move that run aside and start from {path}, or leave {key} out to resume it")
 
 
 def resolve_start_model(cfg: Config, ckpt_dir: str, fresh: bool, checkpoint: str | None = None) -> Config:
