@@ -65,6 +65,8 @@ def test_dotted_overrides_types_and_lists():
     ("fp8.scaling=later", "fp8.scaling' must be one of"),
     ("fp8.te_layers=true", "set fp8.backend=te or fp8.te_layers=false"),
     ("model.d_model", "key.sub=value"),
+    ("data.train={a: /data/a, b /data/b.v2}", "config key 'data.train.b /data/b.v2' has no value: YAML read "
+                                              "'b /data/b.v2' as one key; write 'b: /data/b.v2'"),  # a ':' left out
 ])
 def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(UserError) as e:
@@ -93,7 +95,8 @@ def test_scan_unroll_is_at_least_one_layer():
 def test_unknown_yaml_key_and_bad_files(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  n_layer: 3\n")
-    with pytest.raises(UserError, match=r"model.n_layer' \(did you mean 'model.n_layers'"):
+    with pytest.raises(UserError, match=rf"^{re.escape(str(bad))}: unknown config key 'model.n_layer' \(did you mean "
+                                        r"'model.n_layers'"):  # which file, when a config is built from several
         load_config(str(bad))
     broken = tmp_path / "broken.yaml"
     broken.write_text("model: [unclosed\n")
@@ -249,7 +252,9 @@ def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
 
 
 @pytest.mark.parametrize("command, argv, needle", [
-    ("train", ["--steps", "5"], "unrecognized arguments: --steps; config keys are set as key=value, e.g. train.steps=VALUE"),
+    ("train", ["--steps", "5"], "unrecognized arguments: --steps; config keys are set as key=value, without dashes: "
+                                "train.steps=VALUE"),
+    ("train", ["--optim.lr=0.01"], "config keys are set as key=value, without dashes: optim.lr=0.01;"),
     ("export", ["--run-dir", "runs/x"], "the following arguments are required: --output"),
     ("export", ["--run-dir", "runs/x", "--output", "o", "--dtype", "float16"], "invalid choice: 'float16'"),
     ("generate", ["--run-dir", "runs/x", "--max-new-tokens", "abc"], "invalid int value: 'abc'"),
@@ -264,3 +269,14 @@ def test_a_malformed_command_line_is_one_error_line_not_a_usage_block(command, a
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
     assert lines[0].endswith("--help") and not out.strip()
+
+
+def test_an_empty_flag_value_is_refused_and_only_an_optional_flag_may_be_left_out():
+    from data_fixtures import run_cli
+    from yxanul_jax import export, generate
+
+    rc, _, err = run_cli(export.main, ["--run-dir", "runs/x", "--output", ""])  # required: giving it is the fix
+    assert rc == 2 and err == "error: --output is empty (an unset shell variable?); give it a value\n", err
+    rc, _, err = run_cli(generate.main, ["--run-dir", "runs/x", "--prompt-file", ""])
+    assert rc == 2 and err.endswith("--prompt-file is empty (an unset shell variable?); give it a value, or leave it "
+                                    "out\n"), err

@@ -170,6 +170,8 @@ def test_mistakes_end_in_one_line(trained_run, tmp_path, monkeypatch):
     cases = [
         (run + ["--tasks", "wikitxt"], "unknown lm-eval task 'wikitxt' (close names: wikitext"),
         (run + ["--tasks", HELDOUT_TASK], "pass --heldout FILE"),
+        (run + ["--heldout", str(tmp_path / "nowhere.parquet")], f"--heldout '{tmp_path / 'nowhere.parquet'}' does "
+                                                                 "not exist"),
         (run, "no task to run"),
         (["--run-dir", str(no_ckpt), "--heldout", str(text)], "no checkpoint in"),
         (run + ["--heldout", str(text), "--output", str(taken)], "already exists"),

@@ -269,8 +269,7 @@ def test_column_options_for_text_files_only_and_an_empty_output_are_refused(tmp_
                                         "--no-progress", "--text-column", "body", "--val-fraction", "0"])
     assert rc == 0 and json.loads((out / "manifest.json").read_text())["documents"] == 3, err
     rc, _, err = run_cli(prepare.main, ["--input", txt, "--tokenizer", tiny_tok_path, "--output", ""])
-    assert rc == 2 and err == ("error: --output is empty (an unset shell variable?); give it a value, or leave it "
-                               "out\n"), err
+    assert rc == 2 and err == "error: --output is empty (an unset shell variable?); give it a value\n", err
     (tmp_path / "afile").write_text("x")  # a file where the output's folder would be: named before tokenizing
     inside = tmp_path / "afile" / "x"
     rc, _, err = run_cli(prepare.main, ["--input", txt, "--tokenizer", tiny_tok_path, "--output", inside])

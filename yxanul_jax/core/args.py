@@ -31,11 +31,13 @@ class ArgumentParser(argparse.ArgumentParser):
         if ranged:
             message = f"{ranged.group(1).split('/')[-1]} {ranged.group(2)}"
         hint = ""
-        unknown = re.findall(r"--([\w-]+)", message) if message.startswith("unrecognized arguments") else []
+        unknown = (re.findall(r"--([\w.-]+)(=\S*)?", message) if message.startswith("unrecognized arguments")
+                   else [])
         if unknown:
-            keys = keys_named(unknown[0].replace("-", "_"), Config)
+            name, value = unknown[0]
+            keys = [name] if "." in name else keys_named(name.replace("-", "_"), Config)
             if keys:
-                hint = f"; config keys are set as key=value, e.g. {keys[0]}=VALUE"
+                hint = f"; config keys are set as key=value, without dashes: {keys[0]}{value or '=VALUE'}"
         raise UserError(f"{message}{hint}; see {self.prog} --help")
 
     def _get_value(self, action, arg_string):
@@ -45,7 +47,8 @@ class ArgumentParser(argparse.ArgumentParser):
         if arg_string == "" and not isinstance(action, argparse._SubParsersAction):  # its parser checks its own
             name = (action.option_strings[-1] if action.option_strings
                     else f"an argument where {action.metavar or action.dest} goes")
-            raise UserError(f"{name} is empty (an unset shell variable?); give it a value, or leave it out")
+            leave = "" if action.required else ", or leave it out"
+            raise UserError(f"{name} is empty (an unset shell variable?); give it a value{leave}")
         return super()._get_value(action, arg_string)
 
 

@@ -117,6 +117,12 @@ def _coerce(value: Any, tp, key: str) -> Any:
             raise UserError(f"config key '{key}' must be a number, got {value!r}")
         return float(value)
     if tp is str:
+        space = next((i for i, c in enumerate(key) if c.isspace()), None)
+        if value is None and space is not None:  # `{a: x, b y}`: YAML reads `b y` as a key without a value
+            last = key[key.rfind(".", 0, space) + 1:]
+            first = last.split()[0]
+            raise UserError(f"config key '{key}' has no value: YAML read '{last}' as one key; write '{first}: "
+                            f"{last[len(first):].strip()}' (a ':' and a space after the key)")
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             how = ""
             if value is None or isinstance(value, bool):  # what YAML made of an unquoted word

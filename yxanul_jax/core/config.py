@@ -882,7 +882,11 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     if not path:
         cfg = Config()
     else:
-        cfg = from_saved(read_yaml(path, run=True)) if run else from_dict(Config, read_yaml(path))
+        data = read_yaml(path, run=True) if run else read_yaml(path)
+        try:
+            cfg = from_saved(data) if run else from_dict(Config, data)
+        except UserError as e:  # an unknown key or a wrong type in the file: which file
+            raise UserError(f"{path}: {e}") from None
     cfg = apply_overrides(cfg, list(overrides or []))
     return validate(cfg)
 
