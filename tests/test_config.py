@@ -114,6 +114,7 @@ RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sam
              "train.loss_kernel",  # the same sums by another kernel (tests/test_fused_ce.py)
              "train.fused_ce_tiles",  # the same sums in other blocks (tests/test_fused_ce.py, MIXED_TILES)
              "train.micro_split",  # the same sums in smaller micro-batches (tests/test_steps.py)
+             "model.remat", "model.attention",  # memory against time, another attention kernel: the same function
              "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
              "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch", "monitor.",
              "train.extend", "optim.continue_",  # how a changed train.steps goes on (tests/test_schedule_extend.py)
@@ -213,6 +214,17 @@ def test_a_resume_compares_optim_lr_by_the_rate_it_trains_at(tmp_path, capsys, m
     capsys.readouterr()
     prepare_run_dir(str(run_dir), load_config())
     assert "optim.lr 0.012 -> 0.02" in capsys.readouterr().err
+
+
+def test_the_resume_note_names_each_saved_value_one_override_gives_back():
+    from yxanul_jax.core.rundir import ABSENT, changes_note
+
+    note = changes_note([("optim.lr", 0.012, 0.05), ("optim.continue_as", "none", "decay"), ("optim.muon_lr", 0.01, 0.5),
+                         ("eval.domains.code", ABSENT, "/d"), ("eval.seq_len", None, 64), ("fp8.targets", ["q"], ["k"]),
+                         ("train.sample_prompt", "yes", "no")])
+    # every key a user set, in their order, the trainer's own writes left out; none a single override cannot restore
+    assert note.endswith("; to keep the saved values, pass them: optim.lr=0.012 optim.muon_lr=0.01 eval.seq_len=null "
+                         "\"train.sample_prompt='yes'\""), note
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -68,6 +68,19 @@ def test_a_resume_under_another_optimizer_names_the_start_that_takes_its_weights
             f.write_bytes(b"damaged")
     rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, "optim.name=adamw", *tiny_rates[:2], "train.steps=3", named)
     assert rc == 0 and "resumed from step 1" in out + err and "corrupt" in out + err, err[-2000:]
+    # resumed without the init key: the run's start source is carried over (its sizes from its own checkpoints), so
+    # config.yaml keeps naming it and the original command still resumes after
+    more = ["optim.name=adamw", *tiny_rates[:2], "train.extend=decay"]
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, *more, "train.steps=4")
+    assert rc == 0 and "resumed from step 3" in out + err and "init.from_checkpoint" not in err, err[-2000:]
+    import yaml
+    assert yaml.safe_load((fresh / "config.yaml").read_text())["init"]["from_checkpoint"] == str(run / "checkpoints")
+    rc, out, err = cli("--run-dir", fresh, *TRAINED_RUN, *more, "train.steps=5", named)
+    assert rc == 0 and "resumed from step 4" in out + err, err[-2000:]
+    # another source: refused, naming the run's own start as the way to resume
+    rc, _, err = cli("--run-dir", fresh, *TRAINED_RUN, *more, "train.steps=6", f"init.from_checkpoint={fresh / 'ckpt'}")
+    assert rc == 2 and f"a run started from {named}, which training would resume instead" in err, err[-2000:]
+    assert f"or pass {named} or leave init.from_checkpoint out to resume it" in err, err[-2000:]
 
 
 def test_its_mistakes_are_one_line_and_write_nothing(trained_run, tmp_path, docs):  # noqa: F811

@@ -35,7 +35,8 @@ class ArgumentParser(argparse.ArgumentParser):
                    else [])
         if unknown:
             name, value = unknown[0]
-            keys = [name] if "." in name else keys_named(name.replace("-", "_"), Config)
+            name = name.replace("-", "_")  # flags spell words with dashes, config keys with underscores
+            keys = [name] if "." in name else keys_named(name, Config)
             if keys:
                 hint = f"; config keys are set as key=value, without dashes: {keys[0]}{value or '=VALUE'}"
         raise UserError(f"{message}{hint}; see {self.prog} --help")

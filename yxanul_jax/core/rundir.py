@@ -429,7 +429,7 @@ def changes_note(diffs: list[tuple[str, Any, Any]]) -> str:
     diffs = chosen + [d for d in diffs if d not in chosen]
     shown = ", ".join(f"{k} {was!r} -> {now!r}" for k, was, now in diffs[:6])
     # a changed default moves a resumed run silently unless it is said how to keep the saved values (each one)
-    keep = " ".join(f"{k}=null" if was is None else _override(k, was) for k, was, _ in chosen[:6])
+    keep = " ".join(back for k, was, _ in chosen[:6] if (back := f"{k}=null" if was is None else _give_back(k, was)))
     return (f"{len(diffs)} setting(s) differ from the run's {CONFIG_FILE} and are taken from here on: "
             f"{shown}{', ...' if len(diffs) > 6 else ''} (recorded in {CONFIG_HISTORY_FILE})"
             + (f"; to keep the saved values, pass them: {keep}" if keep else ""))

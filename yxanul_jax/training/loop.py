@@ -26,8 +26,8 @@ from yxanul_jax.core import console
 from yxanul_jax.core.coerce import to_dict
 from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError
-from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE, RUNS_DIR, RunLock, check_continuation,
-                                    check_run_dir, checkpoint_steps, changes_note, prepare_run_dir)
+from yxanul_jax.core.rundir import (CHECKPOINT_DIR, CONFIG_FILE, RUNS_DIR, RunLock, check_continuation, check_run_dir,
+                                    checkpoint_steps, changes_note, prepare_run_dir)
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import attention_implementation
 from yxanul_jax.training import sharding as sh
@@ -39,7 +39,7 @@ from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
                                          validation_logged)
 from yxanul_jax.training.optim import continuation_lr, continued
-from yxanul_jax.training.session import (RunContext, check_start_unchanged, open_train_stream, resolve_start_model,
+from yxanul_jax.training.session import (RunContext, open_train_stream, resolve_start_model, resume_start,
                                          same_train_state)
 from yxanul_jax.training.shares import DomainShares
 from yxanul_jax.training.stages import StageCompiler, enable_compilation_cache, stage_index
@@ -282,13 +282,13 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     if checkpoint and cfg.init.from_checkpoint:
         raise UserError("--checkpoint continues a checkpoint's whole train state and init.from_checkpoint starts a "
                         "fresh one from a checkpoint's weights; pass one of them")
-    run_dir = run_dir or os.path.join(RUNS_DIR, cfg.model.name)
+    run_dir = os.path.expanduser(run_dir or os.path.join(RUNS_DIR, cfg.model.name))  # `--run-dir=~/x` is not expanded
     check_run_dir(run_dir)
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
-    if not fresh and not checkpoint:
-        check_start_unchanged(cfg, run_dir, ckpt_dir)  # init.* given to a run that would resume: refused, not ignored
     sh.maybe_initialize_distributed(cfg.mesh)  # before anything starts JAX's backend (reading a checkpoint does)
+    if not fresh and not checkpoint:
+        cfg = resume_start(cfg, run_dir, ckpt_dir)  # the run's own init source; another one is refused, not ignored
     cfg = resolve_start_model(cfg, ckpt_dir, fresh, checkpoint)  # init.*: the sizes of the weights it starts from
     sh.check_same_config(cfg)
     lead = jax.process_index() == 0
@@ -308,25 +308,19 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     enable_compilation_cache()
     created = not os.path.exists(run_dir)
     lock = RunLock(run_dir).acquire() if lead else None
+    began: list[bool] = []  # set once the steps begin
     try:
-        return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks), weights, loss)
-    except UserError as e:
-        if created and lead and not isinstance(e, TrainingDiverged) and _nothing_trained(run_dir):
-            # refused before a step was logged or saved (a check that needs the restored state): the folder this
-            # call made holds nothing of use, and its config.yaml would contradict the next attempt
-            lock.release()
+        return _fit_locked(ctx, run_dir, lead, explicit, overwrite, list(hooks), weights, loss, began)
+    except UserError:
+        if created and lead and not began:
+            # refused before its first step (a check that needs the restored state, e.g. another dataset's stream
+            # position): the folder this call made holds nothing of use, and its config.yaml would contradict the next
+            # attempt. Removed under the lock (its release tolerates the missing file)
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     finally:
         if lock is not None:
             lock.release()
-
-
-def _nothing_trained(run_dir: str) -> bool:
-    """Whether a run directory holds no checkpoint and no logged row: a run refused before its first step."""
-    metrics = os.path.join(run_dir, METRICS_FILE)
-    return not checkpoint_steps(os.path.join(run_dir, CHECKPOINT_DIR)) and not (os.path.exists(metrics)
-                                                                                 and os.path.getsize(metrics) > 0)
 
 
 def _by_stage(cfg: Config, choice) -> str:
@@ -377,7 +371,7 @@ def _describe(ctx: RunContext, run_dir: str) -> str:
 
 
 def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: bool, extra: list[Hook],
-                weights=None, loss: LossFn = loss_sums) -> TrainResult:
+                weights=None, loss: LossFn = loss_sums, began: list | None = None) -> TrainResult:
     cfg = ctx.cfg
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     saved = checkpoint_steps(ckpt_dir)
@@ -452,6 +446,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
             if own is not None and lead and not finished:  # copied checkpoints, checked and resumed: record the run
                 prepare_run_dir(run_dir, cfg, **copy)
             console.info(_describe(ctx, run_dir))
+            if began is not None:
+                began.append(True)
             return _run(loop, state, start, meta, signals)
         except TrainingDiverged as e:
             raise diverged(e, ckpt, cfg) from None

@@ -17,8 +17,8 @@ from jax.sharding import Mesh
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
-from yxanul_jax.core.config import (Config, ModelConfig, from_saved, model_mismatch, stream_lanes, validate,
-                                    weight_fields)
+from yxanul_jax.core.config import (Config, InitConfig, ModelConfig, from_saved, model_mismatch, stream_lanes,
+                                    validate, weight_fields)
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, cache_root, checkpoint_steps, read_run_config
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
@@ -216,28 +216,37 @@ INIT_SIZES = (*weight_fields(), "max_position")
 context its config.json gives."""
 
 
-def check_start_unchanged(cfg: Config, run_dir: str, ckpt_dir: str) -> None:
-    """UserError when a run directory that holds checkpoints is given an init source (`init_source`) its run did not
-    start from: the run would resume from its own checkpoints and the weights named be ignored without a word (a
-    forgotten --run-dir, a run to start again). The same source as the run's start resumes, as its command rerun."""
-    key, path = init_source(cfg)
-    if not key:
-        return
-    steps = checkpoint_steps(ckpt_dir)
+def _same_path(a: str, b: str) -> bool:
+    return a == b or os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def resume_start(cfg: Config, run_dir: str, ckpt_dir: str) -> Config:
+    """`cfg` for a run directory that holds checkpoints, with the init source its run started from carried over:
+    `init.*` is read at a fresh start only, so config.yaml keeps naming the run's start, however the resume was
+    spelled, and its sizes come from its own checkpoints (`resolve_start_model`). Another source given here is
+    refused (UserError): the run would resume and the weights named be ignored without a word (a forgotten
+    --run-dir, a run meant to start again). After the process group is joined: reading a checkpoint starts JAX."""
     config_path = os.path.join(run_dir, CONFIG_FILE)
+    steps = checkpoint_steps(ckpt_dir)
     if os.path.exists(config_path):
         saved = read_run_config(config_path)
     else:  # checkpoints copied without their config.yaml: the latest one's own
         saved = (resume_meta(ckpt_dir, steps)[0] or {}).get("config") if steps else None
     init = saved.get("init") if isinstance(saved, dict) else None
-    was = init.get(key.split(".", 1)[1]) if isinstance(init, dict) else None
-    if isinstance(was, str) and was and (was == path or os.path.realpath(was) == os.path.realpath(path)):
-        return
-    latest = f" (latest step {steps[-1]})" if steps else ""
-    started = f", a run started from {key}={was}" if isinstance(was, str) and was else ""
-    raise UserError(f"{key}={path} starts a fresh run from those weights, but run directory '{run_dir}' holds "
-                    f"checkpoints{latest}{started}, which training would resume instead; pass a new --run-dir, or "
-                    f"--overwrite to move that run aside and start from {path}, or leave {key} out to resume it")
+    try:
+        started = from_dict(InitConfig, init) if isinstance(init, dict) else InitConfig()
+    except UserError:  # a saved section this version cannot read: nothing to carry, nothing to compare
+        return cfg
+    key, path = init_source(cfg)
+    was_key, was = init_source(dataclasses.replace(cfg, init=started))
+    if key and not (key == was_key and _same_path(path, was)):
+        latest = f" (latest step {steps[-1]})" if steps else ""
+        own = f", a run started from {was_key}={was}" if was_key else ""
+        back = f"pass {was_key}={was} or leave {key} out" if was_key else f"leave {key} out"
+        raise UserError(f"{key}={path} starts a fresh run from those weights, but run directory '{run_dir}' holds "
+                        f"checkpoints{latest}{own}, which training would resume instead; pass a new --run-dir, or "
+                        f"--overwrite to move that run aside and start from {path}, or {back} to resume it")
+    return dataclasses.replace(cfg, init=started)
 
 
 def resolve_start_model(cfg: Config, ckpt_dir: str, fresh: bool, checkpoint: str | None = None) -> Config:
