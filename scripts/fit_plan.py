@@ -155,9 +155,7 @@ def fit(args) -> None:
     x0 = np.array([getattr(base, n) for n in names])
     res = least_squares(errors, x0, loss="soft_l1", f_scale=0.05, bounds=(0.0, np.inf))
     fitted = dataclasses.replace(base, **{n: round(float(v), 3) for n, v in zip(names, res.x)})
-    before, after = errors(x0), np.array([memory.estimate_stage(cfg, cfg.curriculum[r["stage"]], args.platform,
-                                                                cal=fitted)["bytes_total"] / r["peak_bytes"] - 1
-                                          for r, cfg in rows])
+    before, after = errors(x0), errors(np.array([getattr(fitted, n) for n in names]))  # after: as rounded
     print(f"{'config':<34}{'stage':>6} {'overrides':<60}{'XLA GB':>9}{'before':>9}{'after':>9}")
     for (r, _), b, a in zip(rows, before, after):
         print(f"{r['config'].split('/')[-1]:<34}{r['stage']:>6} {' '.join(r['overrides'])[:60]:<60}"

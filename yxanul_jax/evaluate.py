@@ -16,7 +16,6 @@ results (with `--log-samples`, each document's scores too). Needs the `lm-eval` 
 from __future__ import annotations
 
 import difflib
-import glob
 import hashlib
 import json
 import math
@@ -60,11 +59,9 @@ def write_heldout(path: str, text_column: str | None, limit: int | None, tasks_d
     refused or, with `bad_utf8="replace"`, replaced with U+FFFD and counted) as JSON lines in
     the cache (`core.rundir.cache_root()`), at a path named by their hash, so that the `datasets` copy of an
     earlier evaluation of the same text is reused. Returns the number of documents."""
-    if not os.path.exists(os.path.expanduser(path)) and not glob.has_magic(path):  # named as the flag it came from
-        raise UserError(f"--heldout '{path}' does not exist; check the path")
     source = DocumentSource([path], text_column=TEXT_COLUMN if text_column is None else text_column,
                             fix="pass --text-column naming the column that holds the held-out text",
-                            bad_utf8=bad_utf8)
+                            bad_utf8=bad_utf8, flag="--heldout")
     source.refuse_text_option(None if text_column is None else "--text-column")
     docs: list[str] = []
     for batch in source.batches():

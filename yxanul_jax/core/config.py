@@ -113,18 +113,18 @@ class ModelConfig:
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Compute dtype of activations and matmuls outside FP8 (master weights stay float32)."""
     attention: Literal["auto", "cudnn", "xla", "short"] = field(default="auto", metadata=RESUME)
-    """Attention implementation (a resume may change it: the same function by another kernel). auto, on a GPU: `short` (`transformer.short_attention`: batched GEMMs in the
-    tokens' layout, without XLA's transposes) up to 32 tokens (`transformer.SHORT_ATTENTION_MAX_SEQ`), cuDNN
-    flash attention beyond for BF16 with head_dim <= 128 (else XLA's); XLA's (`jax.nn.dot_product_attention`)
-    everywhere else. cudnn / xla / short force one (`short` keeps [L·H x L·G] float32 scores per row of the
-    batch: short rows only)."""
+    """Attention implementation (a resume may change it: the same function by another kernel). auto, on a GPU: `short`
+    (`transformer.short_attention`: batched GEMMs in the tokens' layout, without XLA's transposes) up to 32 tokens
+    (`transformer.SHORT_ATTENTION_MAX_SEQ`), cuDNN flash attention beyond for BF16 with head_dim <= 128 (else
+    XLA's); XLA's (`jax.nn.dot_product_attention`) everywhere else. cudnn / xla / short force one (`short` keeps
+    [L·H x L·G] float32 scores per row of the batch: short rows only)."""
     remat: Literal["none", "full", "attention", "dots", "auto"] = field(default="none", metadata=RESUME)
-    """Rematerialization of each block (a resume may change it: memory against time, the same sums): none, full (save only block inputs), attention (block inputs and
-    cuDNN attention's output and softmax statistics: its forward does not run again; as full where the
-    attention is XLA's), dots (save matmul outputs without batch dims), auto (per stage, the fastest of
-    `memory.AUTO_REMAT` (or, without a loop over the layers, `memory.AUTO_REMAT_UNROLLED`: `none` first, with each
-    micro-batch run in 2 or 4 where whole it does not fit: `train.micro_split`) whose planned peak fits the device's
-    memory: `memory.stage_choice`)."""
+    """Rematerialization of each block (a resume may change it: memory against time, the same sums): none, full (save
+    only block inputs), attention (block inputs and cuDNN attention's output and softmax statistics: its forward
+    does not run again; as full where the attention is XLA's), dots (save matmul outputs without batch dims), auto
+    (per stage, the fastest of `memory.AUTO_REMAT` (or, without a loop over the layers,
+    `memory.AUTO_REMAT_UNROLLED`: `none` first, with each micro-batch run in 2 or 4 where whole it does not fit:
+    `train.micro_split`) whose planned peak fits the device's memory: `memory.stage_choice`)."""
     scan_layers: bool = field(default=False, metadata=WEIGHTS)
     """Run the blocks with `nn.scan`: their parameters stacked [n_layers, ...]; with `scan_unroll: 1`, one
     compiled layer in a loop (much faster compiles for deep models)."""

@@ -50,14 +50,16 @@ def _kind(path: Path) -> str | None:
     return None
 
 
-def expand_inputs(inputs: Sequence[str]) -> list[Path]:
+def expand_inputs(inputs: Sequence[str], flag: str = "--input") -> list[Path]:
     """Files named by `inputs` (files, directories searched recursively, or globs), in order.
 
     Each input's matches are sorted; duplicates are dropped. Raises UserError for a missing path,
-    a pattern or directory that matches no supported file, or an unsupported file type.
+    a pattern or directory that matches no supported file, or an unsupported file type, naming the inputs as the
+    command-line `flag` that gave them (prepare's `--input` as "input").
     """
+    noun = "input" if flag == "--input" else flag
     if not inputs:
-        raise UserError("no input given; pass --input with a parquet/jsonl/txt file, directory or glob")
+        raise UserError(f"no input given; pass {flag} with a parquet/jsonl/txt file, directory or glob")
     files: list[Path] = []
     for text in inputs:
         path = Path(text).expanduser()
@@ -65,19 +67,19 @@ def expand_inputs(inputs: Sequence[str]) -> list[Path]:
             found = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p)
                            and not any(part.startswith(".") for part in p.relative_to(path).parts))
             if not found:
-                raise UserError(f"input directory '{text}' holds no {'/'.join(SUFFIXES)} files; "
-                                "point --input at a directory with data files")
+                raise UserError(f"{noun} directory '{text}' holds no {'/'.join(SUFFIXES)} files; "
+                                f"point {flag} at a directory with data files")
         elif path.is_file():
             if not _kind(path):
-                raise UserError(f"input '{text}' has an unsupported type; use {', '.join(SUFFIXES)}")
+                raise UserError(f"{noun} '{text}' has an unsupported type; use {', '.join(SUFFIXES)}")
             found = [path]
         elif glob.has_magic(text):
             found = sorted(Path(p) for p in glob.glob(os.path.expanduser(text), recursive=True)
                            if Path(p).is_file() and _kind(Path(p)))
             if not found:
-                raise UserError(f"input pattern '{text}' matches no {'/'.join(SUFFIXES)} files; check the glob")
+                raise UserError(f"{noun} pattern '{text}' matches no {'/'.join(SUFFIXES)} files; check the glob")
         else:
-            raise UserError(f"input '{text}' does not exist; check the path")
+            raise UserError(f"{noun} '{text}' does not exist; check the path")
         files.extend(found)
     return list(dict.fromkeys(p.resolve() for p in files))
 
@@ -120,13 +122,15 @@ class DocumentSource:
     """How the caller names the text, for column errors (None: the CLI's --text-column / --text-template)."""
     utf8_fix: str | None = None
     """How the caller replaces text that is no UTF-8, for those errors (None: the CLI's --bad-utf8 replace)."""
+    flag: str = "--input"
+    """The command-line flag that named `inputs`, for errors about them (`expand_inputs`)."""
 
     def __post_init__(self):
         if self.bad_utf8 not in ("fail", "replace"):
             raise UserError(f"bad_utf8 must be 'fail' or 'replace', got {self.bad_utf8!r}")
         if self.txt_docs not in ("paragraph", "file"):
             raise UserError(f"txt_docs must be 'paragraph' or 'file', got {self.txt_docs!r}")
-        self.files = expand_inputs(self.inputs)
+        self.files = expand_inputs(self.inputs, self.flag)
         self.fields = template_fields(self.text_template) if self.text_template is not None else None
         self.documents = 0
         self.skipped_empty = 0
