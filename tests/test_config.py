@@ -267,6 +267,7 @@ def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
     ("train", ["--steps", "5"], "unrecognized arguments: --steps; config keys are set as key=value, without dashes: "
                                 "train.steps=VALUE"),
     ("train", ["--optim.lr=0.01"], "config keys are set as key=value, without dashes: optim.lr=0.01;"),
+    ("train", ["--train.sample-prompt=a", "b"], "without dashes: train.sample_prompt=a;"),
     ("export", ["--run-dir", "runs/x"], "the following arguments are required: --output"),
     ("export", ["--run-dir", "runs/x", "--output", "o", "--dtype", "float16"], "invalid choice: 'float16'"),
     ("generate", ["--run-dir", "runs/x", "--max-new-tokens", "abc"], "invalid int value: 'abc'"),
@@ -281,6 +282,20 @@ def test_a_malformed_command_line_is_one_error_line_not_a_usage_block(command, a
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
     assert lines[0].endswith("--help") and not out.strip()
+
+
+def test_a_config_key_given_as_a_flag_with_a_space_in_its_value_is_hinted_whole():
+    """argparse takes `--key=a b` for an override (it has a space), argparse's own message joins the unknown
+    arguments with spaces: either way the hint shows the whole value, quoted for the shell."""
+    from data_fixtures import run_cli
+    from yxanul_jax import train
+
+    rc, _, err = run_cli(train.main, ["--train.sample-prompt=Once upon"])
+    assert rc == 2 and err == ("error: override '--train.sample-prompt=Once upon' starts with a dash; config keys are set "
+                               "as key=value, without dashes: 'train.sample_prompt=Once upon'\n"), err
+    rc, _, err = run_cli(train.main, ["--optim.lr=0.01", "--train.sample-prompt=x"])
+    assert rc == 2 and "unrecognized arguments: --optim.lr=0.01 --train.sample-prompt=x; config keys are set as " \
+                       "key=value, without dashes: optim.lr=0.01;" in err, err
 
 
 def test_an_empty_flag_value_is_refused_and_only_an_optional_flag_may_be_left_out():

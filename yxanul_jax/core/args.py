@@ -15,7 +15,7 @@ import threading
 from typing import Callable, TypeVar
 
 from yxanul_jax.core import console
-from yxanul_jax.core.coerce import keys_named
+from yxanul_jax.core.coerce import keys_named, without_dashes
 from yxanul_jax.core.config import Config, load_config
 from yxanul_jax.core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, one_line
 
@@ -31,15 +31,29 @@ class ArgumentParser(argparse.ArgumentParser):
         if ranged:
             message = f"{ranged.group(1).split('/')[-1]} {ranged.group(2)}"
         hint = ""
-        unknown = (re.findall(r"--([\w.-]+)(=\S*)?", message) if message.startswith("unrecognized arguments")
-                   else [])
-        if unknown:
+        unknown = [m.groups() for m in map(re.compile(r"--([\w.-]+)(=.*)?", re.S).fullmatch, self._unrecognized) if m]
+        if unknown and message.startswith("unrecognized arguments"):
             name, value = unknown[0]
-            name = name.replace("-", "_")  # flags spell words with dashes, config keys with underscores
-            keys = [name] if "." in name else keys_named(name, Config)
-            if keys:
-                hint = f"; config keys are set as key=value, without dashes: {keys[0]}{value or '=VALUE'}"
+            if "." in name or keys_named(name.replace("-", "_"), Config):
+                hint = f"; {without_dashes(name, value and value[1:], Config)}"
         raise UserError(f"{message}{hint}; see {self.prog} --help")
+
+    _unrecognized: list[str] = []
+
+    def parse_args(self, args=None, namespace=None):
+        """argparse's own, keeping the unrecognized arguments as given (its message joins them with spaces, so a
+        value with a space could not be told from the next argument)."""
+        return self._refuse_unrecognized(*self.parse_known_args(args, namespace))
+
+    def parse_intermixed_args(self, args=None, namespace=None):
+        """As `parse_args`, for overrides given before, between or after the flags."""
+        return self._refuse_unrecognized(*self.parse_known_intermixed_args(args, namespace))
+
+    def _refuse_unrecognized(self, namespace, unrecognized: list[str]):
+        self._unrecognized = unrecognized
+        if unrecognized:
+            self.error(f"unrecognized arguments: {' '.join(unrecognized)}")
+        return namespace
 
     def _get_value(self, action, arg_string):
         """Each value as argparse converts it, an empty one refused: no flag or argument of ours takes "", and an

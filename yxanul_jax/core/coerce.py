@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import os
+import shlex
 import textwrap
 import types
 import typing
@@ -234,8 +235,21 @@ def apply_overrides(obj: T, overrides: list[str]) -> T:
         key = key.strip()
         if not key:
             raise UserError(f"override '{item}' names no key")
+        if key.startswith("-"):  # a flag with a space in its value reaches here (argparse takes it for an override)
+            raise UserError(f"override '{item}' starts with a dash; {without_dashes(key, text, type(obj))}")
         obj = _set_path(obj, key.split("."), _parse_value(text), "")
     return obj
+
+
+def without_dashes(flag: str, value: str | None, cls) -> str:
+    """The hint for a config key given as a flag (`--optim.lr=0.01`, `--log-every 5`): the key=value form it
+    meant, quoted for the shell where the value needs it; a plain reminder when no key of `cls` has its name."""
+    name = flag.lstrip("-").replace("-", "_")  # flags spell words with dashes, config keys with underscores
+    keys = [name] if "." in name else keys_named(name, cls)
+    if not keys:
+        return "config keys are set as key=value, without dashes"
+    return (f"config keys are set as key=value, without dashes: "
+            f"{shlex.quote(keys[0] + '=' + (value if value is not None else 'VALUE'))}")
 
 
 def keys_named(name: str, cls, prefix: str = "") -> list[str]:
