@@ -114,6 +114,8 @@ RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sam
              "train.loss_kernel",  # the same sums by another kernel (tests/test_fused_ce.py)
              "train.fused_ce_tiles",  # the same sums in other blocks (tests/test_fused_ce.py, MIXED_TILES)
              "train.micro_split",  # the same sums in smaller micro-batches (tests/test_steps.py)
+             "train.loss_chunk",  # the same sums and FP8 state in other chunks (tests/test_steps.py)
+             "model.scan_unroll",  # the same stacked parameters and gradients (tests/test_model.py)
              "model.remat", "model.attention",  # memory against time, another attention kernel: the same function
              "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
              "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch", "monitor.",

@@ -77,6 +77,26 @@ def test_micro_split_runs_the_same_step_in_smaller_micro_batches():
     assert split_micro_batches({"inputs": rows}, 1)["inputs"] is rows
 
 
+def test_the_loss_chunk_changes_neither_the_step_nor_the_fp8_state():
+    # train.loss_chunk (resumable): the head + loss in chunks of 16, 40 or all 64 tokens of a micro-batch (4, 2, 1
+    # FP8 head copies, max-merged): the same sums up to float rounding, the same new FP8 state
+    cfg = _cfg(FP8Config(amax_history_len=4, targets=("q", "k", "v", "o", "gate", "up", "down", "head")))
+    state = init_train_state(cfg, jax.random.key(0))
+    batch = _batch(2, 4, 16, cfg.model.vocab_size)
+    stage = StageConfig(seq_len=16, batch_size=4, grad_accum_steps=2)
+    runs = [jax.jit(make_train_step(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, loss_chunk=c)),
+                                    stage))(state, batch) for c in (40, 16, 64)]
+    (s1, m1) = runs[0]
+    for s2, m2 in runs[1:]:
+        for key in ("loss", "z_loss", "grad_norm"):
+            np.testing.assert_allclose(float(m1[key]), float(m2[key]), rtol=1e-5, err_msg=key)
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(s1.params), jax.tree_util.tree_leaves(s2.params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6,
+                                       err_msg=jax.tree_util.keystr(path))
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(s1.fp8), jax.tree_util.tree_leaves(s2.fp8)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
 def test_fp8_state_is_max_merged_across_micro_batches():
     fp8 = FP8Config(amax_history_len=4, targets=("q", "k", "v", "o", "gate", "up", "down", "head"))
     cfg = _cfg(fp8)

@@ -128,8 +128,9 @@ class ModelConfig:
     scan_layers: bool = field(default=False, metadata=WEIGHTS)
     """Run the blocks with `nn.scan`: their parameters stacked [n_layers, ...]; with `scan_unroll: 1`, one
     compiled layer in a loop (much faster compiles for deep models)."""
-    scan_unroll: int = 1
-    """Layers per iteration of the scanned layers' loop (`scan_layers`; the parameters stay stacked either way):
+    scan_unroll: int = field(default=1, metadata=RESUME)
+    """Layers per iteration of the scanned layers' loop (`scan_layers`; the parameters stay stacked either way, so a
+    resume may change it):
     1 compiles one layer and loops over them; n_layers compiles every layer, without a loop: XLA then writes
     what the backward pass keeps without stacking copies, schedules across layers, and `remat: auto` may save
     everything (`memory.AUTO_REMAT_UNROLLED`). A slower compile: about a minute a stage for yxanul-197m on 2 CPU
@@ -548,7 +549,8 @@ class CheckpointConfig:
     max_to_keep: int = field(default=3, metadata=RESUME)
     """Most recent checkpoints kept (the best by validation perplexity is kept in addition)."""
     keep_best: bool = True
-    """Also keep the checkpoint with the lowest validation perplexity."""
+    """Also keep the checkpoint with the lowest validation perplexity. It also sets the validation length (the last
+    stage's, so that perplexities compare), so a resume keeps it as the run began."""
     async_save: bool = field(default=True, metadata=RESUME)
     """Write checkpoints in a background thread."""
 
@@ -681,8 +683,9 @@ class TrainConfig:
     """Seed of parameter init and every other random choice."""
     log_every: int = field(default=10, metadata=RESUME)
     """Write a metrics row every this many steps."""
-    loss_chunk: int = 4096
-    """Tokens per chunk of the chunked cross-entropy (the full logits never exist at once)."""
+    loss_chunk: int = field(default=4096, metadata=RESUME)
+    """Tokens per chunk of the chunked cross-entropy (the full logits never exist at once). Memory against time, the
+    same sums and FP8 state (tests/test_steps.py), so a resume may change it."""
     loss_kernel: Literal["auto", "chunked", "fused"] = field(default="auto", metadata=RESUME)
     """The output head + cross-entropy: `chunked` (XLA, logits chunk by chunk), `fused` (Pallas kernels
     that never write logits: model/fused_ce.py; on a CPU they run in Pallas interpret mode, slowly), or
