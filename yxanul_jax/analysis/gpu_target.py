@@ -24,7 +24,8 @@ import contextlib
 import os
 import re
 
-from yxanul_jax.analysis.gpus import GPUS, of_device_kind
+from yxanul_jax.analysis.gpus import GPUS, GpuSpec, of_device_kind
+from yxanul_jax.core.config import Config
 from yxanul_jax.core.errors import UserError, one_line
 
 INSTALL_HINT = "bash scripts/gpu_check_env.sh (a venv with the gpu-check extra) and run it with .venv-gpu-check/bin/python"
@@ -143,7 +144,7 @@ def target_spec(target: str) -> str:
                     "GpuTargetConfigProto text file; pass h100, h200 or a spec file path")
 
 
-def target_gpu(target: str):
+def target_gpu(target: str) -> GpuSpec | None:
     """The `analysis.gpus` entry a target compiles for (its rates drive the performance model): the table's
     own for a named target, the one whose device_kind matches a spec file's `name`, or None."""
     if target in TARGETS:
@@ -183,7 +184,7 @@ def compile_device(target: str = "h100"):
     return device
 
 
-def gpu_config(cfg, seq_len: int | None = None):
+def gpu_config(cfg: Config, seq_len: int | None = None) -> Config:
     """`cfg` with `model.attention: auto`, `train.loss_kernel: auto` and `fp8.gemm_form: auto` resolved as on a GPU
     (`transformer.attention_implementation` for `seq_len`: `short`, XLA's or cuDNN's; the fused head + loss
     kernels; FP8 GEMMs in the `dequant` form), for compiling one stage on a compile-only device while JAX's own

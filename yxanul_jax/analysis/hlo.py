@@ -177,7 +177,7 @@ class HloGraph:
                         self.callers[callee].append((key, ins))
         self._runs: dict[str, int] = {}
 
-    def runs(self, cname: str, seen=()) -> int:
+    def runs(self, cname: str, seen: tuple[str, ...] = ()) -> int:
         """How many times computation `cname` runs per call (known loop trip counts; 1 if unknown)."""
         if cname in self._runs:
             return self._runs[cname]

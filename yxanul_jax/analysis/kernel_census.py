@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Callable
 
 TENSOR_FLOP_PER_CLOCK = 4096  # dense BF16 per SM per clock, GH100 (989.4 TFLOP/s = 132 SMs x 4096 x 1.83 GHz)
 ISSUE_PER_CLOCK = 4  # warp instructions per SM per clock (4 schedulers)
@@ -58,7 +59,7 @@ def kernel_ptx(lowered) -> dict[str, str]:
         return out
 
 
-def mosaic_ptx(compile_fn) -> dict[str, str]:
+def mosaic_ptx(compile_fn: Callable[[], object]) -> dict[str, str]:
     """{kernel name: PTX} of every Mosaic GPU kernel that `compile_fn()` (a deviceless compile) builds. The CUDA
     plugin compiles those itself, not XLA's dump, and writes their PTX where MOSAIC_GPU_DUMP_TO names (read at each
     compile); the name is the kernel's body function (`model.fused_ce_ws`). The plugin writes the PTX version of

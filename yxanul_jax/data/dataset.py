@@ -167,7 +167,7 @@ class PreparedDataset:
 LATER_FINGERPRINT_KEYS = ("order",)  # keys a stream position saved before they existed lacks
 
 
-def same_dataset(saved, now: dict) -> bool:
+def same_dataset(saved: object, now: dict) -> bool:
     """Whether a saved stream position's dataset `fingerprint` is `now`'s. A key in LATER_FINGERPRINT_KEYS is
     compared only when the saved one has it (a checkpoint written before it existed still resumes)."""
     return isinstance(saved, dict) and all(saved.get(k) == v for k, v in now.items()

@@ -11,6 +11,8 @@ document rule and column errors this reuses): the same texts prepared from parqu
 """
 from __future__ import annotations
 
+import argparse
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -23,7 +25,7 @@ EXTRA = "hf"
 _ROWS_PER_READ = 1024
 
 
-def import_datasets():
+def import_datasets() -> types.ModuleType:
     """The `datasets` module, or a UserError naming the extra that installs it."""
     try:
         import datasets
@@ -133,6 +135,6 @@ class HFDatasetSource(DocumentSource):
                 yield self._from_record(self._where(), dict(zip(self._needed(), values)))
 
 
-def hf_source_from_args(args) -> HFDatasetSource:
+def hf_source_from_args(args: argparse.Namespace) -> HFDatasetSource:
     """The `prepare --hf-dataset REF [--split S] [--text-column C | --text-template T]` source."""
     return HFDatasetSource([args.hf_dataset], **text_args(args), split=args.split)

@@ -179,7 +179,7 @@ class _TrainBatchAt:
         local = batch_size // process_count
         self.rows = (process_index * local, (process_index + 1) * local)  # global rows [r0, r1)
 
-    def lane_rows(self):
+    def lane_rows(self) -> Iterator[tuple[int, int, int, np.ndarray]]:
         """(lane g, its first row index i0, its row count m, local row positions) for this process."""
         G, (r0, r1) = self.lanes.lanes, self.rows
         for g in range(G):

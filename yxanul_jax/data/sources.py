@@ -373,13 +373,13 @@ def add_source_args(parser: argparse.ArgumentParser, input_required: bool = True
                         help=".txt documents: blank-line separated paragraphs (default) or whole files")
 
 
-def text_args(args) -> dict:
+def text_args(args: argparse.Namespace) -> dict[str, str | None]:
     """A source's `text_column` and `text_template` from --text-column / --text-template (neither: `TEXT_COLUMN`)."""
     template = unescape_template(args.text_template) if args.text_template is not None else None
     return {"text_column": TEXT_COLUMN if args.text_column is None else args.text_column, "text_template": template}
 
 
-def source_from_args(args) -> DocumentSource:
+def source_from_args(args: argparse.Namespace) -> DocumentSource:
     """The `--input ...` source of `tokenizer` and `prepare`; a column option for text files only is refused."""
     source = DocumentSource(args.input, **text_args(args), bad_utf8=args.bad_utf8, txt_docs=args.txt_docs)
     source.refuse_text_option("--text-template" if args.text_template is not None
