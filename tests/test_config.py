@@ -1,4 +1,5 @@
 """Config system: defaults, sparse YAML, dotted overrides, and one-line errors with exit code 2."""
+import contextlib
 import dataclasses
 import re
 import subprocess
@@ -298,6 +299,41 @@ def test_a_config_key_given_as_a_flag_with_a_space_in_its_value_is_hinted_whole(
     rc, _, err = run_cli(train.main, ["--optim.lr=0.01", "--train.sample-prompt=x"])
     assert rc == 2 and "unrecognized arguments: --optim.lr=0.01 --train.sample-prompt=x; config keys are set as " \
                        "key=value, without dashes: optim.lr=0.01;" in err, err
+
+
+def test_every_path_flag_expands_a_tilde_after_an_equals_sign(monkeypatch, tmp_path):
+    # bash expands `--run-dir ~/x` but leaves `--run-dir=~/x` as it is: the flag's type expands it, so the path a
+    # command checks and the one it writes are the same (a folder called `~` in the working directory was made)
+    import argparse
+
+    from yxanul_jax.core.args import ArgumentParser, user_path
+    from yxanul_jax.inference.trained import add_source_args
+    from yxanul_jax.train import parse_args
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = parse_args(["--run-dir=~/r", "--checkpoint=~/c", "--config=~/c.yaml"])
+    assert (args.run_dir, args.checkpoint, args.config) == (f"{tmp_path}/r", f"{tmp_path}/c", f"{tmp_path}/c.yaml")
+    p = ArgumentParser()
+    add_source_args(p)
+    assert p.parse_args(["--run-dir=~/r"]).run_dir == f"{tmp_path}/r"
+    # every command's flag that names a file or folder has that type (read from the parsers the commands build)
+    import importlib
+
+    seen = {}
+    real_add = argparse._ActionsContainer.add_argument
+
+    def add(self, *names, **kw):
+        seen.setdefault(kw.get("type"), []).extend(n for n in names if n.startswith("--") or not n.startswith("-"))
+        return real_add(self, *names, **kw)
+
+    monkeypatch.setattr(argparse._ActionsContainer, "add_argument", add)
+    for command in ("analyze", "evaluate", "export", "generate", "plot", "prepare", "tokenizer", "train"):
+        with contextlib.suppress(SystemExit, Exception):
+            importlib.import_module(f"yxanul_jax.{command}").main(["--help"])
+    paths = {"--config", "--run-dir", "--checkpoint", "--output", "--hlo-out", "--compare-config", "--include-path",
+             "--heldout", "--prompt-file", "--tokenizer", "--input", "--hf-dataset", "run_dirs"}
+    untyped = paths & set(seen.get(None, []))
+    assert not untyped and paths <= set(seen[user_path]), untyped
 
 
 def test_an_empty_flag_value_is_refused_and_only_an_optional_flag_may_be_left_out():

@@ -69,6 +69,25 @@ def test_plot_refuses_a_binary_metrics_file_and_outputs_it_cannot_write(tmp_path
     assert rc == 2 and "holds loss, " in stderr and stderr.count("\n") == 1 and not (tmp_path / "x.png").exists()
 
 
+def test_plot_skips_rows_without_a_step_or_numbers_and_writes_where_a_tilde_points(tmp_path, monkeypatch):
+    # rows a hand edit or another tool left (a string, a list, no step) are skipped as torn lines are (each was a
+    # traceback); `--output=~/x.png` (bash leaves `~` there) is written in the home folder, not in a folder `~`
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    (home / "run").mkdir(parents=True)
+    cwd.mkdir()
+    rows = [{"step": 1, "tokens": "abc", "loss": 3.0}, {"tokens": 100, "loss": 3.0}, {"step": [1], "loss": 2.0},
+            {"step": True, "tokens": 50, "loss": 9.0}, {"step": 2, "tokens": 200, "loss": 2.5},
+            {"step": 3, "tokens": 300, "loss": 2.0, "lr": "x"}]
+    (home / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot.series(plot.read_metrics(str(home / "run")), "loss") == ([200.0, 300.0], [2.5, 2.0])
+    assert plot.series(plot.read_metrics(str(home / "run")), "lr") == ([], [])
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    rc, stdout, stderr = run_cli(plot.main, ["~/run", "--output=~/x.png"])
+    assert rc == 0 and (home / "x.png").read_bytes().startswith(PNG), stdout + stderr
+    assert os.listdir(cwd) == []
+
+
 def test_tokens_to_target_interpolates_and_summary_compares_arms():
     study = _study()
     assert study.tokens_to([100, 200, 300], [6.0, 5.0, 4.0], 4.5) == pytest.approx(250)

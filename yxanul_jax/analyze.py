@@ -37,7 +37,7 @@ import json
 import sys
 
 from yxanul_jax.analysis.hlo import count_dots, custom_calls, gemm_kinds, gemms, has_fp8_values  # noqa: F401
-from yxanul_jax.core.args import ArgumentParser, Ranged, add_config_args, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, add_config_args, cli_entry, user_path
 from yxanul_jax.core.coerce import apply_overrides
 from yxanul_jax.core.config import Config, load_config, validate
 from yxanul_jax.core.errors import UserError
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     add_config_args(parser)
     parser.add_argument("--stage", type=Ranged(int, 0), default=0, help="curriculum stage to compile (default 0)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole report")
-    parser.add_argument("--hlo-out", default=None, metavar="FILE", help="write the optimized HLO text here")
+    parser.add_argument("--hlo-out", default=None, type=user_path, metavar="FILE", help="write the optimized HLO text here")
     parser.add_argument("--target", default=None, metavar="GPU",
                         help="compile for h100, h100-pcie, h200 or a GpuTargetConfigProto file, on this machine (no GPU "
                              "needed; the gpu-check extra), and predict the step time there")
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", nargs="+", default=None, metavar="K=V",
                         help="with --target: also compile the config with these overrides and print both predictions "
                              "side by side (put the base config's own overrides before --compare)")
-    parser.add_argument("--compare-config", default=None, metavar="FILE",
+    parser.add_argument("--compare-config", default=None, type=user_path, metavar="FILE",
                         help="with --target: compare with this config (the same overrides and flags applied)")
     args = parser.parse_intermixed_args(argv)  # overrides may come before, between or after flags
     if args.require and not args.target:

@@ -26,7 +26,7 @@ import tempfile
 import yaml
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import atomic_write, cache_root, check_new_output
 from yxanul_jax.data.sources import TEXT_COLUMN, DocumentSource
@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m yxanul_jax.evaluate", description=__doc__.splitlines()[0])
     add_source_args(p)
     p.add_argument("--tasks", default=None, help="lm-eval task names, comma-separated (built-in or --include-path)")
-    p.add_argument("--include-path", action="append", default=[], metavar="DIR",
+    p.add_argument("--include-path", action="append", default=[], type=user_path, metavar="DIR",
                    help="a folder of lm-eval task YAML files (repeatable)")
-    p.add_argument("--heldout", default=None, metavar="FILE",
+    p.add_argument("--heldout", default=None, type=user_path, metavar="FILE",
                    help=f"text to score as task {HELDOUT_TASK}: parquet, .jsonl[.gz] or .txt[.gz] (paragraphs)")
     p.add_argument("--text-column", default=None,
                    help=f"--heldout's text column (parquet / jsonl; default {TEXT_COLUMN})")
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="torch device (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the export's and the evaluation's dtype")
     p.add_argument("--seed", type=Ranged(int, 0), default=1234, help="lm-eval's seeds (few-shot sampling)")
-    p.add_argument("--output", default=None, metavar="F.json", help="new JSON file for lm-eval's results")
+    p.add_argument("--output", default=None, type=user_path, metavar="F.json", help="new JSON file for lm-eval's results")
     p.add_argument("--log-samples", action="store_true", help="keep each document's scores in --output")
     args = p.parse_args(argv)
     import jax

@@ -21,7 +21,7 @@ import json
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.args import ArgumentParser, cli_entry, user_path
 from yxanul_jax.core.rundir import check_new_output
 from yxanul_jax.inference.hf_export import DTYPES, export  # noqa: F401  (export: the library function)
 from yxanul_jax.inference.trained import add_source_args, load_trained
@@ -30,7 +30,7 @@ from yxanul_jax.inference.trained import add_source_args, load_trained
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m yxanul_jax.export", description=__doc__.splitlines()[0])
     add_source_args(p)
-    p.add_argument("--output", required=True, help="new folder for the Hugging Face model")
+    p.add_argument("--output", required=True, type=user_path, help="new folder for the Hugging Face model")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     args = p.parse_args(argv)
     check_new_output(args.output, "an export is never overwritten")  # before the restore

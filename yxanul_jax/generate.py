@@ -15,7 +15,7 @@ import json
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
 from yxanul_jax.core.config import FP8Config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.inference import sampling
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m yxanul_jax.generate", description=__doc__.splitlines()[0])
     add_source_args(p)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable: decoded as one batch)")
-    p.add_argument("--prompt-file", action="append", help="a file whose whole text is one prompt (repeatable)")
+    p.add_argument("--prompt-file", action="append", type=user_path, help="a file whose whole text is one prompt (repeatable)")
     p.add_argument("--max-new-tokens", type=Ranged(int, 1), default=sampling.MAX_NEW_TOKENS,
                    help="default %(default)s")
     p.add_argument("--temperature", type=Ranged(float, 0), default=sampling.TEMPERATURE,

@@ -11,7 +11,7 @@ import os
 import sys
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, cli_entry
+from yxanul_jax.core.args import ArgumentParser, cli_entry, user_path
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import METRICS_FILE, TERM_PREFIX, atomic_write_bytes, check_output_file
 
@@ -25,9 +25,13 @@ def panels_of(runs: dict[str, list[dict]]) -> tuple[tuple[str, str], ...]:
     return PANELS + tuple((k, f"{k} (per token)") for k in terms)
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def read_metrics(run_dir: str) -> list[dict]:
-    """The rows of `run_dir/metrics.jsonl` (torn lines of a crash skipped); UserError if there are none or the
-    file is not text."""
+    """The rows of `run_dir/metrics.jsonl` (torn lines of a crash, and rows without an integer step, skipped);
+    UserError if there are none or the file is not text."""
     path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.isfile(path):
         raise UserError(f"'{run_dir}' has no {METRICS_FILE}; pass a run directory of `python -m yxanul_jax.train`")
@@ -41,7 +45,7 @@ def read_metrics(run_dir: str) -> list[dict]:
                                 "file of `python -m yxanul_jax.train`; restore it or pass another run directory")
             except json.JSONDecodeError:
                 continue
-            if isinstance(row, dict):
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
                 rows.append(row)
     if not rows:
         raise UserError(f"'{path}' has no rows yet; plot it after the first logged step")
@@ -50,11 +54,11 @@ def read_metrics(run_dir: str) -> list[dict]:
 
 def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
     """(tokens, values) of every row that has `key` (validation rows of older runs: tokens of their step)."""
-    tokens_at = {r["step"]: r["tokens"] for r in rows if "tokens" in r and "loss" in r}
+    tokens_at = {r["step"]: r["tokens"] for r in rows if _number(r.get("tokens")) and "loss" in r}
     xs, ys = [], []
     for r in rows:
-        value, tokens = r.get(key), r.get("tokens", tokens_at.get(r.get("step")))
-        if isinstance(value, (int, float)) and tokens is not None:
+        value, tokens = r.get(key), r.get("tokens", tokens_at.get(r["step"]))
+        if _number(value) and _number(tokens):
             xs.append(float(tokens))
             ys.append(float(value))
     return xs, ys
@@ -110,8 +114,8 @@ def plot_runs(runs: dict[str, list[dict]], output: str, panels=PANELS, colors: d
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m yxanul_jax.plot", description=__doc__.splitlines()[0])
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories with a metrics.jsonl")
-    p.add_argument("--output", default="runs.png", help="PNG to write (default: runs.png)")
+    p.add_argument("run_dirs", nargs="+", type=user_path, metavar="RUN_DIR", help="run directories with a metrics.jsonl")
+    p.add_argument("--output", default="runs.png", type=user_path, help="PNG to write (default: runs.png)")
     args = p.parse_args(argv)
     check_output_file(args.output)
     if not args.output.endswith(".png"):

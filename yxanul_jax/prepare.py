@@ -12,7 +12,7 @@ import sys
 from typing import Sequence
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import check_output_parent
 from yxanul_jax.data.hf_source import hf_source_from_args
@@ -34,12 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`prepare`: tokenize inputs into token shards + a manifest (`data.layout`); returns the exit code."""
     parser = ArgumentParser(prog="yxanul prepare", description=__doc__.split("\n\n")[0])
     add_source_args(parser, input_required=False)
-    parser.add_argument("--hf-dataset", default=None, metavar="NAME_OR_PATH",
+    parser.add_argument("--hf-dataset", default=None, type=user_path, metavar="NAME_OR_PATH",
                         help="instead of --input: a Hugging Face `datasets` dataset (a save_to_disk folder, a folder "
                              "of data files, or a name in the local cache); needs the `hf` extra")
     parser.add_argument("--split", default=None, help="--hf-dataset's split (default: its only one, else train)")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer.json, or a directory with it or vocab.json + merges.txt")
-    parser.add_argument("--output", required=True, help="new directory for the prepared dataset")
+    parser.add_argument("--tokenizer", required=True, type=user_path, help="tokenizer.json, or a directory with it or vocab.json + merges.txt")
+    parser.add_argument("--output", required=True, type=user_path, help="new directory for the prepared dataset")
     parser.add_argument("--val-fraction", type=Ranged(float, 0, 1), default=0.05,
                         help="share of documents held out (default 0.05)")
     parser.add_argument("--workers", type=Ranged(int, 1), default=None,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from yxanul_jax.core import console
-from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry
+from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import check_new_output, staged_dir
 from yxanul_jax.data.sources import add_source_args, source_from_args, warn_replaced
@@ -73,10 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_source_args(train)
     train.add_argument("--vocab-size", type=Ranged(int, MIN_BPE_VOCAB, why=BPE_VOCAB_WHY), required=True,
                        help="vocabulary cap, EOS and 256 bytes included")
-    train.add_argument("--output", required=True, help="new directory for tokenizer.json")
+    train.add_argument("--output", required=True, type=user_path, help="new directory for tokenizer.json")
     train.add_argument("--min-frequency", type=Ranged(int, 1), default=2, help="least count of a pair to merge it")
     stats = sub.add_parser("stats", help="documents, characters, tokens and characters per token")
-    stats.add_argument("--tokenizer", required=True, help="tokenizer.json, or a directory with it or vocab.json + merges.txt")
+    stats.add_argument("--tokenizer", required=True, type=user_path, help="tokenizer.json, or a directory with it or vocab.json + merges.txt")
     add_source_args(stats)
     stats.add_argument("--superbpe", choices=SUPERBPE_CHOICES, default="auto",
                        help="SuperBPE pre-tokenizer for vocab.json + merges.txt (auto: when superwords exist)")

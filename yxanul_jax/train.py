@@ -14,7 +14,7 @@ import sys
 
 import jax
 
-from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args
+from yxanul_jax.core.args import ArgumentParser, add_config_args, cli_entry, config_from_args, user_path
 from yxanul_jax.core.config import Config, MeshConfig, load_config
 from yxanul_jax.core.rundir import CONFIG_FILE, RUN_DIR_RULE, default_run_dir
 from yxanul_jax.inference.run_sample import EndOfRunSample
@@ -26,10 +26,10 @@ from yxanul_jax.training.session import checkpoint_config, evaluate_checkpoint
 def parse_args(argv):
     p = ArgumentParser(prog="python -m yxanul_jax.train", description=__doc__.split("\n\n")[0])
     add_config_args(p)
-    p.add_argument("--checkpoint", default=None, help="resume from this checkpoint (directory or step dir)")
+    p.add_argument("--checkpoint", default=None, type=user_path, help="resume from this checkpoint (directory or step dir)")
     p.add_argument("--eval-only", action="store_true", help="validate the checkpoint and exit")
     p.add_argument("--disable-fp8", action="store_true", help="train the same model in BF16 (fp8.enabled=false)")
-    p.add_argument("--run-dir", default=None, help=f"run directory (default: {RUN_DIR_RULE})")
+    p.add_argument("--run-dir", default=None, type=user_path, help=f"run directory (default: {RUN_DIR_RULE})")
     p.add_argument("--overwrite", action="store_true",
                    help="reuse a run directory that holds a different config (old files are moved aside)")
     return p.parse_intermixed_args(argv)  # overrides may come before, between or after flags

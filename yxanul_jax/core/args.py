@@ -9,6 +9,7 @@ import functools
 import io
 import logging
 import math
+import os
 import re
 import sys
 import threading
@@ -106,9 +107,15 @@ class Ranged:
         return value
 
 
+def user_path(text: str) -> str:
+    """The `type=` of every flag that names a file or folder: `~` expanded. bash expands `--output ~/x` but not
+    `--output=~/x`, where the check of a path and its write would otherwise name different ones (a folder `~`)."""
+    return os.path.expanduser(text)
+
+
 def add_config_args(parser) -> None:
     """The `--config FILE` and trailing `key=value` arguments every command shares."""
-    parser.add_argument("--config", default=None, help="YAML file overriding the defaults (see configs/)")
+    parser.add_argument("--config", default=None, type=user_path, help="YAML file overriding the defaults (see configs/)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
 
 

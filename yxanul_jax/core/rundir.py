@@ -201,8 +201,8 @@ def write_report(out_dir: str, stem: str, record: dict, markdown: str) -> None:
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory and a rename (a full or read-only
-    disk: one UserError line naming `path`, nothing left behind)."""
-    final = Path(path).absolute()
+    disk: one UserError line naming `path`, nothing left behind; `~` expanded, as `output_path` checks it)."""
+    final = Path(path).expanduser().absolute()
     with writing(final), _naming_output(final), _new_parents(final):
         remove_stale_temps(final)
         tmp = _temp_sibling(final)

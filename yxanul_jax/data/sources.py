@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from yxanul_jax.core import console
+from yxanul_jax.core.args import user_path
 from yxanul_jax.core.errors import UserError, one_line
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".txt", ".txt.gz")
@@ -361,7 +362,7 @@ class DocumentSource:
 def add_source_args(parser: argparse.ArgumentParser, input_required: bool = True) -> None:
     """--input / --text-column / --text-template / --bad-utf8 / --txt-docs, of `tokenizer` and `prepare`
     (`input_required=False`: the command has another source, e.g. prepare's --hf-dataset, and checks itself)."""
-    parser.add_argument("--input", nargs="+", required=input_required, metavar="PATH",
+    parser.add_argument("--input", nargs="+", required=input_required, type=user_path, metavar="PATH",
                         help="parquet / .jsonl[.gz] / .txt[.gz] files, directories or globs")
     text = parser.add_mutually_exclusive_group()
     text.add_argument("--text-column", default=None, help=f"column holding the text (default: {TEXT_COLUMN})")

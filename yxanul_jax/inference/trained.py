@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 
+from yxanul_jax.core.args import user_path
 from yxanul_jax.core.config import Config, from_saved, load_config, validate
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_EOS_FILE, TOKENIZER_FILE
@@ -77,8 +78,8 @@ def run_tokenizer(cfg: Config, run_dir: str | None = None) -> LoadedTokenizer:
 
 def add_source_args(parser) -> None:
     """`--run-dir` / `--checkpoint`: where the sampling and export commands take a trained model from."""
-    parser.add_argument("--run-dir", default=None, help="a training run directory (its latest checkpoint)")
-    parser.add_argument("--checkpoint", default=None, help="a checkpoint directory or one step's directory")
+    parser.add_argument("--run-dir", default=None, type=user_path, help="a training run directory (its latest checkpoint)")
+    parser.add_argument("--checkpoint", default=None, type=user_path, help="a checkpoint directory or one step's directory")
 
 
 def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> Trained:
