@@ -151,6 +151,31 @@ def test_export_cli_refuses_an_empty_or_unwritable_output_before_the_restore(tmp
     assert not [p for p in os.listdir("/proc") if p.startswith(".yxanul")]
 
 
+def test_no_output_goes_inside_a_runs_checkpoint_folder(trained_run, tmp_path):
+    """An export into a step's folder was deleted with the step when training rotated it, and one named like a step
+    was moved aside as a corrupt checkpoint: every output inside a run's checkpoints/ is refused before the restore
+    (a folder of the run beside it is fine)."""
+    import shutil
+
+    from yxanul_jax import evaluate, prepare
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns(".lock"))
+    before = sorted(os.listdir(run / "checkpoints"))
+    step = run / "checkpoints" / before[-1]
+    for main, args in ((export_main, ["--run-dir", str(run), "--output", str(step / "hf")]),
+                       (export_main, ["--run-dir", str(run), "--output", str(run / "checkpoints" / "30")]),
+                       (evaluate.main, ["--run-dir", str(run), "--heldout", str(run / "config.yaml"),
+                                        "--output", str(step / "e.json")]),
+                       (prepare.main, ["--input", str(run / "config.yaml"), "--tokenizer", str(run / "tokenizer.json"),
+                                       "--output", str(run / "checkpoints" / "p")])):
+        rc, _, err = run_cli(main, args)
+        assert rc == 2 and err.count("\n") == 1 and f"inside the checkpoint folder '{run / 'checkpoints'}'" in err \
+            and f"'{run / 'hf'}'" in err, err
+    assert sorted(os.listdir(run / "checkpoints")) == before and sorted(os.listdir(step)) == sorted(
+        os.listdir(trained_run / "checkpoints" / before[-1]))
+
+
 @pytest.mark.slow
 def test_a_run_starts_from_an_exported_llama(trained_run, tmp_path, capsys):
     # export -> train(init.from_hf=...) : the run takes the checkpoint's sizes and weights

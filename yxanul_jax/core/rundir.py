@@ -117,8 +117,14 @@ def _existing_ancestor(final: Path) -> Path:
 def check_output_parent(path: str | os.PathLike, flag: str = "--output") -> None:
     """UserError unless `path`'s folder can be made: its nearest existing ancestor is a writable
     directory (the missing folders are created when it is written) where a file can be created now
-    (a hidden probe, removed at once: /proc passes the permission check and refuses new files)."""
+    (a hidden probe, removed at once: /proc passes the permission check and refuses new files), and not inside a
+    run's checkpoint folder, whose steps training rotates and moves aside (what is written there goes with them)."""
     final = output_path(path, flag)
+    managed = next((a for a in final.parents if a.name == CHECKPOINT_DIR and (a.parent / CONFIG_FILE).is_file()), None)
+    if managed is not None:
+        raise UserError(f"{flag} '{path}' is inside the checkpoint folder '{managed}', whose steps training rotates "
+                        f"and moves aside, taking what is written there with them; choose a path outside it, e.g. "
+                        f"'{managed.parent / 'hf'}'")
     ancestor = _existing_ancestor(final)
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
         what = "is a file" if not ancestor.is_dir() else "is not writable"
