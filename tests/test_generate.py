@@ -217,6 +217,40 @@ def test_a_run_samples_from_its_own_folder_when_its_dataset_is_gone(trained_run,
     assert rc == 0 and "--- sample 1" in stdout, stderr[-2000:]
 
 
+def test_a_run_config_edited_after_its_checkpoints_and_a_run_without_one_are_refused(trained_run, tmp_path):
+    # the run's config.yaml is the model the command builds: with fewer layers than the checkpoint's, the partial
+    # restore read the first layers out of it without a word (a truncated model sampled and exported)
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns(".lock"))
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"]["n_layers"] = 1
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rc, _, stderr = _cli("--run-dir", str(run), "--prompt", "x")
+    assert rc == 2 and stderr.count("\n") == 1 and "was saved with model.n_layers=2, but" in stderr and \
+        f"'{run / 'config.yaml'}' says model.n_layers=1 (edited since?); put back n_layers: 2 there" in stderr, stderr
+    shutil.rmtree(run / "checkpoints")  # a run that has not saved yet: waiting is the fix, not another flag
+    rc, _, stderr = _cli("--run-dir", str(run), "--prompt", "x")
+    assert rc == 2 and stderr == f"error: '{run}' has no checkpoint yet (a run saves every checkpoint.interval " \
+        "steps and at its end); wait for its first save, or pass --checkpoint PATH of another\n", stderr
+
+
+def test_prompts_and_seeds_are_checked_before_the_restore(tmp_path):
+    # --run-dir names no run: each mistake below must be found first (a bytes prompt and a 2**63 seed were
+    # tracebacks after the restore, an empty prompt file "a prompt is empty" after it, naming no file)
+    (tmp_path / "empty.txt").write_text("")
+    bad = b"\xff\xfe abc".decode("utf-8", "surrogateescape")  # what Python makes of argv bytes that are not UTF-8
+    for args, needle in ((["--prompt", bad], "--prompt holds bytes that are not UTF-8 text"),
+                         (["--prompt", "a", "--prompt-file", str(tmp_path / "empty.txt")],
+                          f"--prompt-file '{tmp_path / 'empty.txt'}' is empty"),
+                         (["--prompt", "a", "--seed", str(2**32)], f"--seed {2**32} must be in [0, {2**32 - 1}]")):
+        rc, _, stderr = _cli("--run-dir", str(tmp_path), *args)
+        assert rc == 2 and stderr.count("\n") == 1 and needle in stderr, stderr
+
+
 @pytest.mark.parametrize("content", [b"model: {d_model: [oops\n", b"\xff\xfe bad\n", b"- 1\n"],
                          ids=["bad-yaml", "not-utf8", "a-list"])
 def test_a_damaged_run_config_is_one_line_naming_it(tmp_path, content):

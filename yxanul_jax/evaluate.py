@@ -27,6 +27,7 @@ import yaml
 
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
+from yxanul_jax.core.config import MAX_SEED
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import atomic_write, cache_root, check_new_output
 from yxanul_jax.data.sources import TEXT_COLUMN, DocumentSource
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", default="8", help="a number, or 'auto' (lm-eval finds the largest that fits)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the export's and the evaluation's dtype")
-    p.add_argument("--seed", type=Ranged(int, 0), default=1234, help="lm-eval's seeds (few-shot sampling)")
+    p.add_argument("--seed", type=Ranged(int, 0, MAX_SEED), default=1234, help="lm-eval's seeds (few-shot sampling)")
     p.add_argument("--output", default=None, type=user_path, metavar="F.json", help="new JSON file for lm-eval's results")
     p.add_argument("--log-samples", action="store_true", help="keep each document's scores in --output")
     args = p.parse_args(argv)

@@ -16,19 +16,28 @@ import sys
 
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
-from yxanul_jax.core.config import FP8Config
+from yxanul_jax.core.config import FP8Config, MAX_SEED
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.inference import sampling
 
 
 def _prompts(args) -> list[str]:
+    """The prompts of --prompt and --prompt-file, each checked before the checkpoint is read."""
     prompts = list(args.prompt or [])
+    for text in prompts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # the shell passed bytes that are not UTF-8 (Python keeps them as surrogates)
+            raise UserError("--prompt holds bytes that are not UTF-8 text; pass UTF-8 text, or --prompt-file "
+                            "FILE") from None
     for path in args.prompt_file or []:
         try:
             with open(path, encoding="utf-8") as fh:
                 prompts.append(fh.read())
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"--prompt-file '{path}' cannot be read ({type(e).__name__}); pass a UTF-8 text file")
+        if not prompts[-1]:
+            raise UserError(f"--prompt-file '{path}' is empty; put the prompt's text in it")
     if not prompts:
         raise UserError("give a prompt: --prompt TEXT (repeatable) or --prompt-file FILE")
     return prompts
@@ -64,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="0 keeps every token; default %(default)s")
     p.add_argument("--top-p", type=Ranged(float, 0, 1, lo_open=True), default=sampling.TOP_P,
                    help="nucleus mass; 1 keeps every token; default %(default)s")
-    p.add_argument("--seed", type=Ranged(int, 0), default=0)
+    p.add_argument("--seed", type=Ranged(int, 0, MAX_SEED), default=0)
     p.add_argument("--num-samples", type=Ranged(int, 1), default=1, help="samples per prompt")
     p.add_argument("--disable-fp8", action="store_true", help="decode with BF16 GEMMs even if the model trained in FP8")
     p.add_argument("--json", action="store_true", help="end with one JSON line")

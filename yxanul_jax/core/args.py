@@ -80,12 +80,13 @@ class Ranged:
         self.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
 
     def describe(self) -> str:
-        """The range in words: `>= 0`, `in [0, 1)`."""
-        if self.lo is not None and self.hi is not None:
-            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
-        if self.lo is not None:
-            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
-        return f"{'<' if self.hi_open else '<='} {self.hi:g}" if self.hi is not None else "a number"
+        """The range in words: `>= 0`, `in [0, 1)` (an int's ends written whole: `in [0, 4294967295]`)."""
+        lo, hi = (None if v is None else str(v) if self.kind is int else f"{v:g}" for v in (self.lo, self.hi))
+        if lo is not None and hi is not None:
+            return f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
+        if lo is not None:
+            return f"{'>' if self.lo_open else '>='} {lo}"
+        return f"{'<' if self.hi_open else '<='} {hi}" if hi is not None else "a number"
 
     def outside(self) -> list[str]:
         """Values just outside the range (what the tests try on every flag)."""

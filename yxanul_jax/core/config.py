@@ -43,6 +43,8 @@ def fused_ce_takes(k: int) -> bool:
 MIXTURE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 """A dataset name of a mixture (data.train / data.weights keys): safe in dotted keys, metric names and paths."""
 TRITON_GEMM_OPTION = "xla_gpu_enable_triton_gemm"
+MAX_SEED = 2**32 - 1  # every seed is 32-bit: numpy's generators (the data order, lm-eval's) take no larger
+SEED_RANGE = f"in [0, {MAX_SEED}] (32 bits)"
 """The XLA option that lets Triton take GEMM fusions (default on), which FP8's `dequant` form needs off."""
 
 
@@ -495,7 +497,8 @@ class DataConfig:
                             f"data.weights.{missing[0]}=W, or remove data.weights for equal weights")
         if self.lanes < 0:
             raise UserError(f"config key 'data.lanes' must be >= 0 (0: automatic), got {self.lanes}")
-        for key in ("shuffle_seed", "num_workers", "prefetch"):
+        each_in_range(self, "data", ("shuffle_seed",), lambda v: 0 <= v <= MAX_SEED, SEED_RANGE)
+        for key in ("num_workers", "prefetch"):
             if getattr(self, key) < 0:
                 raise UserError(f"config key 'data.{key}' must be >= 0, got {getattr(self, key)}")
         for i, s in enumerate(stages):
@@ -725,7 +728,8 @@ class TrainConfig:
         if self.sample_tokens < 0:
             raise UserError(f"config key 'train.sample_tokens' must be >= 0, got {self.sample_tokens}")
         each_in_range(self, "train", ("loss_chunk", "log_every"), lambda v: v >= 1, ">= 1")
-        each_in_range(self, "train", ("seed", "z_loss"), lambda v: v >= 0, ">= 0")
+        each_in_range(self, "train", ("z_loss",), lambda v: v >= 0, ">= 0")
+        each_in_range(self, "train", ("seed",), lambda v: 0 <= v <= MAX_SEED, SEED_RANGE)
         if self.micro_split < 1:
             raise UserError(f"config key 'train.micro_split' must be >= 1, got {self.micro_split}")
         try:
