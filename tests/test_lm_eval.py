@@ -173,7 +173,7 @@ def test_mistakes_end_in_one_line(trained_run, tmp_path, monkeypatch):
         (run + ["--heldout", str(tmp_path / "nowhere.parquet")], f"--heldout '{tmp_path / 'nowhere.parquet'}' does "
                                                                  "not exist"),
         (run, "no task to run"),
-        (["--run-dir", str(no_ckpt), "--heldout", str(text)], "no checkpoint in"),
+        (["--run-dir", str(no_ckpt), "--heldout", str(text)], "has no checkpoint yet"),
         (run + ["--heldout", str(text), "--output", str(taken)], "already exists"),
         (run + ["--heldout", str(shared_path("data", "validation", "gsm8k_validation.parquet"))], "no column 'text'"),
         (run + ["--heldout", str(text), "--include-path", str(tmp_path / "nope")], "not a folder"),
@@ -251,6 +251,34 @@ def test_a_max_length_a_task_cannot_take_is_one_line(trained_run, tmp_path):
     lines = [x for x in err.splitlines() if x.startswith("error:")]
     assert rc == 2 and len(lines) == 1 and "lm-eval refused --max-length 4 for a task" in lines[0], err[-2000:]
     assert "Traceback" not in err
+
+
+def test_a_task_of_ones_own_that_lm_eval_cannot_build_is_one_line_naming_it(trained_run, tmp_path):
+    """Mistakes in an --include-path task's YAML: a template field the documents lack and a data file that is not
+    there were tracebacks (and the file's absence got the advice to free disk space); a file that is not YAML at all,
+    which lm-eval skips with a logged warning, left only "unknown task"."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    write_jsonl(tasks / "t.jsonl", [{"context": "Once", "choices": ["upon", "no"], "gold": 0}])
+
+    def task(name, data, text="{{context}}"):
+        (tasks / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            f"output_type: multiple_choice\ntest_split: test\ndoc_to_text: '{text}'\ndoc_to_choice: '{{{{choices}}}}'\n"
+            "doc_to_target: '{{gold}}'\nmetric_list:\n  - metric: acc\n")
+
+    task("typo", tasks / "t.jsonl", text="{{contxt}}")
+    task("gone", tasks / "missing.jsonl")
+    (tasks / "broken.yaml").write_text("task: [broken\n")
+    run = ["--run-dir", str(trained_run), "--include-path", str(tasks), "--tasks"]
+    for name, needle in (("typo", "UndefinedError: 'contxt' is undefined"), ("gone", "missing.jsonl")):
+        rc, _, err = run_cli(evaluate_main, [*run, name])
+        lines = [x for x in err.splitlines() if x.startswith("error:")]
+        assert rc == 2 and len(lines) == 1 and f"lm-eval could not run task {name} of --include-path (" in lines[0] \
+            and needle in lines[0] and "fix that task's YAML" in lines[0] and "Traceback" not in err, err[-3000:]
+    rc, _, err = run_cli(evaluate_main, [*run, "broken"])
+    assert rc == 2 and f"lm-eval skipped '{tasks / 'broken.yaml'}' (expected ',' or ']', but got '<stream end>' (line " \
+        "2, column 1)), which is not valid YAML: fix it" in err, err
 
 
 def test_heldout_text_that_is_no_utf8_is_replaced_and_counted_when_asked(tmp_path, monkeypatch, capsys):

@@ -27,6 +27,7 @@ import yaml
 
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
+from yxanul_jax.core.coerce import yaml_problem
 from yxanul_jax.core.config import MAX_SEED
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import atomic_write, cache_root, check_new_output
@@ -98,6 +99,44 @@ def _import_lm_eval():
     return lm_eval
 
 
+class _AnyTagLoader(yaml.SafeLoader):
+    """YAML's own syntax, with lm-eval's tags (`!function utils.process_docs`) read as nothing."""
+
+
+_AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def task_files(folders: list[str]) -> list[tuple[str, object]]:
+    """(path, its YAML, or the exception reading it) of each task YAML file under `folders` (--include-path)."""
+    out = []
+    for folder in folders:
+        for root, _, files in sorted(os.walk(folder)):
+            for name in sorted(f for f in files if f.endswith((".yaml", ".yml"))):
+                path = os.path.join(root, name)
+                try:
+                    with open(path, encoding="utf-8") as fh:
+                        out.append((path, yaml.load(fh, Loader=_AnyTagLoader)))
+                except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+                    out.append((path, e))
+    return out
+
+
+def unparsed_task_files(folders: list[str]) -> list[str]:
+    """`'FILE' (why)` of each task YAML under `folders` that is not valid YAML: lm-eval skips such a file with a
+    logged warning, so its task is then only "unknown"."""
+    return [f"'{path}' ({yaml_problem(data)})" for path, data in task_files(folders) if isinstance(data, Exception)]
+
+
+def task_names(folders: list[str]) -> set[str]:
+    """The names the task YAML files under `folders` define (their `task:`, a name or a list of them)."""
+    names = set()
+    for _, data in task_files(folders):
+        task = data.get("task") if isinstance(data, dict) else None
+        names.update([task] if isinstance(task, str) else [t for t in task if isinstance(t, str)]
+                     if isinstance(task, list) else [])
+    return names
+
+
 def task_manager(include_paths: list[str], tasks: list[str]):
     """lm-eval's TaskManager over `include_paths` and, unless they hold every task asked for, its built-in
     tasks (indexing those takes seconds); UserError naming close names for a task it does not know."""
@@ -114,6 +153,9 @@ def task_manager(include_paths: list[str], tasks: list[str]):
         if name not in manager.all_tasks:
             close = difflib.get_close_matches(name, manager.all_tasks, n=5, cutoff=0.6)
             hint = f" (close names: {', '.join(close)})" if close else ""
+            unparsed = unparsed_task_files(include_paths)
+            if unparsed:
+                hint += f"; lm-eval skipped {unparsed[0]}, which is not valid YAML: fix it"
             raise UserError(f"unknown lm-eval task '{name}'{hint}; pass one of lm-eval's tasks (lm-eval ls tasks), "
                             f"a task of an --include-path folder, or --heldout FILE for {HELDOUT_TASK}")
     return manager
@@ -166,6 +208,7 @@ def check_device(device: str, torch) -> str:
 def run(args) -> dict:
     """Evaluate as the command line says; returns lm-eval's results dict (plus "yxanul": what was evaluated)."""
     lm_eval = _import_lm_eval()
+    import jinja2  # lm-eval's templates
     import torch
     import transformers
 
@@ -220,6 +263,16 @@ def run(args) -> dict:
         except ConnectionError as e:  # datasets' and huggingface_hub's offline / unreachable-hub errors
             raise UserError(f"a task's dataset could not be fetched ({one_line(e, 300)}); download it once with "
                             "network access (it is cached in $HF_HOME) or pass --include-path with local task data")
+        except (LookupError, ValueError, TypeError, FileNotFoundError, jinja2.TemplateError) as e:
+            # a task of the user's own (--include-path) that lm-eval cannot build: a template naming a field the
+            # documents lack, a split or output type that is not there, a data file that is missing
+            own = sorted(set(tasks) & task_names(args.include_path))
+            if not own:
+                raise
+            print(file=sys.stderr)  # a progress bar may be mid-line
+            raise UserError(f"lm-eval could not run task {', '.join(own)} of --include-path ({type(e).__name__}: "
+                            f"{one_line(e, 200)}); fix that task's YAML (its templates' fields, split names, output "
+                            "type and data files)") from None
     results["yxanul"] = {"run_dir": args.run_dir, "checkpoint": args.checkpoint, "step": trained.step,
                          "dtype": args.dtype, "device": device, "tasks": tasks, "limit": args.limit,
                          "num_fewshot": args.num_fewshot, "max_length": max_length, "heldout": args.heldout,
