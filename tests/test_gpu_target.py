@@ -195,12 +195,12 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100(tmp_path)
     assert abs(on["planner_bytes"] / on["memory"]["peak_bytes"] - 1) < 0.10  # the `gpu` plan, fitted to sm_90
     off = inspect_h100("--config", "configs/tiny.yaml", "--disable-fp8", "--require", "fp8-expected")
     assert off["gpu"]["fp8_found"] == 0 and not off["gpu"]["fp8_values_in_hlo"]
-    cublas = inspect_h100("--config", "configs/tiny.yaml", "--xla-option", "xla_gpu_enable_triton_gemm=false")
-    assert cublas["gpu"]["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
-    assert cublas["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
-    # the form whose scales multiply after the GEMM keeps the GEMMs apart too (their FP8 input, not the scale)
-    direct = inspect_h100("--config", "configs/tiny.yaml", "fp8.gemm_form=direct", "--require", "fp8-expected")
-    assert direct["gpu"]["fp8_found"] == 84
+    # the form whose scales multiply after the GEMM keeps the GEMMs apart too (their FP8 input, not the scale); an
+    # XLA option given on the command line reaches the compile (the one compile checks both: it is minutes of CI)
+    direct = inspect_h100("--config", "configs/tiny.yaml", "fp8.gemm_form=direct", "--require", "fp8-expected",
+                          "--xla-option", "xla_gpu_enable_triton_gemm=false")
+    assert direct["gpu"]["fp8_found"] == 84 and direct["gpu"]["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
+    assert direct["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
 
 
 def test_tiny_stage_prediction_for_h100_and_a_comparison():
