@@ -191,6 +191,17 @@ def _quiet_at_exit() -> None:
 _quiet_registered = False
 
 
+def _exit_now(code: int) -> None:
+    """End the process with `code` without the interpreter's teardown: a Ctrl-C during a checkpoint restore left
+    TensorStore's and JAX's native threads running, and tearing the interpreter down under them crashed it
+    (exit 139 after the `error:` line, not 130), or printed a KeyboardInterrupt traceback from the thread joins."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 def cli_entry(main: F) -> F:
     """Decorate a ``main(argv) -> int`` so that a user mistake ends in one `error:` line: a UserError
     or an operating-system error (read-only output, disk full, permissions, a missing file) exits 2,
@@ -216,6 +227,8 @@ def cli_entry(main: F) -> F:
         except KeyboardInterrupt:
             console.error("interrupted (Ctrl-C); finished files and checkpoints are intact, temporary ones "
                           "are removed on the next run")
+            if not args and not kwargs:  # the command: end now, every `finally` has run on the way here
+                _exit_now(EXIT_INTERRUPTED)
             return EXIT_INTERRUPTED
         except RuntimeError as e:
             if not out_of_memory(e):
