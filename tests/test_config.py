@@ -260,7 +260,7 @@ def test_os_errors_and_ctrl_c_are_one_line_with_their_exit_codes(capsys):
     def stopped(argv=None):
         raise KeyboardInterrupt
 
-    assert full() == EXIT_USER_ERROR and stopped([]) == EXIT_INTERRUPTED  # argv given: a caller, not the command
+    assert full([]) == EXIT_USER_ERROR and stopped([]) == EXIT_INTERRUPTED  # argv given: a caller, not the command
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(err) == 2 and err[0].startswith("error: No space left on device '/out/model.safetensors'")
     assert err[1].startswith("error: interrupted (Ctrl-C)")
@@ -270,17 +270,22 @@ def test_a_command_stopped_by_ctrl_c_exits_130_without_waiting_on_its_threads():
     # a Ctrl-C during a checkpoint restore left native threads running, and the interpreter's teardown under them
     # crashed (exit 139 after the error line) or printed tracebacks: the command ends at once after its line. Here
     # a thread that would hold the teardown for a minute stands for them.
-    code = ("import threading, time, sys\n"
-            "from yxanul_jax.core.args import cli_entry\n"
-            "threading.Thread(target=time.sleep, args=(60,)).start()\n"
-            "@cli_entry\n"
-            "def main(argv=None):\n"
-            "    print('started', flush=True)\n"
-            "    raise KeyboardInterrupt\n"
-            "sys.exit(main())\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=30)
-    assert proc.returncode == 130 and proc.stdout == "started\n", proc.stderr
-    assert proc.stderr.startswith("error: interrupted (Ctrl-C)") and proc.stderr.count("\n") == 1, proc.stderr
+    # Both ways in: `python -m yxanul_jax.X` (its main()) and the `yxanul X` script (cli.main() passes the arguments on)
+    for call in ("main()", "cli.main()"):
+        code = ("import threading, time, sys\n"
+                "from yxanul_jax import analyze, cli\n"
+                "from yxanul_jax.core.args import cli_entry\n"
+                "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+                "@cli_entry\n"
+                "def main(argv=None):\n"
+                "    print('started', flush=True)\n"
+                "    raise KeyboardInterrupt\n"
+                "analyze.main = main\n"
+                "sys.argv = ['yxanul', 'analyze']\n"
+                f"sys.exit({call})\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=30)
+        assert proc.returncode == 130 and proc.stdout == "started\n", (call, proc.stderr)
+        assert proc.stderr.startswith("error: interrupted (Ctrl-C)") and proc.stderr.count("\n") == 1, proc.stderr
 
 
 @pytest.mark.parametrize("command, argv, needle", [
@@ -348,7 +353,7 @@ def test_every_path_flag_expands_a_tilde_after_an_equals_sign(monkeypatch, tmp_p
         with contextlib.suppress(SystemExit, Exception):
             importlib.import_module(f"yxanul_jax.{command}").main(["--help"])
     paths = {"--config", "--run-dir", "--checkpoint", "--output", "--hlo-out", "--compare-config", "--include-path",
-             "--heldout", "--prompt-file", "--tokenizer", "--input", "--hf-dataset", "run_dirs"}
+             "--heldout", "--prompt-file", "--tokenizer", "--input", "--hf-dataset", "--target", "run_dirs"}
     untyped = paths & set(seen.get(None, []))
     assert not untyped and paths <= set(seen[user_path]), untyped
 

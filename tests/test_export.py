@@ -171,9 +171,15 @@ def test_no_output_goes_inside_a_runs_checkpoint_folder(trained_run, tmp_path):
                                        "--output", str(run / "checkpoints" / "p")])):
         rc, _, err = run_cli(main, args)
         assert rc == 2 and err.count("\n") == 1 and f"inside the checkpoint folder '{run / 'checkpoints'}'" in err \
-            and f"'{run / 'hf'}'" in err, err
+            and f"e.g. '{run / Path(args[-1]).name}'" in err, err
     assert sorted(os.listdir(run / "checkpoints")) == before and sorted(os.listdir(step)) == sorted(
         os.listdir(trained_run / "checkpoints" / before[-1]))
+    os.symlink(step, tmp_path / "link")  # through a link or `..`: where the write would land
+    for output in (tmp_path / "link" / "hf", run / "checkpoints" / "x" / ".." / "hf"):
+        rc, _, err = run_cli(export_main, ["--run-dir", str(run), "--output", str(output)])
+        assert rc == 2 and "inside the checkpoint folder" in err, err
+    rc, _, err = run_cli(export_main, ["--run-dir", str(run), "--output", str(run / "checkpoints" / ".." / "hf")])
+    assert rc == 0 and (run / "hf" / "config.json").is_file(), err  # beside it: fine
 
 
 @pytest.mark.slow

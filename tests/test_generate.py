@@ -234,8 +234,8 @@ def test_a_run_config_edited_after_its_checkpoints_and_a_run_without_one_are_ref
         f"'{run / 'config.yaml'}' says model.n_layers=1 (edited since?); put back n_layers: 2 there" in stderr, stderr
     shutil.rmtree(run / "checkpoints")  # a run that has not saved yet: waiting is the fix, not another flag
     rc, _, stderr = _cli("--run-dir", str(run), "--prompt", "x")
-    assert rc == 2 and stderr == f"error: '{run}' has no checkpoint yet (a run saves every checkpoint.interval " \
-        "steps and at its end); wait for its first save, or pass --checkpoint PATH of another\n", stderr
+    assert rc == 2 and stderr == f"error: '{run}' has no checkpoint to read yet (a run saves one every " \
+        "checkpoint.interval steps and at its end); train it, or wait for its first save, or pass --checkpoint PATH\n", stderr
 
 
 def test_prompts_and_seeds_are_checked_before_the_restore(tmp_path):
@@ -246,7 +246,7 @@ def test_prompts_and_seeds_are_checked_before_the_restore(tmp_path):
     for args, needle in ((["--prompt", bad], "--prompt holds bytes that are not UTF-8 text"),
                          (["--prompt", "a", "--prompt-file", str(tmp_path / "empty.txt")],
                           f"--prompt-file '{tmp_path / 'empty.txt'}' is empty"),
-                         (["--prompt", "a", "--seed", str(2**32)], f"--seed {2**32} must be in [0, {2**32 - 1}]")):
+                         (["--prompt", "a", "--seed", str(2**63)], f"--seed {2**63} must be in [0, {2**63 - 1}]")):
         rc, _, stderr = _cli("--run-dir", str(tmp_path), *args)
         assert rc == 2 and stderr.count("\n") == 1 and needle in stderr, stderr
 

@@ -173,7 +173,7 @@ def test_mistakes_end_in_one_line(trained_run, tmp_path, monkeypatch):
         (run + ["--heldout", str(tmp_path / "nowhere.parquet")], f"--heldout '{tmp_path / 'nowhere.parquet'}' does "
                                                                  "not exist"),
         (run, "no task to run"),
-        (["--run-dir", str(no_ckpt), "--heldout", str(text)], "has no checkpoint yet"),
+        (["--run-dir", str(no_ckpt), "--heldout", str(text)], "has no checkpoint to read yet"),
         (run + ["--heldout", str(text), "--output", str(taken)], "already exists"),
         (run + ["--heldout", str(shared_path("data", "validation", "gsm8k_validation.parquet"))], "no column 'text'"),
         (run + ["--heldout", str(text), "--include-path", str(tmp_path / "nope")], "not a folder"),
@@ -274,7 +274,7 @@ def test_a_task_of_ones_own_that_lm_eval_cannot_build_is_one_line_naming_it(trai
     for name, needle in (("typo", "UndefinedError: 'contxt' is undefined"), ("gone", "missing.jsonl")):
         rc, _, err = run_cli(evaluate_main, [*run, name])
         lines = [x for x in err.splitlines() if x.startswith("error:")]
-        assert rc == 2 and len(lines) == 1 and f"lm-eval could not run task {name} of --include-path (" in lines[0] \
+        assert rc == 2 and len(lines) == 1 and f"lm-eval could not build task {name} (" in lines[0] \
             and needle in lines[0] and "fix that task's YAML" in lines[0] and "Traceback" not in err, err[-3000:]
     rc, _, err = run_cli(evaluate_main, [*run, "broken"])
     assert rc == 2 and f"lm-eval skipped '{tasks / 'broken.yaml'}' (expected ',' or ']', but got '<stream end>' (line " \

@@ -450,7 +450,7 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
     refused("--run-dir", str(tmp_path / "afile"), *FAST, needle="is a file; pass a directory")
     refused("--run-dir", str(tmp_path / "afile" / "sub"), *FAST, needle=f"'{tmp_path / 'afile'}' is a file; pass a "
                                                                        "--run-dir that is not inside it")
-    refused("--run-dir", str(tmp_path / "empty"), *FAST, "--eval-only", needle="no checkpoint in run directory")
+    refused("--run-dir", str(tmp_path / "empty"), *FAST, "--eval-only", needle="has no checkpoint to validate yet")
     # a finished run asked for fewer steps and another lr trains nothing and records nothing
     rc, out, err = cli("--run-dir", str(run), *FAST, "train.steps=10", "optim.lr=1e-4")
     assert rc == 0 and "this run already finished: step 12" in out, err[-2000:]
@@ -488,10 +488,29 @@ def test_cli_habits_overrides_anywhere_and_a_config_path_without_flag(tmp_path):
         load_config(None, ["configs/tiny.yaml"])
 
 
-def test_an_overridden_model_gets_its_own_default_run_dir():
+def test_an_overridden_model_gets_its_own_default_run_dir(tmp_path, monkeypatch):
     from yxanul_jax.train import default_run_dir
 
-    assert default_run_dir(load_config("configs/tiny.yaml"), "configs/tiny.yaml") == "runs/tiny"
-    changed = default_run_dir(load_config("configs/tiny.yaml", ["model.d_model=256"]), "configs/tiny.yaml")
+    tiny = "configs/tiny.yaml"
+    assert default_run_dir(load_config(tiny), tiny) == "runs/tiny"
+    changed = default_run_dir(load_config(tiny, ["model.d_model=256"]), tiny)
     assert changed.startswith("runs/tiny-") and len(changed) == len("runs/tiny-") + 8
-    assert default_run_dir(load_config("configs/tiny.yaml", ["train.steps=5"]), "configs/tiny.yaml") == "runs/tiny"
+    assert default_run_dir(load_config(tiny, ["train.steps=5"]), tiny) == "runs/tiny"
+    # what a resume may change of the model is not the model: the OOM advice `model.remat=full` resumes runs/tiny
+    # (it started a fresh run in runs/tiny-<hash>) ...
+    for resumable in (["model.remat=full"], ["model.scan_unroll=2", "model.attention=xla"]):
+        assert default_run_dir(load_config(tiny, resumable), tiny) == "runs/tiny"
+        assert default_run_dir(load_config(tiny, ["model.d_model=256", *resumable]), tiny) == changed
+    # ... and a run started before that rule, in the folder the old one named, is still found there
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    old = load_config(tiny, ["model.d_model=256", "model.remat=full"])
+    assert default_run_dir(old, tiny) == changed
+    import hashlib
+    import json
+
+    from yxanul_jax.core.coerce import to_dict
+
+    legacy = f"runs/tiny-{hashlib.sha256(json.dumps(to_dict(old.model), sort_keys=True).encode()).hexdigest()[:8]}"
+    (tmp_path / legacy).mkdir(parents=True)
+    assert legacy != changed and default_run_dir(old, tiny) == legacy

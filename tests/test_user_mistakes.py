@@ -67,13 +67,12 @@ def test_vocabulary_sizes_beyond_int32_or_a_trainable_bpe(tmp_path, monkeypatch)
     assert not (tmp_path / "cache").exists()  # refused before its lock file
 
 
-def test_seeds_beyond_32_bits_are_refused_with_the_config():
-    # a larger train.seed or data.shuffle_seed reached numpy's or JAX's generator only after the run directory
+def test_seeds_beyond_64_bits_are_refused_with_the_config():
+    # a larger train.seed reached JAX's PRNG key (a signed 64-bit int) only after the run directory was written
     for key in ("train.seed", "data.shuffle_seed"):
-        with pytest.raises(UserError, match=rf"^config key '{key}' must be in \[0, 4294967295\] \(32 bits\), got "
-                                            "4294967296$"):
-            load_config(None, [f"{key}={2**32}"])
-        assert load_config(None, [f"{key}={2**32 - 1}"])
+        with pytest.raises(UserError, match=rf"^config key '{key}' must be in \[0, 2\*\*63 - 1\], got {2**63}$"):
+            load_config(None, [f"{key}={2**63}"])
+        assert load_config(None, [f"{key}={2**63 - 1}"])
 
 
 def test_an_out_of_memory_step_is_one_line_naming_the_fixes(tmp_path):

@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", type=Ranged(int, 0), default=0, help="curriculum stage to compile (default 0)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line holding the whole report")
     parser.add_argument("--hlo-out", default=None, type=user_path, metavar="FILE", help="write the optimized HLO text here")
-    parser.add_argument("--target", default=None, metavar="GPU",
+    parser.add_argument("--target", default=None, metavar="GPU", type=user_path,
                         help="compile for h100, h100-pcie, h200 or a GpuTargetConfigProto file, on this machine (no GPU "
                              "needed; the gpu-check extra), and predict the step time there")
     parser.add_argument("--require", action="append", default=[], choices=REQUIREMENTS,

@@ -22,13 +22,14 @@ import math
 import os
 import sys
 import tempfile
+import traceback
+from pathlib import Path
 
 import yaml
 
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
 from yxanul_jax.core.coerce import yaml_problem
-from yxanul_jax.core.config import MAX_SEED
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import atomic_write, cache_root, check_new_output
 from yxanul_jax.data.sources import TEXT_COLUMN, DocumentSource
@@ -106,35 +107,38 @@ class _AnyTagLoader(yaml.SafeLoader):
 _AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
 
 
-def task_files(folders: list[str]) -> list[tuple[str, object]]:
-    """(path, its YAML, or the exception reading it) of each task YAML file under `folders` (--include-path)."""
-    out = []
-    for folder in folders:
-        for root, _, files in sorted(os.walk(folder)):
-            for name in sorted(f for f in files if f.endswith((".yaml", ".yml"))):
-                path = os.path.join(root, name)
-                try:
-                    with open(path, encoding="utf-8") as fh:
-                        out.append((path, yaml.load(fh, Loader=_AnyTagLoader)))
-                except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-                    out.append((path, e))
-    return out
-
-
 def unparsed_task_files(folders: list[str]) -> list[str]:
-    """`'FILE' (why)` of each task YAML under `folders` that is not valid YAML: lm-eval skips such a file with a
-    logged warning, so its task is then only "unknown"."""
-    return [f"'{path}' ({yaml_problem(data)})" for path, data in task_files(folders) if isinstance(data, Exception)]
+    """`'FILE' (why)` of each task file under `folders` (lm-eval reads `**/*.yaml`) that is not valid YAML: lm-eval
+    skips such a file, saying so only in its debug log, so its task is then only "unknown"."""
+    bad = []
+    for folder in folders:
+        for path in sorted(Path(folder).glob("**/*.yaml")):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    yaml.load(fh, Loader=_AnyTagLoader)
+            except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+                bad.append(f"'{path}' ({yaml_problem(e)})")
+    return bad
 
 
-def task_names(folders: list[str]) -> set[str]:
-    """The names the task YAML files under `folders` define (their `task:`, a name or a list of them)."""
-    names = set()
-    for _, data in task_files(folders):
-        task = data.get("task") if isinstance(data, dict) else None
-        names.update([task] if isinstance(task, str) else [t for t in task if isinstance(t, str)]
-                     if isinstance(task, list) else [])
-    return names
+def own_tasks(manager, include_paths: list[str], tasks: list[str]) -> list[str]:
+    """Those of `tasks` (tasks, groups or tags) that lm-eval's index has from a file under `include_paths`."""
+    roots = [Path(p).resolve() for p in include_paths]
+    own = []
+    for name in tasks:
+        entry = manager.task_index.get(name)
+        where = getattr(entry, "yaml_path", None)
+        if where is not None and any(Path(where).resolve().is_relative_to(root) for root in roots):
+            own.append(name)
+    return own
+
+
+def _raised_building_a_task(e: BaseException) -> bool:
+    """Whether `e` came through the code that builds a task's documents and prompts (lm-eval's task API, its
+    templates, `datasets` loading the task's data), rather than through the model or our own code."""
+    files = [frame.f_code.co_filename.replace(os.sep, "/") for frame, _ in traceback.walk_tb(e.__traceback__)]
+    return any(part in f for f in files for part in ("/lm_eval/api/task.py", "/lm_eval/tasks/", "/jinja2/",
+                                                      "/datasets/"))
 
 
 def task_manager(include_paths: list[str], tasks: list[str]):
@@ -266,13 +270,14 @@ def run(args) -> dict:
         except (LookupError, ValueError, TypeError, FileNotFoundError, jinja2.TemplateError) as e:
             # a task of the user's own (--include-path) that lm-eval cannot build: a template naming a field the
             # documents lack, a split or output type that is not there, a data file that is missing
-            own = sorted(set(tasks) & task_names(args.include_path))
-            if not own:
+            own = own_tasks(manager, args.include_path, tasks)
+            if not own or not _raised_building_a_task(e):
                 raise
+            which = f"task {', '.join(own)}" if len(own) == len(set(tasks) - {HELDOUT_TASK}) else \
+                f"one of tasks {', '.join(t for t in tasks if t != HELDOUT_TASK)} ({', '.join(own)} of --include-path)"
             print(file=sys.stderr)  # a progress bar may be mid-line
-            raise UserError(f"lm-eval could not run task {', '.join(own)} of --include-path ({type(e).__name__}: "
-                            f"{one_line(e, 200)}); fix that task's YAML (its templates' fields, split names, output "
-                            "type and data files)") from None
+            raise UserError(f"lm-eval could not build {which} ({type(e).__name__}: {one_line(e, 200)}); fix that "
+                            "task's YAML (its templates' fields, split names, output type and data files)") from None
     results["yxanul"] = {"run_dir": args.run_dir, "checkpoint": args.checkpoint, "step": trained.step,
                          "dtype": args.dtype, "device": device, "tasks": tasks, "limit": args.limit,
                          "num_fewshot": args.num_fewshot, "max_length": max_length, "heldout": args.heldout,
@@ -314,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", default="8", help="a number, or 'auto' (lm-eval finds the largest that fits)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when torch sees a GPU, else cpu)")
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="the export's and the evaluation's dtype")
-    p.add_argument("--seed", type=Ranged(int, 0, MAX_SEED), default=1234, help="lm-eval's seeds (few-shot sampling)")
-    p.add_argument("--output", default=None, type=user_path, metavar="F.json", help="new JSON file for lm-eval's results")
+    p.add_argument("--seed", type=Ranged(int, 0, 2**32 - 1, why="lm-eval seeds numpy, whose seeds are 32-bit"),
+                   default=1234, help="lm-eval's seeds (few-shot sampling)")
+    p.add_argument("--output", default=None, type=user_path, metavar="F.json",
+                   help="new JSON file for lm-eval's results")
     p.add_argument("--log-samples", action="store_true", help="keep each document's scores in --output")
     args = p.parse_args(argv)
     import jax

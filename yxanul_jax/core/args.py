@@ -168,9 +168,14 @@ class _LoopClosedFilter(io.TextIOBase):
         return getattr(self.stream, "encoding", "utf-8")
 
 
+_as_command = False
+
+
 def command_stderr() -> None:
     """This process is a command (`python -m yxanul_jax.X`, `yxanul X`): its stderr drops what `_LoopClosedFilter`
-    drops. Idempotent."""
+    drops, and a Ctrl-C ends it at once (`_exit_now`). Idempotent."""
+    global _as_command
+    _as_command = True
     if not isinstance(sys.stderr, _LoopClosedFilter):
         sys.stderr = _LoopClosedFilter(sys.stderr)
 
@@ -227,7 +232,7 @@ def cli_entry(main: F) -> F:
         except KeyboardInterrupt:
             console.error("interrupted (Ctrl-C); finished files and checkpoints are intact, temporary ones "
                           "are removed on the next run")
-            if not args and not kwargs:  # the command: end now, every `finally` has run on the way here
+            if _as_command:  # the command (not a caller of main(argv)): end now, every `finally` has run
                 _exit_now(EXIT_INTERRUPTED)
             return EXIT_INTERRUPTED
         except RuntimeError as e:

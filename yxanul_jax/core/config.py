@@ -43,9 +43,11 @@ def fused_ce_takes(k: int) -> bool:
 MIXTURE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 """A dataset name of a mixture (data.train / data.weights keys): safe in dotted keys, metric names and paths."""
 TRITON_GEMM_OPTION = "xla_gpu_enable_triton_gemm"
-MAX_SEED = 2**32 - 1  # every seed is 32-bit: numpy's generators (the data order, lm-eval's) take no larger
-SEED_RANGE = f"in [0, {MAX_SEED}] (32 bits)"
 """The XLA option that lets Triton take GEMM fusions (default on), which FP8's `dequant` form needs off."""
+MAX_SEED = 2**63 - 1
+"""The largest seed (train.seed, data.shuffle_seed, generate --seed): JAX's PRNG keys take a signed 64-bit int (one
+more was a traceback after the run directory was written); the data order reduces its seed itself."""
+SEED_RANGE = "in [0, 2**63 - 1]"
 
 
 def triton_gemm_asked(xla_options) -> bool:

@@ -19,8 +19,9 @@ Its name (`default_run_dir`, the one place the rule lives; the run header prints
 when given, else `runs/<model.name>`, and `runs/<model.name>-<hash>` when command-line overrides changed the
 model of the config file (or of the defaults) but not its name: `<hash>` is the first 8 hex digits of the
 SHA-256 of the resolved `model` section, so a modified model never takes (and is then refused by) the
-shipped model's run directory, and the same overrides always find their run again. Only `model.*` counts:
-`train.steps=5` or `optim.lr=1e-4` keep `runs/<model.name>`.
+shipped model's run directory, and the same overrides always find their run again. Only `model.*` counts, and
+of it not what a resume may change (`model.remat`, `model.attention`, `model.scan_unroll`): `train.steps=5`,
+`optim.lr=1e-4` or `model.remat=full` keep `runs/<model.name>`.
 
 Cache (`cache_root()`): `$YXANUL_CACHE`, else `~/.cache/yxanul_jax`; it holds the demo corpus,
 tokenized evaluation files and JAX's persistent compilation cache (`xla/`).
@@ -28,6 +29,7 @@ tokenized evaluation files and JAX's persistent compilation cache (`xla/`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import errno
 import hashlib
@@ -120,11 +122,13 @@ def check_output_parent(path: str | os.PathLike, flag: str = "--output") -> None
     (a hidden probe, removed at once: /proc passes the permission check and refuses new files), and not inside a
     run's checkpoint folder, whose steps training rotates and moves aside (what is written there goes with them)."""
     final = output_path(path, flag)
-    managed = next((a for a in final.parents if a.name == CHECKPOINT_DIR and (a.parent / CONFIG_FILE).is_file()), None)
+    real = Path(os.path.realpath(final))  # `..` and links resolved: where the write lands
+    managed = next((a for a in (real, *real.parents) if a.name == CHECKPOINT_DIR and (a.parent / CONFIG_FILE).is_file()),
+                   None)
     if managed is not None:
         raise UserError(f"{flag} '{path}' is inside the checkpoint folder '{managed}', whose steps training rotates "
                         f"and moves aside, taking what is written there with them; choose a path outside it, e.g. "
-                        f"'{managed.parent / 'hf'}'")
+                        f"'{managed.parent / final.name}'")
     ancestor = _existing_ancestor(final)
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
         what = "is a file" if not ancestor.is_dir() else "is not writable"
@@ -278,11 +282,21 @@ RUN_DIR_RULE = ("runs/<model.name>, with -<hash of the model config> when overri
 def default_run_dir(cfg: Config, config_path: str | None) -> str:
     """The run directory of `cfg` when no --run-dir is given (`RUN_DIR_RULE`, this module's docstring):
     `runs/<model.name>`, or `runs/<model.name>-<hash>` when `cfg.model` differs from the model of
-    `config_path` (None: the defaults), `<hash>` the first 8 hex digits of the SHA-256 of its resolved fields."""
-    if cfg.model == load_config(config_path).model:
-        return os.path.join(RUNS_DIR, cfg.model.name)
-    digest = hashlib.sha256(json.dumps(to_dict(cfg.model), sort_keys=True).encode()).hexdigest()[:8]
-    return os.path.join(RUNS_DIR, f"{cfg.model.name}-{digest}")
+    `config_path` (None: the defaults), `<hash>` the first 8 hex digits of the SHA-256 of its resolved fields.
+    The model fields a resume may change (`model.remat`, `model.attention`, `model.scan_unroll`) count as the
+    file's: the OOM advice `model.remat=full` resumes the run it was given for, not a fresh one in a folder of its
+    own. Before 2026-11-29 they counted; a folder named that way, where it exists, is still the run's."""
+    base = load_config(config_path).model
+    same = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if resumable(f"model.{f.name}")}
+    name, legacy = _model_dir(dataclasses.replace(cfg.model, **same), base), _model_dir(cfg.model, base)
+    return legacy if legacy != name and os.path.isdir(legacy) else name
+
+
+def _model_dir(model, base) -> str:
+    if model == base:
+        return os.path.join(RUNS_DIR, model.name)
+    digest = hashlib.sha256(json.dumps(to_dict(model), sort_keys=True).encode()).hexdigest()[:8]
+    return os.path.join(RUNS_DIR, f"{model.name}-{digest}")
 
 
 CONFIG_HISTORY_FILE = "config_history.jsonl"

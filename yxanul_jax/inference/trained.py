@@ -17,11 +17,11 @@ from pathlib import Path
 import jax
 
 from yxanul_jax.core.args import user_path
-from yxanul_jax.core.config import Config, from_saved, load_config, model_mismatch, validate
+from yxanul_jax.core.config import Config, from_saved, load_config, validate
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_EOS_FILE, TOKENIZER_FILE
 from yxanul_jax.data.tokenizer import LoadedTokenizer, load_tokenizer
-from yxanul_jax.training.checkpoint import Checkpointer, quarantined, resolve_checkpoint_path
+from yxanul_jax.training.checkpoint import Checkpointer, require_checkpoint, resolve_checkpoint_path, same_model
 from yxanul_jax.training.steps import abstract_train_state
 
 
@@ -82,23 +82,6 @@ def add_source_args(parser) -> None:
     parser.add_argument("--checkpoint", default=None, type=user_path, help="a checkpoint directory or one step's directory")
 
 
-def as_configured(cfg: Config, config_path: str):
-    """A restore check (`Checkpointer.restore(expect=...)`): why a checkpoint's saved model differs from the one a
-    run's `config.yaml` describes (an edited file: a partial restore would read a model with fewer layers out of it
-    without a word), or None."""
-    def check(meta: dict) -> str | None:
-        saved = meta.get("config")
-        diff = model_mismatch(saved["model"], cfg.model) if isinstance(saved, dict) and isinstance(
-            saved.get("model"), dict) else None
-        if diff is None:
-            return None
-        key, was, now = diff
-        return (f"was saved with {key}={was}, but '{config_path}' says {key}={now} (edited since?); put back "
-                f"{key.split('.', 1)[1]}: {was} there, or pass --checkpoint with the step's folder, which reads the "
-                "config saved in it")
-    return check
-
-
 def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> Trained:
     """Restore a trained model from a run directory or a checkpoint (exactly one of them; the
     commands' --run-dir / --checkpoint). Reads only: a run still training there is not disturbed."""
@@ -122,10 +105,10 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
         if cfg is None:  # the config saved with the checkpoint
             cfg = validate(from_saved(ckpt.read_meta(step)["config"]))
         else:
-            if not ckpt.all_steps() and not quarantined(directory):
-                raise UserError(f"'{run_dir}' has no checkpoint yet (a run saves every checkpoint.interval steps "
-                                "and at its end); wait for its first save, or pass --checkpoint PATH of another")
-            expect = as_configured(cfg, config_path)
+            require_checkpoint(run_dir, "to read")
+            expect = same_model(cfg.model, lambda key, was, now: (
+                f"'{config_path}' says {key}={now} (edited since?); put back {key.split('.', 1)[1]}: {was} there, or "
+                "pass --checkpoint with the step's folder, which reads the config saved in it"))
         step, state, _ = ckpt.restore(abstract_train_state(cfg).model_parts(), step, partial=True, expect=expect)
     finally:
         ckpt.close()

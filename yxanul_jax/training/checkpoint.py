@@ -49,7 +49,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from yxanul_jax.core import console
-from yxanul_jax.core.config import CheckpointConfig
+from yxanul_jax.core.config import CheckpointConfig, ModelConfig, model_mismatch
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
 from yxanul_jax.training.integrity import (CHECKSUMS, FORMAT, FORMAT_VERSION, LEGACY, META_CHECKSUMS, format_refusal,
@@ -493,6 +493,37 @@ def read_checkpoint_meta(path: str, what: str = "--checkpoint") -> dict:
     directory, step = resolve_checkpoint_path(path, what)
     with Checkpointer(directory, read_only=True) as ckpt:
         return ckpt.read_meta(step)
+
+
+def require_checkpoint(run_dir: str, use: str) -> None:
+    """UserError unless run directory `run_dir` holds a checkpoint step: with only moved-aside ones, `none_usable`;
+    with none at all, that a run saves one every checkpoint.interval steps and at its end. `use`: what for."""
+    directory = os.path.join(run_dir, CHECKPOINT_DIR)
+    if checkpoint_steps(directory):
+        return
+    if quarantined(directory):
+        raise UserError(none_usable(directory, [], read_only=True))
+    raise UserError(f"'{run_dir}' has no checkpoint {use} yet (a run saves one every checkpoint.interval steps and at "
+                    "its end); train it, or wait for its first save, or pass --checkpoint PATH")
+
+
+def same_model(model: ModelConfig, given: Callable[[str, Any, Any], str] | None = None
+               ) -> Callable[[dict], str | None]:
+    """A checkpoint check (`Checkpointer.restore(expect=...)`): why a checkpoint's saved model config does not
+    describe `model` (`config.model_mismatch`: the field, its saved value and this one), or None. `given(key, was,
+    now)`: where `now` came from and the fix (default: an override given here). A checkpoint whose meta holds no
+    config is read as before (its arrays' shapes are still compared)."""
+    def check(meta: dict) -> str | None:
+        saved = (meta.get("config") or {}).get("model") if isinstance(meta.get("config"), dict) else None
+        diff = model_mismatch(saved, model) if isinstance(saved, dict) else None
+        if diff is None:
+            return None
+        key, was, now = diff
+        where = given(key, was, now) if given else (
+            f"{key}={now} is given here; a checkpoint is read only into the model it was saved from: drop that "
+            f"override, or pass {key}={was}")
+        return f"was saved with {key}={was}, but {where}"
+    return check
 
 
 def quarantined(directory: str) -> list[tuple[str, str]]:

@@ -17,8 +17,7 @@ from jax.sharding import Mesh
 
 from yxanul_jax.core import console
 from yxanul_jax.core.coerce import apply_overrides, from_dict, to_dict
-from yxanul_jax.core.config import (Config, InitConfig, ModelConfig, from_saved, model_mismatch, stream_lanes,
-                                    validate, weight_fields)
+from yxanul_jax.core.config import Config, InitConfig, ModelConfig, from_saved, stream_lanes, validate, weight_fields
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CONFIG_FILE, cache_root, checkpoint_steps, read_run_config
 from yxanul_jax.data.dataset import PreparedDataset, open_dataset
@@ -27,8 +26,8 @@ from yxanul_jax.data.mixture import MixtureStream
 from yxanul_jax.model import fp8 as fp8_lib
 from yxanul_jax.model.transformer import check_attention_platform
 from yxanul_jax.training import sharding as sh
-from yxanul_jax.training.checkpoint import (Checkpointer, none_usable, quarantined, read_checkpoint,
-                                            read_checkpoint_meta, resume_meta)
+from yxanul_jax.training.checkpoint import (Checkpointer, quarantined, read_checkpoint, read_checkpoint_meta,
+                                            require_checkpoint, resume_meta, same_model)
 from yxanul_jax.training.evaluate import Domain, evaluate, resolve_domains
 from yxanul_jax.training.stages import enable_compilation_cache, stage_index
 from yxanul_jax.training.steps import check_xla_options, init_train_state, make_eval_step, step_xla_options
@@ -294,12 +293,8 @@ def evaluate_checkpoint(cfg: Config, run_dir: str, checkpoint: str | None = None
     fp8_lib.check_backend(cfg.fp8)
     sh.join_processes(cfg)
     enable_compilation_cache()
-    ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
-    if not checkpoint and not checkpoint_steps(ckpt_dir) and quarantined(ckpt_dir):
-        raise UserError(none_usable(ckpt_dir, [], read_only=True))
-    if not checkpoint and not checkpoint_steps(ckpt_dir):
-        raise UserError(f"no checkpoint in run directory '{run_dir}' to validate; train it first, or pass "
-                        "--checkpoint PATH")
+    if not checkpoint:
+        require_checkpoint(run_dir, "to validate")
     ctx = RunContext.open(cfg, mesh, training=False)
     step, model, _ = read_checkpoint(checkpoint or os.path.join(run_dir, CHECKPOINT_DIR),
                                      ctx.layout.abstract.model_parts(), partial=True, expect=same_model(cfg.model))
@@ -312,21 +307,6 @@ def checkpoint_config(path: str, overrides: list[str] = ()) -> Config:
     saved = read_checkpoint_meta(path).get("config")
     base = from_saved(saved) if isinstance(saved, dict) else Config()
     return validate(apply_overrides(base, list(overrides)))
-
-
-def same_model(model: ModelConfig) -> Callable[[dict], str | None]:
-    """A checkpoint check (`Checkpointer.restore(expect=...)`): why a checkpoint's saved model config does not
-    describe `model` (`config.model_mismatch`: the field, its saved value and this one), or None. A checkpoint
-    whose meta holds no config is read as before (its arrays' shapes are still compared)."""
-    def check(meta: dict) -> str | None:
-        saved = (meta.get("config") or {}).get("model") if isinstance(meta.get("config"), dict) else None
-        diff = model_mismatch(saved, model) if isinstance(saved, dict) else None
-        if diff is None:
-            return None
-        key, was, now = diff
-        return (f"was saved with {key}={was}, but {key}={now} is given here; a checkpoint is read only into the "
-                f"model it was saved from: drop that override, or pass {key}={was}")
-    return check
 
 
 def same_train_state(cfg: Config, path: str) -> Callable[[dict], str | None]:
