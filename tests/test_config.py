@@ -338,6 +338,8 @@ def test_every_path_flag_expands_a_tilde_after_an_equals_sign(monkeypatch, tmp_p
     p = ArgumentParser()
     add_source_args(p)
     assert p.parse_args(["--run-dir=~/r"]).run_dir == f"{tmp_path}/r"
+    with pytest.raises(UserError, match=r"'~nosuchuser_yx/r': there is no user 'nosuchuser_yx' whose home "):
+        p.parse_args(["--run-dir=~nosuchuser_yx/r"])  # pathlib's expanduser raised RuntimeError deep in a command
     # every command's flag that names a file or folder has that type (read from the parsers the commands build)
     import importlib
 

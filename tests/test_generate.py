@@ -232,6 +232,11 @@ def test_a_run_config_edited_after_its_checkpoints_and_a_run_without_one_are_ref
     rc, _, stderr = _cli("--run-dir", str(run), "--prompt", "x")
     assert rc == 2 and stderr.count("\n") == 1 and "was saved with model.n_layers=2, but" in stderr and \
         f"'{run / 'config.yaml'}' says model.n_layers=1 (edited since?); put back n_layers: 2 there" in stderr, stderr
+    cfg["model"]["n_layers"], cfg["fp8"]["enabled"] = 2, False  # the FP8 settings shape the state it reads too
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rc, _, stderr = _cli("--run-dir", str(run), "--prompt", "x")
+    assert rc == 2 and stderr.count("\n") == 1 and "was saved with fp8.enabled=True, but" in stderr and \
+        "says fp8.enabled=False (edited since?); put back enabled: True there" in stderr, stderr
     shutil.rmtree(run / "checkpoints")  # a run that has not saved yet: waiting is the fix, not another flag
     rc, _, stderr = _cli("--run-dir", str(run), "--prompt", "x")
     assert rc == 2 and stderr == f"error: '{run}' has no checkpoint to read yet (a run saves one every " \

@@ -269,10 +269,12 @@ def test_a_task_of_ones_own_that_lm_eval_cannot_build_is_one_line_naming_it(trai
 
     task("typo", tasks / "t.jsonl", text="{{contxt}}")
     task("gone", tasks / "missing.jsonl")
+    task("fine", tasks / "t.jsonl")
     (tasks / "broken.yaml").write_text("task: [broken\n")
     run = ["--run-dir", str(trained_run), "--include-path", str(tasks), "--tasks"]
-    for name, needle in (("typo", "UndefinedError: 'contxt' is undefined"), ("gone", "missing.jsonl")):
-        rc, _, err = run_cli(evaluate_main, [*run, name])
+    for name, needle in (("typo", "UndefinedError: 'contxt' is undefined"), ("gone", "missing.jsonl"),
+                         ("typo", "UndefinedError")):  # the last beside a task that builds: only the failing one named
+        rc, _, err = run_cli(evaluate_main, [*run, name if needle != "UndefinedError" else "fine,typo"])
         lines = [x for x in err.splitlines() if x.startswith("error:")]
         assert rc == 2 and len(lines) == 1 and f"lm-eval could not build task {name} (" in lines[0] \
             and needle in lines[0] and "fix that task's YAML" in lines[0] and "Traceback" not in err, err[-3000:]

@@ -141,6 +141,17 @@ def _raised_building_a_task(e: BaseException) -> bool:
                                                       "/datasets/"))
 
 
+def _failing_task(e: BaseException) -> str | None:
+    """The name of the lm-eval task whose own code `e` came through last (a `Task` method's `self.config.task`),
+    or None."""
+    name = None
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        task = getattr(getattr(frame.f_locals.get("self"), "config", None), "task", None)
+        if isinstance(task, str):
+            name = task
+    return name
+
+
 def task_manager(include_paths: list[str], tasks: list[str]):
     """lm-eval's TaskManager over `include_paths` and, unless they hold every task asked for, its built-in
     tasks (indexing those takes seconds); UserError naming close names for a task it does not know."""
@@ -273,8 +284,9 @@ def run(args) -> dict:
             own = own_tasks(manager, args.include_path, tasks)
             if not own or not _raised_building_a_task(e):
                 raise
-            which = f"task {', '.join(own)}" if len(own) == len(set(tasks) - {HELDOUT_TASK}) else \
-                f"one of tasks {', '.join(t for t in tasks if t != HELDOUT_TASK)} ({', '.join(own)} of --include-path)"
+            failing = _failing_task(e)
+            which = (f"task {failing}" if failing in own else f"task {own[0]}" if len(own) == 1 == len(
+                set(tasks) - {HELDOUT_TASK}) else f"one of tasks {', '.join(t for t in tasks if t != HELDOUT_TASK)}")
             print(file=sys.stderr)  # a progress bar may be mid-line
             raise UserError(f"lm-eval could not build {which} ({type(e).__name__}: {one_line(e, 200)}); fix that "
                             "task's YAML (its templates' fields, split names, output type and data files)") from None

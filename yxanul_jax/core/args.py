@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import threading
 from typing import Callable, TypeVar
@@ -110,8 +111,14 @@ class Ranged:
 
 def user_path(text: str) -> str:
     """The `type=` of every flag that names a file or folder: `~` expanded. bash expands `--output ~/x` but not
-    `--output=~/x`, where the check of a path and its write would otherwise name different ones (a folder `~`)."""
-    return os.path.expanduser(text)
+    `--output=~/x`, where the check of a path and its write would otherwise name different ones (a folder `~`).
+    `~name` of no user on this machine is refused (pathlib's expanduser raised deep inside the command)."""
+    path = os.path.expanduser(text)
+    if path.startswith("~"):
+        user = path[1:].split(os.sep, 1)[0]
+        raise argparse.ArgumentTypeError(f"'{text}': there is no user '{user}' whose home '~{user}' names; write "
+                                         f"./{path} for a file or folder of that name here")
+    return path
 
 
 def add_config_args(parser) -> None:
@@ -230,6 +237,9 @@ def cli_entry(main: F) -> F:
                           "another path, then run the command again")
             return EXIT_USER_ERROR
         except KeyboardInterrupt:
+            if _as_command:  # a second Ctrl-C while the line is printed would raise inside this handler
+                with contextlib.suppress(ValueError):  # not the main thread
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
             console.error("interrupted (Ctrl-C); finished files and checkpoints are intact, temporary ones "
                           "are removed on the next run")
             if _as_command:  # the command (not a caller of main(argv)): end now, every `finally` has run

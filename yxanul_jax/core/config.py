@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from yxanul_jax.core.coerce import apply_overrides, from_dict, read_yaml, suggest
+from yxanul_jax.core.coerce import apply_overrides, from_dict, read_yaml, suggest, to_dict
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.core.names import safe_name
 from yxanul_jax.core.tiles import MOSAIC_WIDTHS, parse_tiles
@@ -856,6 +856,16 @@ def model_mismatch(saved: dict, model: ModelConfig) -> tuple[str, object, object
             now = model.resolved_head_dim
         if was != now:
             return f"model.{name}", was, now
+    return None
+
+
+def fp8_mismatch(saved: dict, fp8: FP8Config) -> tuple[str, object, object] | None:
+    """As `model_mismatch`, for a saved `fp8` section and `fp8`: the first field a resume may not change (they set
+    the FP8 state a checkpoint holds, or how it is used) on which they disagree, or None."""
+    defaults, now_dict = to_dict(FP8Config()), to_dict(fp8)
+    for f in dataclasses.fields(FP8Config):
+        if not resumable(f"fp8.{f.name}") and saved.get(f.name, defaults[f.name]) != now_dict[f.name]:
+            return f"fp8.{f.name}", saved.get(f.name, defaults[f.name]), now_dict[f.name]
     return None
 
 

@@ -108,7 +108,7 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
             require_checkpoint(run_dir, "to read")
             expect = same_model(cfg.model, lambda key, was, now: (
                 f"'{config_path}' says {key}={now} (edited since?); put back {key.split('.', 1)[1]}: {was} there, or "
-                "pass --checkpoint with the step's folder, which reads the config saved in it"))
+                "pass --checkpoint with the step's folder, which reads the config saved in it"), fp8=cfg.fp8)
         step, state, _ = ckpt.restore(abstract_train_state(cfg).model_parts(), step, partial=True, expect=expect)
     finally:
         ckpt.close()

@@ -49,7 +49,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from yxanul_jax.core import console
-from yxanul_jax.core.config import CheckpointConfig, ModelConfig, model_mismatch
+from yxanul_jax.core.config import CheckpointConfig, FP8Config, ModelConfig, fp8_mismatch, model_mismatch
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
 from yxanul_jax.training.integrity import (CHECKSUMS, FORMAT, FORMAT_VERSION, LEGACY, META_CHECKSUMS, format_refusal,
@@ -507,15 +507,18 @@ def require_checkpoint(run_dir: str, use: str) -> None:
                     "its end); train it, or wait for its first save, or pass --checkpoint PATH")
 
 
-def same_model(model: ModelConfig, given: Callable[[str, Any, Any], str] | None = None
-               ) -> Callable[[dict], str | None]:
+def same_model(model: ModelConfig, given: Callable[[str, Any, Any], str] | None = None,
+               fp8: FP8Config | None = None) -> Callable[[dict], str | None]:
     """A checkpoint check (`Checkpointer.restore(expect=...)`): why a checkpoint's saved model config does not
-    describe `model` (`config.model_mismatch`: the field, its saved value and this one), or None. `given(key, was,
-    now)`: where `now` came from and the fix (default: an override given here). A checkpoint whose meta holds no
-    config is read as before (its arrays' shapes are still compared)."""
+    describe `model` (`config.model_mismatch`: the field, its saved value and this one), or with `fp8` its FP8
+    settings (`config.fp8_mismatch`), or None. `given(key, was, now)`: where `now` came from and the fix (default:
+    an override given here). A checkpoint whose meta holds no config is read as before (its arrays' shapes are
+    still compared)."""
     def check(meta: dict) -> str | None:
-        saved = (meta.get("config") or {}).get("model") if isinstance(meta.get("config"), dict) else None
-        diff = model_mismatch(saved, model) if isinstance(saved, dict) else None
+        saved = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+        diff = model_mismatch(saved["model"], model) if isinstance(saved.get("model"), dict) else None
+        if diff is None and fp8 is not None and isinstance(saved.get("fp8"), dict):
+            diff = fp8_mismatch(saved["fp8"], fp8)
         if diff is None:
             return None
         key, was, now = diff
