@@ -246,7 +246,7 @@ def test_a_run_config_edited_after_its_checkpoints_and_a_run_without_one_are_ref
 def test_prompts_and_seeds_are_checked_before_the_restore(tmp_path):
     # --run-dir names no run: each mistake below must be found first (a bytes prompt and a 2**63 seed were
     # tracebacks after the restore, an empty prompt file "a prompt is empty" after it, naming no file)
-    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "empty.txt").write_bytes(b"\xef\xbb\xbf")  # a byte-order mark alone is empty too
     bad = b"\xff\xfe abc".decode("utf-8", "surrogateescape")  # what Python makes of argv bytes that are not UTF-8
     for args, needle in ((["--prompt", bad], "--prompt holds bytes that are not UTF-8 text"),
                          (["--prompt", "a", "--prompt-file", str(tmp_path / "empty.txt")],

@@ -32,7 +32,7 @@ def _prompts(args) -> list[str]:
                             "FILE") from None
     for path in args.prompt_file or []:
         try:
-            with open(path, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8-sig") as fh:  # an editor's byte-order mark is no part of the prompt
                 prompts.append(fh.read())
         except (OSError, UnicodeDecodeError) as e:
             raise UserError(f"--prompt-file '{path}' cannot be read ({type(e).__name__}); pass a UTF-8 text file")

@@ -48,7 +48,7 @@ def read_metrics(run_dir: str) -> list[dict]:
             if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
                 rows.append(row)
     if not rows:
-        raise UserError(f"'{path}' has no rows yet; plot it after the first logged step")
+        raise UserError(f"'{path}' has no metrics rows (with a step) yet; plot it after the first logged step")
     return rows
 
 
