@@ -284,9 +284,11 @@ def run(args) -> dict:
             own = own_tasks(manager, args.include_path, tasks)
             if not own or not _raised_building_a_task(e):
                 raise
+            asked = [t for t in tasks if t != HELDOUT_TASK]
             failing = _failing_task(e)
-            which = (f"task {failing}" if failing in own else f"task {own[0]}" if len(own) == 1 == len(
-                set(tasks) - {HELDOUT_TASK}) else f"one of tasks {', '.join(t for t in tasks if t != HELDOUT_TASK)}")
+            if failing not in own:  # no task in lm-eval's frames: the one asked for, when it is the only one
+                failing = own[0] if own == asked and len(own) == 1 else None
+            which = f"task {failing}" if failing else f"one of tasks {', '.join(asked)}"
             print(file=sys.stderr)  # a progress bar may be mid-line
             raise UserError(f"lm-eval could not build {which} ({type(e).__name__}: {one_line(e, 200)}); fix that "
                             "task's YAML (its templates' fields, split names, output type and data files)") from None

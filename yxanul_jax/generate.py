@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m yxanul_jax.generate", description=__doc__.splitlines()[0])
     add_source_args(p)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable: decoded as one batch)")
-    p.add_argument("--prompt-file", action="append", type=user_path, help="a file whose whole text is one prompt (repeatable)")
+    p.add_argument("--prompt-file", action="append", type=user_path,
+                   help="a file whose whole text is one prompt (repeatable)")
     p.add_argument("--max-new-tokens", type=Ranged(int, 1), default=sampling.MAX_NEW_TOKENS,
                    help="default %(default)s")
     p.add_argument("--temperature", type=Ranged(float, 0), default=sampling.TEMPERATURE,

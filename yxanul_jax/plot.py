@@ -114,7 +114,8 @@ def plot_runs(runs: dict[str, list[dict]], output: str, panels=PANELS, colors: d
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m yxanul_jax.plot", description=__doc__.splitlines()[0])
-    p.add_argument("run_dirs", nargs="+", type=user_path, metavar="RUN_DIR", help="run directories with a metrics.jsonl")
+    p.add_argument("run_dirs", nargs="+", type=user_path, metavar="RUN_DIR",
+                   help="run directories with a metrics.jsonl")
     p.add_argument("--output", default="runs.png", type=user_path, help="PNG to write (default: runs.png)")
     args = p.parse_args(argv)
     check_output_file(args.output)

@@ -78,8 +78,10 @@ def run_tokenizer(cfg: Config, run_dir: str | None = None) -> LoadedTokenizer:
 
 def add_source_args(parser) -> None:
     """`--run-dir` / `--checkpoint`: where the sampling and export commands take a trained model from."""
-    parser.add_argument("--run-dir", default=None, type=user_path, help="a training run directory (its latest checkpoint)")
-    parser.add_argument("--checkpoint", default=None, type=user_path, help="a checkpoint directory or one step's directory")
+    parser.add_argument("--run-dir", default=None, type=user_path,
+                        help="a training run directory (its latest checkpoint)")
+    parser.add_argument("--checkpoint", default=None, type=user_path,
+                        help="a checkpoint directory or one step's directory")
 
 
 def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> Trained:
