@@ -17,7 +17,7 @@ import threading
 from typing import Callable, TypeVar
 
 from yxanul_jax.core import console
-from yxanul_jax.core.coerce import keys_named, without_dashes
+from yxanul_jax.core.coerce import without_dashes
 from yxanul_jax.core.config import Config, load_config
 from yxanul_jax.core.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, one_line
 
@@ -36,8 +36,8 @@ class ArgumentParser(argparse.ArgumentParser):
         unknown = [m.groups() for m in map(re.compile(r"--([\w.-]+)(=.*)?", re.S).fullmatch, self._unrecognized) if m]
         if unknown and message.startswith("unrecognized arguments"):
             name, value = unknown[0]
-            if "." in name or keys_named(name.replace("-", "_"), Config):
-                hint = f"; {without_dashes(name, value and value[1:], Config)}"
+            said = without_dashes(name, value and value[1:], Config)  # None: a flag that is no config key either
+            hint = f"; {said}" if said else ""
         raise UserError(f"{message}{hint}; see {self.prog} --help")
 
     _unrecognized: list[str] = []

@@ -236,18 +236,19 @@ def apply_overrides(obj: T, overrides: list[str]) -> T:
         if not key:
             raise UserError(f"override '{item}' names no key")
         if key.startswith("-"):  # a flag with a space in its value reaches here (argparse takes it for an override)
-            raise UserError(f"override '{item}' starts with a dash; {without_dashes(key, text, type(obj))}")
+            hint = without_dashes(key, text, type(obj)) or "config keys are set as key=value, without dashes"
+            raise UserError(f"override '{item}' starts with a dash; {hint}")
         obj = _set_path(obj, key.split("."), _parse_value(text), "")
     return obj
 
 
-def without_dashes(flag: str, value: str | None, cls) -> str:
+def without_dashes(flag: str, value: str | None, cls) -> str | None:
     """The hint for a config key given as a flag (`--optim.lr=0.01`, `--log-every 5`): the key=value form it
-    meant, quoted for the shell where the value needs it; a plain reminder when no key of `cls` has its name."""
+    meant, quoted for the shell where the value needs it; None when no key of `cls` has its name."""
     name = flag.lstrip("-").replace("-", "_")  # flags spell words with dashes, config keys with underscores
     keys = [name] if "." in name else keys_named(name, cls)
     if not keys:
-        return "config keys are set as key=value, without dashes"
+        return None
     return (f"config keys are set as key=value, without dashes: "
             f"{shlex.quote(keys[0] + '=' + (value if value is not None else 'VALUE'))}")
 

@@ -95,22 +95,20 @@ def load_trained(run_dir: str | None = None, checkpoint: str | None = None) -> T
             raise UserError(f"'{run_dir}' is not a run directory (no {CONFIG_FILE}); pass the --run-dir of a "
                             "training run, or --checkpoint PATH")
         cfg = load_config(config_path, run=True)  # a damaged or emptied file: one line naming it (`read_yaml`)
+        require_checkpoint(run_dir, "to read")
         directory, step = os.path.join(run_dir, CHECKPOINT_DIR), None
+        expect = same_model(cfg.model, lambda key, was, now: (
+            f"'{config_path}' says {key}={now} (edited since?); put back {key.split('.', 1)[1]}: {was} there, or pass "
+            "--checkpoint with the step's folder, which reads the config saved in it"), fp8=cfg.fp8)
     else:
         directory, step = resolve_checkpoint_path(checkpoint)
-        cfg = None
+        cfg, expect = None, None
         if os.path.basename(directory) == CHECKPOINT_DIR:
             run_dir = os.path.dirname(directory)
     ckpt = Checkpointer(directory, read_only=True)
-    expect = None
     try:
         if cfg is None:  # the config saved with the checkpoint
             cfg = validate(from_saved(ckpt.read_meta(step)["config"]))
-        else:
-            require_checkpoint(run_dir, "to read")
-            expect = same_model(cfg.model, lambda key, was, now: (
-                f"'{config_path}' says {key}={now} (edited since?); put back {key.split('.', 1)[1]}: {was} there, or "
-                "pass --checkpoint with the step's folder, which reads the config saved in it"), fp8=cfg.fp8)
         step, state, _ = ckpt.restore(abstract_train_state(cfg).model_parts(), step, partial=True, expect=expect)
     finally:
         ckpt.close()

@@ -282,7 +282,8 @@ def fit(cfg: Config, run_dir: str | None = None, *, checkpoint: str | None = Non
     if checkpoint and cfg.init.from_checkpoint:
         raise UserError("--checkpoint continues a checkpoint's whole train state and init.from_checkpoint starts a "
                         "fresh one from a checkpoint's weights; pass one of them")
-    run_dir = os.path.expanduser(run_dir or os.path.join(RUNS_DIR, cfg.model.name))  # `--run-dir=~/x` is not expanded
+    # `~` for library callers (the command's flags expand it themselves)
+    run_dir = os.path.expanduser(run_dir or os.path.join(RUNS_DIR, cfg.model.name))
     check_run_dir(run_dir)
     ckpt_dir = os.path.join(run_dir, CHECKPOINT_DIR)
     fresh = overwrite or not (checkpoint_steps(ckpt_dir) or quarantined(ckpt_dir))
