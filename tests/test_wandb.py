@@ -1,5 +1,6 @@
 """`monitor.wandb`: the scalars TensorBoard gets also go to a Weights & Biases run (offline here: no network),
-a resumed run continues the same W&B run, and a missing wandb package is one line before anything is written."""
+a resumed run continues the same W&B run, a start refused before its first step leaves no empty run (the next start
+takes it on), and a missing wandb package is one line before anything is written."""
 import glob
 import json
 import os
@@ -113,3 +114,23 @@ def test_without_wandb_installed_one_line_and_nothing_written(monkeypatch, tmp_p
     assert rc == 2 and err == ('error: monitor.wandb=true needs the wandb package, which is not installed; pip '
                                'install -e ".[wandb]" (or pip install wandb), or set monitor.wandb=false\n'), err
     assert not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_start_refused_before_its_first_step_leaves_its_wb_run_to_the_next_start(offline, tmp_path):
+    from yxanul_jax.core.errors import UserError
+    from yxanul_jax.training.hooks import Hook
+
+    class Refuse(Hook):  # what any refusal between the W&B start and the first step does (a compile, a batch)
+        def on_start(self, loop, state, step):
+            raise UserError("refused before the first step")
+
+    run_dir, cfg = tmp_path / "run", load_config(None, WANDB)
+    with pytest.raises(UserError, match="refused before the first step"):
+        fit(cfg, str(run_dir), hooks=[Refuse()])
+    run_id, mark = (run_dir / WANDB_ID_FILE).read_text().splitlines()
+    assert mark == "no steps logged" and [(i, steps) for i, _, steps in offline_runs(run_dir)] == [(run_id, {})]
+    fit(cfg, str(run_dir), hooks=[stop_after(2)])  # the next start (from step 0) logs to that same W&B run
+    assert (run_dir / WANDB_ID_FILE).read_text() == run_id + "\n"
+    runs = offline_runs(run_dir)
+    assert [i for i, _, _ in runs] == [run_id, run_id] and sorted(runs[1][2]) == [1, 2]

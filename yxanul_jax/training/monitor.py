@@ -85,6 +85,8 @@ class MetricsWriter:
         self._tb = SummaryWriter(logdir=os.path.join(run_dir, TB_DIR), flush_secs=30,
                                  purge_step=None if resume_step is None else resume_step + 1)
         self._wandb = open_wandb(cfg, run_dir, resume_step) if cfg is not None and cfg.monitor.wandb else None
+        self._wandb_unused = self._wandb is not None and not resume_step  # a new W&B run, no step logged to it yet
+        self._run_dir = run_dir
 
     def write(self, row: dict) -> None:
         """Append one row (a dict with "step"; values are scalars or strings)."""
@@ -101,6 +103,7 @@ class MetricsWriter:
             self._tb.add_scalar(key, value, global_step=step)
         if self._wandb is not None and step >= self._wandb.step:  # W&B keeps a resumed run's logged steps
             self._wandb.log(scalars, step=step)
+            self._wandb_unused = False
 
     def flush(self) -> None:
         """Push TensorBoard's buffered events to disk (called at every checkpoint save)."""
@@ -110,6 +113,8 @@ class MetricsWriter:
         self._file.close()
         self._tb.close()
         if self._wandb is not None:
+            if self._wandb_unused:  # refused or stopped before its first row: the next fresh start takes this run
+                atomic_write(os.path.join(self._run_dir, WANDB_ID_FILE), f"{self._wandb.id}\n{WANDB_UNUSED}\n")
             self._wandb.finish()
             self._wandb = None
 
@@ -121,6 +126,7 @@ class MetricsWriter:
 
 
 WANDB_EXTRA = 'pip install -e ".[wandb]"'
+WANDB_UNUSED = "no steps logged"  # the second line of WANDB_ID_FILE for a new W&B run closed before its first row
 
 
 def check_wandb(cfg: Config) -> None:
@@ -136,18 +142,21 @@ def open_wandb(cfg: Config, run_dir: str, resume_step: int | None):
     """The W&B run of `run_dir` (files in `<run_dir>/wandb/`, the resolved config as its config): a new one
     for a run that starts at step 0, whose id is kept in `WANDB_ID_FILE`; that same run again (`resume="allow"`)
     when the run resumes from a checkpoint. W&B cannot forget the steps a killed run logged after its last
-    checkpoint (TensorBoard purges them), so until the resumed run passes them only the first values stay."""
+    checkpoint (TensorBoard purges them), so until the resumed run passes them only the first values stay. A new
+    run closed before it logged a step (a start refused or stopped before its first step) is marked so in the id
+    file, and the next start at step 0 takes it on, leaving no empty run in the project."""
     check_wandb(cfg)
     import wandb  # deferred: an optional extra, imported only when monitor.wandb is on
     from wandb.sdk.lib.runid import generate_id
 
     m, id_path = cfg.monitor, os.path.join(run_dir, WANDB_ID_FILE)
-    run_id = None
-    if resume_step and os.path.isfile(id_path):
+    lines = []
+    if os.path.isfile(id_path):
         with open(id_path, encoding="utf-8") as fh:
-            run_id = fh.read().strip() or None
-    if run_id is None:
-        run_id = generate_id()
+            lines = [line.strip() for line in fh.read().splitlines()]
+    taken = bool(lines and lines[0]) and (bool(resume_step) or lines[1:2] == [WANDB_UNUSED])
+    run_id = lines[0] if taken else generate_id()
+    if lines != [run_id]:  # a new id, or the unused mark dropped: rows logged from here on are this run's steps
         atomic_write(id_path, run_id + "\n")
     try:
         return wandb.init(project=m.wandb_project, entity=m.wandb_entity or None, id=run_id, resume="allow",
