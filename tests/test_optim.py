@@ -108,3 +108,17 @@ def test_decay_only_on_matrices_and_clip_leaves_small_gradients_alone():
     np.testing.assert_array_equal(np.asarray(same["a"]), np.asarray(grads["a"]))
     off, _ = clip_by_global_norm(grads, 0.0)  # 0 disables clipping
     np.testing.assert_array_equal(np.asarray(off["a"]), np.asarray(grads["a"]))
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_with_the_rate_it_ends_at():
+    from yxanul_jax.training.optim import warmup_warning
+
+    assert warmup_warning(load_config(None, BASE)) is None  # 10 of 100 steps
+    half = load_config(None, [*BASE, "optim.warmup_steps=200"])
+    assert warmup_warning(half) == (
+        "optim.warmup_steps (200) is not below train.steps (100): the learning rates rise through the whole run (the "
+        "last step at 50% of the peak), and the cosine decay never starts; set optim.warmup_steps=10 or so for a full "
+        "schedule")
+    assert _lr("optim.warmup_steps=200")(99) == pytest.approx(0.5e-3)  # the rate the warning names (stage 2: x1)
+    whole = warmup_warning(load_config(None, [*BASE, "optim.warmup_steps=100", "optim.schedule=constant"]))
+    assert "(the last step at 100% of the peak); set" in whole  # a constant schedule has no decay to name

@@ -38,7 +38,7 @@ from yxanul_jax.training.hooks import Hook, MetricsLog, NullWriter, Profiler, Si
 from yxanul_jax.training.integrity import tree_is_finite
 from yxanul_jax.training.monitor import (MetricsWriter, Progress, check_wandb, mfu, peak_flops_per_device, run_header,
                                          validation_logged)
-from yxanul_jax.training.optim import continuation_lr, continued
+from yxanul_jax.training.optim import continuation_lr, continued, warmup_warning
 from yxanul_jax.training.session import (RunContext, open_train_stream, resolve_start_model, resume_start,
                                          same_train_state)
 from yxanul_jax.training.shares import DomainShares
@@ -411,6 +411,8 @@ def _fit_locked(ctx: RunContext, run_dir: str, lead: bool, explicit, overwrite: 
         ctx, cfg = dataclasses.replace(ctx, cfg=resumed), resumed
         if (finished and start < cfg.train.steps or rescheduled) and lead:  # it trains after all / on that schedule
             prepare_run_dir(run_dir, cfg, **copy)
+        if lead and start < cfg.train.steps and (warning := warmup_warning(cfg)):
+            console.warn(warning)
         if cfg.optim.continue_as != "none" and cfg.optim.continue_from == start and start < cfg.train.steps:
             o = cfg.optim
             how = "down from there" if o.continue_as == "decay" else f"back to the peak {o.peak_lr:.3g}, then down"

@@ -84,6 +84,18 @@ def base_schedule(cfg: Config) -> optax.Schedule:
     return schedule
 
 
+def warmup_warning(cfg: Config) -> str | None:
+    """The warning for a warmup as long as the run (`optim.warmup_steps` >= `train.steps`): the rates never reach
+    their peak and the decay never starts. None otherwise, and for a run whose schedule `train.extend` continued."""
+    o, total = cfg.optim, cfg.train.steps
+    if o.warmup_steps < total or o.continue_as != "none":
+        return None
+    end = "" if o.schedule == "constant" else f", and the {o.schedule} decay never starts"
+    return (f"optim.warmup_steps ({o.warmup_steps}) is not below train.steps ({total}): the learning rates rise "
+            f"through the whole run (the last step at {total / max(o.warmup_steps, 1):.0%} of the peak){end}; set "
+            f"optim.warmup_steps={total // 10} or so for a full schedule")
+
+
 def continuation_lr(o: OptimConfig) -> float:
     """The rate a `decay` continuation starts from (`optim.continue_lr`), scaled as optim.lr has been since it was
     recorded (`optim.continue_peak`)."""
