@@ -420,7 +420,7 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
 
     run = tmp_path / "run"
     shutil.copytree(fast_run[0], run)
-    before = _tree(run)
+    before, touched = _tree(run), os.stat(run).st_mtime_ns
 
     def refused(*args, needle):
         rc, _, err = cli(*args)
@@ -462,7 +462,7 @@ def test_refusals_and_no_op_runs_write_nothing(fast_run, tmp_path):
     # a finished run asked for fewer steps and another lr trains nothing and records nothing
     rc, out, err = cli("--run-dir", str(run), *FAST, "train.steps=10", "optim.lr=1e-4")
     assert rc == 0 and "this run already finished: step 12" in out, err[-2000:]
-    assert _tree(run) == before
+    assert _tree(run) == before and os.stat(run).st_mtime_ns == touched  # the run lock came and went
 
 
 @pytest.mark.slow

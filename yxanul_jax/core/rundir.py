@@ -553,16 +553,20 @@ def prepare_run_dir(run_dir: str, cfg: Config, *, overwrite: bool = False, resum
 
 class RunLock:
     """`run_dir/.lock` holding this process's PID and host: a second `train` on the same run
-    directory is refused while the first lives; a lock left by a dead process is taken over."""
+    directory is refused while the first lives; a lock left by a dead process is taken over. A run that changed
+    nothing else in the folder (a refused start) leaves its times as they were: the lock came and went."""
 
     def __init__(self, run_dir: str):
         self.path = os.path.join(os.path.abspath(os.path.expanduser(run_dir)), LOCK_FILE)
         self.held = False
+        self._times: tuple[tuple[int, int], tuple] | None = None  # the folder's (atime, mtime) before, its state after
 
     def acquire(self) -> "RunLock":
         import socket
 
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        folder = os.path.dirname(self.path)
+        before = os.stat(folder) if os.path.isdir(folder) else None
+        os.makedirs(folder, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for _ in range(2):
             try:
@@ -582,6 +586,8 @@ class RunLock:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(me, fh)
             self.held = True
+            if before is not None:
+                self._times = ((before.st_atime_ns, before.st_mtime_ns), _entries(folder))
             return self
         raise UserError(f"could not take the lock {self.path}; another process keeps recreating it")
 
@@ -595,8 +601,13 @@ class RunLock:
 
     def release(self) -> None:
         if self.held:
+            folder = os.path.dirname(self.path)
+            untouched = self._times is not None and _entries(folder) == self._times[1]
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+            if untouched:  # no entry of the folder came or went but the lock: its times as they were
+                with contextlib.suppress(OSError):
+                    os.utime(folder, ns=self._times[0])
             self.held = False
 
     def __enter__(self) -> "RunLock":
@@ -604,6 +615,14 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _entries(folder: str) -> tuple:
+    """What says whether a folder's entries changed: its mtime and each name's inode (a file replaced by a rename
+    within the clock's tick leaves the mtime as it was, not the inode)."""
+    with os.scandir(folder) as it:
+        inodes = sorted((e.name, e.inode()) for e in it)
+    return os.stat(folder).st_mtime_ns, inodes
 
 
 def _alive(pid) -> bool:
