@@ -167,10 +167,18 @@ print(json.dumps({"kinds": out, "layers": cfg.model.n_layers, "targets": len(f8.
     assert not [k for k in ours if "triton" in k], got
 
 
-def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100(tmp_path):
-    hlo_path = tmp_path / "step.hlo"
-    on = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention",
-                      "--hlo-out", str(hlo_path))
+@pytest.fixture(scope="module")
+def tiny_h100(tmp_path_factory) -> tuple[dict, str]:
+    """The tiny config's stage-0 train step compiled for an H100 (FP8, the default loss kernels): `analyze`'s
+    report and the optimized HLO, shared by the tests that read that one compile (each is ~10 s of CI)."""
+    hlo_path = tmp_path_factory.mktemp("tiny_h100") / "step.hlo"
+    report = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention",
+                          "--hlo-out", str(hlo_path))
+    return report, hlo_path.read_text()
+
+
+def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100_and_is_predicted_beside_bf16(tiny_h100):
+    on, hlo_text = tiny_h100
     g = on["gpu"]
     assert on["device_kind"] == "NVIDIA H100 80GB HBM3" and on["attention"] == "cudnn"
     # 4 layers x 7 projections x (forward, input gradient, weight gradient), all FP8, none lost: gate and up share
@@ -179,7 +187,7 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100(tmp_path)
     assert g["fp8_expected"]["total"] == g["fp8_found"] == 84 and g["fp8_lost"] == []
     from yxanul_jax.analysis import hlo
 
-    gemms = hlo.gemms(hlo_path.read_text())
+    gemms = hlo.gemms(hlo_text)
     targets = Counter(x.target for x in gemms if x.precision == "fp8")
     assert targets == {t: 12 for t in ("q", "k", "v", "o", "gate", "up", "down")}, targets
     # Muon's Newton-Schulz (training/muon.py): 3 float32 GEMMs x 5 iterations per distinct kernel shape ([128, 128]
@@ -193,28 +201,24 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100(tmp_path)
     assert on["fp8"]["gemm_form"] == "dequant" and on["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
     assert g["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
     assert abs(on["planner_bytes"] / on["memory"]["peak_bytes"] - 1) < 0.10  # the `gpu` plan, fitted to sm_90
+    # the prediction, and FP8 off (no FP8 GEMM, no FP8 value in its HLO) predicted beside it
+    p = on["prediction"]
+    assert on["predicted_step_ms"] == p["predicted_step_ms"] > 0 and 0 < on["predicted_mfu"] < 1
+    assert on["predicted_tokens_per_s"] == pytest.approx(on["tokens_per_step"] / (on["predicted_step_ms"] / 1e3))
+    assert {"GEMM fp8", "attention", "output head + loss", "optimizer"} <= set(on["categories"])
+    assert set(on["categories"]) <= set(perf.CATEGORIES)
+    # every launch counted: 4 layers x (forward, recompute-free backward) cuDNN calls are 8 attention kernels
+    assert on["categories"]["attention"]["launches"] == 8 and p["kernel_launches"] >= p["kernel_sites"]
+    assert on["hlo_flops"] == p["hlo_flops"] > 0 and on["model_flops"] > 0
     off = inspect_h100("--config", "configs/tiny.yaml", "--disable-fp8", "--require", "fp8-expected")
     assert off["gpu"]["fp8_found"] == 0 and not off["gpu"]["fp8_values_in_hlo"]
+    assert "GEMM fp8" not in off["categories"] and off["predicted_step_ms"] > 0
     # the form whose scales multiply after the GEMM keeps the GEMMs apart too (their FP8 input, not the scale); an
     # XLA option given on the command line reaches the compile (the one compile checks both: it is minutes of CI)
     direct = inspect_h100("--config", "configs/tiny.yaml", "fp8.gemm_form=direct", "--require", "fp8-expected",
                           "--xla-option", "xla_gpu_enable_triton_gemm=false")
     assert direct["gpu"]["fp8_found"] == 84 and direct["gpu"]["gemm_kinds"]["fp8 cublaslt"]["executed"] == 84
     assert direct["xla_options"] == {"xla_gpu_enable_triton_gemm": False}
-
-
-def test_tiny_stage_prediction_for_h100_and_a_comparison():
-    r = inspect_h100("--config", "configs/tiny.yaml", "--compare", "fp8.enabled=false")
-    p = r["prediction"]
-    assert r["predicted_step_ms"] == p["predicted_step_ms"] > 0 and 0 < r["predicted_mfu"] < 1
-    assert r["predicted_tokens_per_s"] == pytest.approx(r["tokens_per_step"] / (r["predicted_step_ms"] / 1e3))
-    assert {"GEMM fp8", "attention", "output head + loss", "optimizer"} <= set(r["categories"])
-    assert set(r["categories"]) <= set(perf.CATEGORIES)
-    # every launch counted: 4 layers x (forward, recompute-free backward) cuDNN calls are 8 attention kernels
-    assert r["categories"]["attention"]["launches"] == 8 and p["kernel_launches"] >= p["kernel_sites"]
-    assert r["hlo_flops"] == p["hlo_flops"] > 0 and r["model_flops"] > 0
-    b = r["compare"]
-    assert b["variant"] == "fp8.enabled=false" and "GEMM fp8" not in b["categories"] and b["predicted_step_ms"] > 0
 
 
 def test_fp8_head_with_padded_vocabulary_and_accumulation():
@@ -362,23 +366,19 @@ def test_yxanul_197m_compiles_with_muon_for_h100():
 TRITON = training_form("triton")  # both training kernels in Triton, at the default's blocks
 
 
-def test_the_default_training_kernels_compile_as_mosaic_into_the_step_and_are_charged_at_their_rate(tmp_path):
+def test_the_default_training_kernels_compile_as_mosaic_into_the_step_and_are_charged_at_their_rate(tiny_h100):
     # model.fused_ce_ws in the tiny step (head width 128) for sm_90, as the default tiles pick it: Mosaic GPU custom
     # calls (the CUDA plugin builds their PTX; the census test below reads it), the same FLOPs as the Triton
     # kernels, and the model charges them at their measured rate (perf.FUSED_CE_MEASURED): the head + loss take
     # less time than with the Triton kernels
-    hlo_path = tmp_path / "step.hlo"
-    r = inspect_h100("--config", "configs/tiny.yaml", "--hlo-out", str(hlo_path), "--compare",
-                     f"train.fused_ce_tiles={TRITON}")
-    from yxanul_jax.analysis import perf
-
-    hlo = hlo_path.read_text()
+    r, hlo = tiny_h100
+    triton = inspect_h100("--config", "configs/tiny.yaml", f"train.fused_ce_tiles={TRITON}")
     assert hlo.count('custom_call_target="mosaic_gpu_v2"') == 2
     assert sorted(n for k in perf.kernels(hlo) if (n := perf._pallas_kernel(k.op_name))) == [
         "fused_ce_dw_ws", "fused_ce_fwd_dx_ws"]
     # what scripts/fused_ce_check.py records beside a timing as the kernels that ran
     assert perf.fused_ce_calls(hlo) == {"fused_ce_dw_ws": "mosaic_gpu_v2", "fused_ce_fwd_dx_ws": "mosaic_gpu_v2"}
-    mine, triton = r["categories"]["output head + loss"], r["compare"]["categories"]["output head + loss"]
+    mine, triton = r["categories"]["output head + loss"], triton["categories"]["output head + loss"]
     assert mine["flops"] == pytest.approx(triton["flops"], rel=1e-3) and mine["ms"] < triton["ms"]
 
 

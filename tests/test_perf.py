@@ -1,6 +1,6 @@
 """The performance model (`analysis.perf`) on small hand-written HLO: trip counts, FLOPs, bytes, rates,
 categories; then the GPU table it shares with `plan`. The sm_90 compile of a real step is in
-tests/test_gpu_target.py (`test_tiny_stage_prediction_for_h100`)."""
+tests/test_gpu_target.py (the tiny stage's H100 compile, predicted beside BF16)."""
 import json
 import math
 
