@@ -288,6 +288,32 @@ def test_a_command_stopped_by_ctrl_c_exits_130_without_waiting_on_its_threads():
         assert proc.stderr.startswith("error: interrupted (Ctrl-C)") and proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_a_ctrl_c_that_lands_in_a_garbage_collection_callback_still_stops_the_command():
+    # JAX runs `_xla_gc_callback` on every collection; a SIGINT inside it (or in a `__del__`) was printed as
+    # "Exception ignored in ..." and swallowed, and the command went on to finish and exit 0. Here a callback of
+    # our own takes the signal at the same place, as JAX's would.
+    code = ("import gc, os, signal, sys, time\n"
+            "from yxanul_jax.core.args import cli_entry\n"
+            "def callback(phase, info):\n"
+            "    if phase == 'start' and not fired:\n"
+            "        fired.append(1)\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        for _ in range(10000): pass  # the signal is taken here, inside the callback\n"
+            "fired = []\n"
+            "@cli_entry\n"
+            "def main(argv=None):\n"
+            "    gc.callbacks.append(callback)\n"
+            "    gc.collect()\n"
+            "    print('collected', flush=True)\n"
+            "    time.sleep(20)\n"
+            "    print('finished', flush=True)\n"
+            "    return 0\n"
+            "sys.exit(main())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 130 and "finished" not in proc.stdout, (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error: interrupted (Ctrl-C)") and proc.stderr.count("\n") == 1, proc.stderr
+
+
 @pytest.mark.parametrize("command, argv, needle", [
     ("train", ["--steps", "5"], "unrecognized arguments: --steps; config keys are set as key=value, without dashes: "
                                 "train.steps=VALUE"),

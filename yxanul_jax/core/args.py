@@ -6,6 +6,7 @@ import argparse
 import atexit
 import contextlib
 import functools
+import gc
 import io
 import logging
 import math
@@ -180,11 +181,27 @@ _as_command = False
 
 def command_stderr() -> None:
     """This process is a command (`python -m yxanul_jax.X`, `yxanul X`): its stderr drops what `_LoopClosedFilter`
-    drops, and a Ctrl-C ends it at once (`_exit_now`). Idempotent."""
+    drops, and a Ctrl-C ends it at once (`_exit_now`), wherever it lands (`_interrupt`). Idempotent."""
     global _as_command
     _as_command = True
     if not isinstance(sys.stderr, _LoopClosedFilter):
         sys.stderr = _LoopClosedFilter(sys.stderr)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is \
+            signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    """A command's SIGINT: KeyboardInterrupt, as Python's own handler raises it, except where Python would print
+    "Exception ignored in ..." and go on (a garbage-collection callback such as JAX's `_xla_gc_callback`, a
+    `__del__`): there the command carried on and exited 0, so the signal is sent again once that has returned."""
+    ignored = {getattr(getattr(cb, "__func__", cb), "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in ignored or frame.f_code.co_name == "__del__":
+            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
+    raise KeyboardInterrupt
 
 
 def _quiet_at_exit() -> None:
