@@ -299,3 +299,38 @@ def test_heldout_text_that_is_no_utf8_is_replaced_and_counted_when_asked(tmp_pat
     jsonl = yaml.safe_load(task.read_text())["dataset_kwargs"]["data_files"]["test"]
     with open(jsonl, encoding="utf-8") as fh:
         assert [json.loads(line)["text"] for line in fh] == ["a paragraph\n", "bad \ufffd\ufffd\ufffd bytes\n"]
+
+
+UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+
+
+def test_a_built_in_task_with_no_hub_is_one_line_at_once(trained_run, tmp_path):
+    # a dataset not in the cache, no network: huggingface_hub retried each request for ~40 s and logged two dozen
+    # warning lines before the error; the Hub is now probed first and the datasets looked for offline
+    kept = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and "proxy" not in k.lower()}
+    env = {**kept, "HF_HOME": str(tmp_path / "hf-home"), "HF_ENDPOINT": UNREACHABLE_HUB}
+    proc = subprocess.run([sys.executable, "-m", "yxanul_jax.evaluate", "--run-dir", str(trained_run), "--tasks",
+                           "arc_easy", "--limit", "2"], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("error: a task's dataset could not be fetched (") and (
+        "127.0.0.1 could not be reached (ConnectionRefusedError: " in proc.stderr), proc.stderr
+
+
+def test_the_offline_switch_is_put_back_for_a_caller_that_goes_on(monkeypatch):
+    import datasets.config
+    from huggingface_hub import constants
+
+    from yxanul_jax.evaluate import offline_when_unreachable
+
+    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)  # what HF_ENDPOINT set before the import does
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with offline_when_unreachable([HELDOUT_TASK]) as why:  # one's own text alone: nothing to fetch, no probe
+        assert why is None and not constants.HF_HUB_OFFLINE
+    with offline_when_unreachable([HELDOUT_TASK, "arc_easy"]) as why:
+        assert why.startswith("127.0.0.1 could not be reached")
+        assert constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE and datasets.config.HF_DATASETS_OFFLINE
+        assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
+    assert not (constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)
+    assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ

@@ -7,7 +7,8 @@
 The run's latest checkpoint (or `--checkpoint`) is exported to a temporary Hugging Face Llama folder with
 `inference.hf_export` (float32 by default) and handed to lm-eval's `simple_evaluate` (model "hf", on CUDA when
 torch sees a GPU, else the CPU); the folder is deleted afterwards. Tasks are lm-eval's built-in ones (their
-datasets must be in the Hugging Face cache when HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set), YAML tasks
+datasets must be in the Hugging Face cache when HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are set, or when the Hub
+cannot be reached: then they are looked for offline, not retried for a minute), YAML tasks
 of `--include-path` folders, and `yxanul_heldout`: perplexity (word, byte, bits per byte) of your own held-out
 text, `--heldout` (parquet / .jsonl[.gz] / .txt[.gz], read like `prepare`'s inputs: `--text-column`,
 `--bad-utf8`, paragraphs of .txt). Prints lm-eval's table and a final JSON line; `--output F.json` keeps lm-eval's
@@ -15,11 +16,13 @@ results (with `--log-samples`, each document's scores too). Needs the `lm-eval` 
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import json
 import math
 import os
+import socket
 import sys
 import tempfile
 import traceback
@@ -176,6 +179,65 @@ def task_manager(include_paths: list[str], tasks: list[str]):
     return manager
 
 
+HUB_PROBE_S = 3.0  # how long the Hub's host may take to accept a connection before evaluate works offline
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub cannot be reached from here (its host refused, unknown or silent for
+    `HUB_PROBE_S`), or None: it can, offline mode is on already (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE), or a
+    proxy stands between (not probed)."""
+    import urllib.parse
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") or urllib.request.getproxies():
+        return None
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=HUB_PROBE_S).close()
+    except OSError as e:
+        return f"{url.hostname} could not be reached ({type(e).__name__}: {one_line(e, 100)})"
+    return None
+
+
+_OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # environment variables and datasets.config names
+
+
+@contextlib.contextmanager
+def offline_when_unreachable(tasks: list[str]):
+    """Inside: the Hugging Face libraries offline (cached datasets only) when a task may fetch one and the Hub
+    cannot be reached, so a dataset that is not cached fails at once (online, huggingface_hub retried each request
+    for ~40 s and logged two dozen warnings first). Yields why, or None (online as configured). Restores the
+    settings after, for a caller that goes on in this process."""
+    why = hub_unreachable() if any(t != HELDOUT_TASK for t in tasks) else None
+    if why is None:
+        yield None
+        return
+    from huggingface_hub import constants
+
+    config = sys.modules.get("datasets.config")  # datasets reads the variables when first imported
+    before = {k: getattr(config, k) for k in _OFFLINE_FLAGS} if config else dict.fromkeys(_OFFLINE_FLAGS, False)
+    env = {k: os.environ.get(k) for k in _OFFLINE_FLAGS}
+    os.environ.update(dict.fromkeys(_OFFLINE_FLAGS, "1"))
+    constants.HF_HUB_OFFLINE = True
+    for k in _OFFLINE_FLAGS if config else ():
+        setattr(config, k, True)
+    try:
+        yield why
+    finally:
+        constants.HF_HUB_OFFLINE = False  # it was off, or nothing was probed
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if (config := sys.modules.get("datasets.config")) is not None:  # imported before or during the run
+            for k, v in before.items():
+                setattr(config, k, v)
+
+
 def context_length(cfg, asked: int | None, heldout: bool) -> int:
     """The context lm-eval gives the model (its `max_length`: the window of a rolling perplexity, the longest
     prompt and answer): `asked`, else model.max_position. UserError past model.max_position. With `heldout` and a
@@ -261,37 +323,41 @@ def run(args) -> dict:
         trained = load_trained(args.run_dir, args.checkpoint)
         max_length = context_length(trained.cfg, args.max_length, bool(args.heldout))
         summary = export(trained, os.path.join(tmp, "hf"), args.dtype)
-        try:
-            results = lm_eval.simple_evaluate(
-                model="hf", model_args={"pretrained": summary["output"], "dtype": args.dtype,
-                                        "max_length": max_length},
-                tasks=tasks, num_fewshot=args.num_fewshot, batch_size=batch_size, device=device,
-                limit=args.limit, task_manager=manager, log_samples=args.log_samples, random_seed=args.seed,
-                numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
-        except AssertionError as e:  # lm-eval's checks of a task against the context: an answer or a generation
-            if args.max_length is None:  # longer than --max-length
-                raise
-            why = one_line(e, 200) or "an answer longer than that"
-            print(file=sys.stderr)  # lm-eval's progress bar of that task's requests ends its line first
-            raise UserError(f"lm-eval refused --max-length {args.max_length} for a task ({why}); pass a larger "
-                            "--max-length, or evaluate --heldout in a call of its own") from None
-        except ConnectionError as e:  # datasets' and huggingface_hub's offline / unreachable-hub errors
-            raise UserError(f"a task's dataset could not be fetched ({one_line(e, 300)}); download it once with "
-                            "network access (it is cached in $HF_HOME) or pass --include-path with local task data")
-        except (LookupError, ValueError, TypeError, FileNotFoundError, jinja2.TemplateError) as e:
-            # a task of the user's own (--include-path) that lm-eval cannot build: a template naming a field the
-            # documents lack, a split or output type that is not there, a data file that is missing
-            own = own_tasks(manager, args.include_path, tasks)
-            if not own or not _raised_building_a_task(e):
-                raise
-            asked = [t for t in tasks if t != HELDOUT_TASK]
-            failing = _failing_task(e)
-            if failing not in own:  # no task in lm-eval's frames: the one asked for, when it is the only one
-                failing = own[0] if own == asked and len(own) == 1 else None
-            which = f"task {failing}" if failing else f"one of tasks {', '.join(asked)}"
-            print(file=sys.stderr)  # a progress bar may be mid-line
-            raise UserError(f"lm-eval could not build {which} ({type(e).__name__}: {one_line(e, 200)}); fix that "
-                            "task's YAML (its templates' fields, split names, output type and data files)") from None
+        with offline_when_unreachable(tasks) as offline:  # no Hub: a dataset not cached fails at once
+            try:
+                results = lm_eval.simple_evaluate(
+                    model="hf", model_args={"pretrained": summary["output"], "dtype": args.dtype,
+                                            "max_length": max_length},
+                    tasks=tasks, num_fewshot=args.num_fewshot, batch_size=batch_size, device=device,
+                    limit=args.limit, task_manager=manager, log_samples=args.log_samples, random_seed=args.seed,
+                    numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+            except AssertionError as e:  # lm-eval's checks of a task against the context: an answer or a
+                if args.max_length is None:  # generation longer than --max-length
+                    raise
+                why = one_line(e, 200) or "an answer longer than that"
+                print(file=sys.stderr)  # lm-eval's progress bar of that task's requests ends its line first
+                raise UserError(f"lm-eval refused --max-length {args.max_length} for a task ({why}); pass a larger "
+                                "--max-length, or evaluate --heldout in a call of its own") from None
+            except ConnectionError as e:  # datasets' and huggingface_hub's offline / unreachable-hub errors
+                why = f"; {offline}, so it was looked for in the cache alone" if offline else ""
+                raise UserError(f"a task's dataset could not be fetched ({one_line(e, 300)}){why}; download it once "
+                                "with network access (it is cached in $HF_HOME) or pass --include-path with local "
+                                "task data") from None
+            except (LookupError, ValueError, TypeError, FileNotFoundError, jinja2.TemplateError) as e:
+                # a task of the user's own (--include-path) that lm-eval cannot build: a template naming a field
+                # the documents lack, a split or output type that is not there, a data file that is missing
+                own = own_tasks(manager, args.include_path, tasks)
+                if not own or not _raised_building_a_task(e):
+                    raise
+                asked = [t for t in tasks if t != HELDOUT_TASK]
+                failing = _failing_task(e)
+                if failing not in own:  # no task in lm-eval's frames: the one asked for, when it is the only one
+                    failing = own[0] if own == asked and len(own) == 1 else None
+                which = f"task {failing}" if failing else f"one of tasks {', '.join(asked)}"
+                print(file=sys.stderr)  # a progress bar may be mid-line
+                raise UserError(f"lm-eval could not build {which} ({type(e).__name__}: {one_line(e, 200)}); fix "
+                                "that task's YAML (its templates' fields, split names, output type and data files)"
+                                ) from None
     results["yxanul"] = {"run_dir": args.run_dir, "checkpoint": args.checkpoint, "step": trained.step,
                          "dtype": args.dtype, "device": device, "tasks": tasks, "limit": args.limit,
                          "num_fewshot": args.num_fewshot, "max_length": max_length, "heldout": args.heldout,
