@@ -23,6 +23,7 @@ import json
 import math
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -238,6 +239,32 @@ def offline_when_unreachable(tasks: list[str]):
                 setattr(config, k, v)
 
 
+@contextlib.contextmanager
+def git_hash_quietly():
+    """lm-eval records the working directory's commit by running `git describe` with its stderr open, so outside a
+    git checkout the command printed "fatal: not a git repository" amid its output. Inside: the same lookup (and
+    the same fallback) with git's stderr closed; lm-eval's own function put back after."""
+    import lm_eval.evaluator as evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    own = getattr(evaluator, "get_git_commit_hash", None)
+    if own is None:  # another lm-eval: nothing to quieten
+        yield
+        return
+
+    def commit_hash():
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):  # not a checkout, or no git
+            return get_commit_from_path(os.getcwd())
+
+    evaluator.get_git_commit_hash = commit_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = own
+
+
 def context_length(cfg, asked: int | None, heldout: bool) -> int:
     """The context lm-eval gives the model (its `max_length`: the window of a rolling perplexity, the longest
     prompt and answer): `asked`, else model.max_position. UserError past model.max_position. With `heldout` and a
@@ -323,7 +350,7 @@ def run(args) -> dict:
         trained = load_trained(args.run_dir, args.checkpoint)
         max_length = context_length(trained.cfg, args.max_length, bool(args.heldout))
         summary = export(trained, os.path.join(tmp, "hf"), args.dtype)
-        with offline_when_unreachable(tasks) as offline:  # no Hub: a dataset not cached fails at once
+        with offline_when_unreachable(tasks) as offline, git_hash_quietly():
             try:
                 results = lm_eval.simple_evaluate(
                     model="hf", model_args={"pretrained": summary["output"], "dtype": args.dtype,
