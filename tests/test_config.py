@@ -288,23 +288,35 @@ def test_a_command_stopped_by_ctrl_c_exits_130_without_waiting_on_its_threads():
         assert proc.stderr.startswith("error: interrupted (Ctrl-C)") and proc.stderr.count("\n") == 1, proc.stderr
 
 
-def test_a_ctrl_c_that_lands_in_a_garbage_collection_callback_still_stops_the_command():
+_GC_CALLBACK = ("def callback(phase, info):\n"
+                "    if phase == 'start' and not fired:\n"
+                "        fired.append(1)\n"
+                "        os.kill(os.getpid(), signal.SIGINT)\n"
+                "        for _ in range(10000): pass  # the signal is taken here, inside the callback\n"
+                "def trigger():\n"
+                "    gc.callbacks.append(callback)\n"
+                "    gc.collect()\n")
+_WAITING_DEL = ("class Held:\n"
+                "    def __del__(self):\n"
+                "        os.kill(os.getpid(), signal.SIGINT)\n"
+                "        time.sleep(30)  # a finalizer that waits: the Ctrl-C still breaks the wait\n"
+                "def trigger():\n"
+                "    Held()\n")
+
+
+@pytest.mark.parametrize("where", [_GC_CALLBACK, _WAITING_DEL], ids=["gc-callback", "waiting-del"])
+def test_a_ctrl_c_that_python_could_only_print_still_stops_the_command(where):
     # JAX runs `_xla_gc_callback` on every collection; a SIGINT inside it (or in a `__del__`) was printed as
-    # "Exception ignored in ..." and swallowed, and the command went on to finish and exit 0. Here a callback of
-    # our own takes the signal at the same place, as JAX's would.
+    # "Exception ignored in ..." and swallowed, and the command went on to finish and exit 0. Here a callback and a
+    # finalizer of our own take the signal at the same place, as JAX's would.
     code = ("import gc, os, signal, sys, time\n"
             "from yxanul_jax.core.args import cli_entry\n"
-            "def callback(phase, info):\n"
-            "    if phase == 'start' and not fired:\n"
-            "        fired.append(1)\n"
-            "        os.kill(os.getpid(), signal.SIGINT)\n"
-            "        for _ in range(10000): pass  # the signal is taken here, inside the callback\n"
             "fired = []\n"
+            f"{where}"
             "@cli_entry\n"
             "def main(argv=None):\n"
-            "    gc.callbacks.append(callback)\n"
-            "    gc.collect()\n"
-            "    print('collected', flush=True)\n"
+            "    trigger()\n"
+            "    print('triggered', flush=True)\n"
             "    time.sleep(20)\n"
             "    print('finished', flush=True)\n"
             "    return 0\n"

@@ -167,13 +167,17 @@ print(json.dumps({"kinds": out, "layers": cfg.model.n_layers, "targets": len(f8.
     assert not [k for k in ours if "triton" in k], got
 
 
+TRITON = training_form("triton")  # both training kernels in Triton, at the default's blocks
+
+
 @pytest.fixture(scope="module")
 def tiny_h100(tmp_path_factory) -> tuple[dict, str]:
     """The tiny config's stage-0 train step compiled for an H100 (FP8, the default loss kernels): `analyze`'s
-    report and the optimized HLO, shared by the tests that read that one compile (each is ~10 s of CI)."""
+    report and the optimized HLO, shared by the tests that read that one compile (each is ~10 s of CI), with the
+    same step's loss kernels in Triton compiled beside it (`--compare`: the report's "compare")."""
     hlo_path = tmp_path_factory.mktemp("tiny_h100") / "step.hlo"
     report = inspect_h100("--config", "configs/tiny.yaml", "--require", "fp8-expected", "--require", "cudnn-attention",
-                          "--hlo-out", str(hlo_path))
+                          "--hlo-out", str(hlo_path), "--compare", f"train.fused_ce_tiles={TRITON}")
     return report, hlo_path.read_text()
 
 
@@ -363,22 +367,19 @@ def test_yxanul_197m_compiles_with_muon_for_h100():
     assert r["categories"]["optimizer"]["flops"] > 1e12 and r["predicted_step_ms"] > 0
 
 
-TRITON = training_form("triton")  # both training kernels in Triton, at the default's blocks
-
-
 def test_the_default_training_kernels_compile_as_mosaic_into_the_step_and_are_charged_at_their_rate(tiny_h100):
     # model.fused_ce_ws in the tiny step (head width 128) for sm_90, as the default tiles pick it: Mosaic GPU custom
     # calls (the CUDA plugin builds their PTX; the census test below reads it), the same FLOPs as the Triton
     # kernels, and the model charges them at their measured rate (perf.FUSED_CE_MEASURED): the head + loss take
     # less time than with the Triton kernels
     r, hlo = tiny_h100
-    triton = inspect_h100("--config", "configs/tiny.yaml", f"train.fused_ce_tiles={TRITON}")
     assert hlo.count('custom_call_target="mosaic_gpu_v2"') == 2
     assert sorted(n for k in perf.kernels(hlo) if (n := perf._pallas_kernel(k.op_name))) == [
         "fused_ce_dw_ws", "fused_ce_fwd_dx_ws"]
     # what scripts/fused_ce_check.py records beside a timing as the kernels that ran
     assert perf.fused_ce_calls(hlo) == {"fused_ce_dw_ws": "mosaic_gpu_v2", "fused_ce_fwd_dx_ws": "mosaic_gpu_v2"}
-    mine, triton = r["categories"]["output head + loss"], triton["categories"]["output head + loss"]
+    assert r["compare"]["variant"] == f"train.fused_ce_tiles={TRITON}"
+    mine, triton = r["categories"]["output head + loss"], r["compare"]["categories"]["output head + loss"]
     assert mine["flops"] == pytest.approx(triton["flops"], rel=1e-3) and mine["ms"] < triton["ms"]
 
 

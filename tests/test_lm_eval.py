@@ -305,7 +305,7 @@ def test_heldout_text_that_is_no_utf8_is_replaced_and_counted_when_asked(tmp_pat
         assert [json.loads(line)["text"] for line in fh] == ["a paragraph\n", "bad \ufffd\ufffd\ufffd bytes\n"]
 
 
-UNREACHABLE_HUB = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+UNREACHABLE_HUB = "https://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 
 
 def test_a_built_in_task_with_no_hub_is_one_line_at_once(trained_run, tmp_path):
@@ -326,15 +326,23 @@ def test_the_offline_switch_is_put_back_for_a_caller_that_goes_on(monkeypatch):
 
     from yxanul_jax.evaluate import offline_when_unreachable
 
-    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        monkeypatch.delenv(k, raising=False)
+    for k in [k for k in os.environ if k.upper() in ("HF_DATASETS_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                                                     "NO_PROXY")]:
+        monkeypatch.delenv(k)  # no proxy to skip the probe for, no offline mode set
     monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE_HUB)  # what HF_ENDPOINT set before the import does
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    with offline_when_unreachable([HELDOUT_TASK]) as why:  # one's own text alone: nothing to fetch, no probe
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
+    with offline_when_unreachable([]) as why:  # no built-in task (one's own text or tasks): no probe, online
         assert why is None and not constants.HF_HUB_OFFLINE
-    with offline_when_unreachable([HELDOUT_TASK, "arc_easy"]) as why:
-        assert why.startswith("127.0.0.1 could not be reached")
+    with offline_when_unreachable(["arc_easy"]) as why:
+        assert why.startswith("127.0.0.1 could not be reached (ConnectionRefusedError")
         assert constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE and datasets.config.HF_DATASETS_OFFLINE
-        assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
     assert not (constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)
-    assert "HF_HUB_OFFLINE" not in os.environ and "HF_DATASETS_OFFLINE" not in os.environ
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # the Hub is https: a proxy of http alone is no reason
+    monkeypatch.setenv("NO_PROXY", "localhost")  # nor is a list of hosts to reach without one
+    with offline_when_unreachable(["arc_easy"]) as why:
+        assert why is not None
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # behind a proxy: not probed, online as configured
+    with offline_when_unreachable(["arc_easy"]) as why:
+        assert why is None and not constants.HF_HUB_OFFLINE

@@ -253,7 +253,7 @@ def test_a_warmup_as_long_as_the_run_is_one_warning_line_and_the_run_goes_on(tmp
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert rc == 0 and warnings == ["warning: optim.warmup_steps (4) is not below train.steps (2): the learning rates "
                                     "rise through the whole run (the last step at 50% of the peak), and the cosine "
-                                    "decay never starts; set optim.warmup_steps=0 or so for a full schedule"], err
+                                    "decay never starts; set optim.warmup_steps=0 (no warmup) for a full schedule"], err
 
 
 def test_fit_trains_a_loss_of_one_s_own_and_logs_its_terms(tmp_path):

@@ -34,6 +34,7 @@ import yaml
 from yxanul_jax.core import console
 from yxanul_jax.core.args import ArgumentParser, Ranged, cli_entry, user_path
 from yxanul_jax.core.coerce import yaml_problem
+from yxanul_jax.core.environ import attributes
 from yxanul_jax.core.errors import UserError, one_line
 from yxanul_jax.core.rundir import atomic_write, cache_root, check_new_output
 from yxanul_jax.data.sources import TEXT_COLUMN, DocumentSource
@@ -181,62 +182,53 @@ def task_manager(include_paths: list[str], tasks: list[str]):
 
 
 HUB_PROBE_S = 3.0  # how long the Hub's host may take to accept a connection before evaluate works offline
+_TRUE = {"1", "ON", "YES", "TRUE"}  # what the Hugging Face libraries read as a set flag
 
 
 def hub_unreachable() -> str | None:
-    """Why the Hugging Face Hub cannot be reached from here (its host refused, unknown or silent for
-    `HUB_PROBE_S`), or None: it can, offline mode is on already (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE), or a
-    proxy stands between (not probed)."""
+    """Why the Hugging Face Hub cannot be reached from here (its host unknown, refusing, or silent for
+    `HUB_PROBE_S` at its first address), or None: it can, offline mode is on already (HF_HUB_OFFLINE,
+    HF_DATASETS_OFFLINE), or a proxy for the Hub's scheme stands between (not probed)."""
     import urllib.parse
     import urllib.request
 
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") or urllib.request.getproxies():
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in _TRUE:
         return None
     url = urllib.parse.urlsplit(constants.ENDPOINT)
+    proxies = urllib.request.getproxies()
+    if (proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(url.hostname):
+        return None
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                 timeout=HUB_PROBE_S).close()
+        family, kind, proto, _, address = socket.getaddrinfo(
+            url.hostname, url.port or (443 if url.scheme == "https" else 80), type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.settimeout(HUB_PROBE_S)
+            probe.connect(address)
     except OSError as e:
         return f"{url.hostname} could not be reached ({type(e).__name__}: {one_line(e, 100)})"
     return None
 
 
-_OFFLINE_FLAGS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")  # environment variables and datasets.config names
-
-
 @contextlib.contextmanager
-def offline_when_unreachable(tasks: list[str]):
-    """Inside: the Hugging Face libraries offline (cached datasets only) when a task may fetch one and the Hub
-    cannot be reached, so a dataset that is not cached fails at once (online, huggingface_hub retried each request
-    for ~40 s and logged two dozen warnings first). Yields why, or None (online as configured). Restores the
-    settings after, for a caller that goes on in this process."""
-    why = hub_unreachable() if any(t != HELDOUT_TASK for t in tasks) else None
+def offline_when_unreachable(fetching: list[str]):
+    """Inside: the Hugging Face libraries offline (cached datasets only) when some of the tasks `fetching` (the
+    built-in ones: their datasets are on the Hub) are asked and the Hub cannot be reached, so a dataset that is not
+    cached fails at once (online, huggingface_hub retried each request for ~40 s and logged two dozen warnings
+    first). Yields why, or None (online as configured). A task of one's own may read a URL elsewhere, which
+    offline mode would refuse: with one among the tasks, this stays online. Put back after, for a caller that
+    goes on in this process."""
+    why = hub_unreachable() if fetching else None
     if why is None:
         yield None
         return
+    import datasets.config  # imported here, so that what it reads at import is what is put back
     from huggingface_hub import constants
 
-    config = sys.modules.get("datasets.config")  # datasets reads the variables when first imported
-    before = {k: getattr(config, k) for k in _OFFLINE_FLAGS} if config else dict.fromkeys(_OFFLINE_FLAGS, False)
-    env = {k: os.environ.get(k) for k in _OFFLINE_FLAGS}
-    os.environ.update(dict.fromkeys(_OFFLINE_FLAGS, "1"))
-    constants.HF_HUB_OFFLINE = True
-    for k in _OFFLINE_FLAGS if config else ():
-        setattr(config, k, True)
-    try:
+    with attributes(constants, HF_HUB_OFFLINE=True), \
+            attributes(datasets.config, HF_HUB_OFFLINE=True, HF_DATASETS_OFFLINE=True):
         yield why
-    finally:
-        constants.HF_HUB_OFFLINE = False  # it was off, or nothing was probed
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if (config := sys.modules.get("datasets.config")) is not None:  # imported before or during the run
-            for k, v in before.items():
-                setattr(config, k, v)
 
 
 @contextlib.contextmanager
@@ -245,12 +237,11 @@ def git_hash_quietly():
     git checkout the command printed "fatal: not a git repository" amid its output. Inside: the same lookup (and
     the same fallback) with git's stderr closed; lm-eval's own function put back after."""
     import lm_eval.evaluator as evaluator
-    from lm_eval.loggers.utils import get_commit_from_path
 
-    own = getattr(evaluator, "get_git_commit_hash", None)
-    if own is None:  # another lm-eval: nothing to quieten
+    if not hasattr(evaluator, "get_git_commit_hash"):  # another lm-eval: nothing to quieten
         yield
         return
+    from lm_eval.loggers.utils import get_commit_from_path
 
     def commit_hash():
         try:
@@ -258,11 +249,8 @@ def git_hash_quietly():
         except (subprocess.CalledProcessError, FileNotFoundError):  # not a checkout, or no git
             return get_commit_from_path(os.getcwd())
 
-    evaluator.get_git_commit_hash = commit_hash
-    try:
+    with attributes(evaluator, get_git_commit_hash=commit_hash):
         yield
-    finally:
-        evaluator.get_git_commit_hash = own
 
 
 def context_length(cfg, asked: int | None, heldout: bool) -> int:
@@ -350,7 +338,9 @@ def run(args) -> dict:
         trained = load_trained(args.run_dir, args.checkpoint)
         max_length = context_length(trained.cfg, args.max_length, bool(args.heldout))
         summary = export(trained, os.path.join(tmp, "hf"), args.dtype)
-        with offline_when_unreachable(tasks) as offline, git_hash_quietly():
+        own = own_tasks(manager, args.include_path, tasks)  # --include-path's: their data may be any URL
+        fetching = [] if own else [t for t in tasks if t != HELDOUT_TASK]  # built-in tasks: datasets on the Hub
+        with offline_when_unreachable(fetching) as offline, git_hash_quietly():
             try:
                 results = lm_eval.simple_evaluate(
                     model="hf", model_args={"pretrained": summary["output"], "dtype": args.dtype,
@@ -373,7 +363,6 @@ def run(args) -> dict:
             except (LookupError, ValueError, TypeError, FileNotFoundError, jinja2.TemplateError) as e:
                 # a task of the user's own (--include-path) that lm-eval cannot build: a template naming a field
                 # the documents lack, a split or output type that is not there, a data file that is missing
-                own = own_tasks(manager, args.include_path, tasks)
                 if not own or not _raised_building_a_task(e):
                     raise
                 asked = [t for t in tasks if t != HELDOUT_TASK]

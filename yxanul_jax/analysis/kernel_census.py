@@ -37,6 +37,8 @@ import sys
 import tempfile
 from typing import Callable
 
+from yxanul_jax.core.environ import environ
+
 TENSOR_FLOP_PER_CLOCK = 4096  # dense BF16 per SM per clock, GH100 (989.4 TFLOP/s = 132 SMs x 4096 x 1.83 GHz)
 ISSUE_PER_CLOCK = 4  # warp instructions per SM per clock (4 schedulers)
 MUFU_PER_CLOCK = 16  # special-function results per SM per clock (ex2)
@@ -66,20 +68,11 @@ def mosaic_ptx(compile_fn: Callable[[], object]) -> dict[str, str]:
     the first ptxas on PATH (without one, a newer version than jaxlib's CUDA 12 ptxas reads), so `tool("ptxas")`
     goes first on PATH meanwhile. In this mode the plugin also prints "nvdisasm invocation failed" (here even with
     nvdisasm on PATH): harmless, `assemble` makes the SASS from the PTX."""
-    keys = ("MOSAIC_GPU_DUMP_PTX", "MOSAIC_GPU_DUMP_TO", "PATH")
-    saved = {k: os.environ.get(k) for k in keys}
     with tempfile.TemporaryDirectory() as d:
-        os.environ.update(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_TO=d)
-        if ptxas := tool("ptxas"):
-            os.environ["PATH"] = os.path.dirname(ptxas) + os.pathsep + os.environ.get("PATH", "")
-        try:
+        ptxas = tool("ptxas")
+        path = {"PATH": os.path.dirname(ptxas) + os.pathsep + os.environ.get("PATH", "")} if ptxas else {}
+        with environ(MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_TO=d, **path):
             compile_fn()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         return {os.path.basename(p).rsplit("_", 1)[0]: open(p).read()
                 for p in sorted(glob.glob(os.path.join(d, "*.ptx")))}
 

@@ -6,7 +6,6 @@ import argparse
 import atexit
 import contextlib
 import functools
-import gc
 import io
 import logging
 import math
@@ -181,27 +180,35 @@ _as_command = False
 
 def command_stderr() -> None:
     """This process is a command (`python -m yxanul_jax.X`, `yxanul X`): its stderr drops what `_LoopClosedFilter`
-    drops, and a Ctrl-C ends it at once (`_exit_now`), wherever it lands (`_interrupt`). Idempotent."""
-    global _as_command
+    drops, and a Ctrl-C ends it at once (`_exit_now`), wherever it lands (`_unraisable`). Idempotent."""
+    global _as_command, _unraisable_before
     _as_command = True
     if not isinstance(sys.stderr, _LoopClosedFilter):
         sys.stderr = _LoopClosedFilter(sys.stderr)
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is \
-            signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupt)
+    if sys.unraisablehook is not _unraisable:
+        _unraisable_before, sys.unraisablehook = sys.unraisablehook, _unraisable
 
 
-def _interrupt(signum, frame) -> None:
-    """A command's SIGINT: KeyboardInterrupt, as Python's own handler raises it, except where Python would print
-    "Exception ignored in ..." and go on (a garbage-collection callback such as JAX's `_xla_gc_callback`, a
-    `__del__`): there the command carried on and exited 0, so the signal is sent again once that has returned."""
-    ignored = {getattr(getattr(cb, "__func__", cb), "__code__", None) for cb in gc.callbacks}
-    while frame is not None:
-        if frame.f_code in ignored or frame.f_code.co_name == "__del__":
-            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
-            return
-        frame = frame.f_back
-    raise KeyboardInterrupt
+_unraisable_before = sys.unraisablehook
+
+
+def _unraisable(info) -> None:
+    """A command's hook for the exceptions Python can only print ("Exception ignored in ..."): a Ctrl-C that lands
+    in a garbage-collection callback (JAX's `_xla_gc_callback` runs on every collection), a `__del__` or a weakref
+    callback was printed and lost, and the command went on to finish and exit 0. It is raised again 10 ms later
+    (a one-shot SIGALRM, no thread), by then outside that callback, where it stops the command as a Ctrl-C does."""
+    if not (isinstance(info.exc_value, KeyboardInterrupt) and hasattr(signal, "setitimer")
+            and threading.current_thread() is threading.main_thread()):
+        _unraisable_before(info)
+        return
+    before = signal.getsignal(signal.SIGALRM)
+
+    def again(signum, frame):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if before is None else before)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, again)
+    signal.setitimer(signal.ITIMER_REAL, 0.01)
 
 
 def _quiet_at_exit() -> None:

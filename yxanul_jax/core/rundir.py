@@ -582,6 +582,7 @@ class RunLock:
                                     f"{self.path} and run again")
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)  # a dead process's lock: take it over
+                before = None  # its going is a change of the folder: its times are not put back
                 continue
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(me, fh)
@@ -602,7 +603,10 @@ class RunLock:
     def release(self) -> None:
         if self.held:
             folder = os.path.dirname(self.path)
-            untouched = self._times is not None and _entries(folder) == self._times[1]
+            try:
+                untouched = self._times is not None and _entries(folder) == self._times[1]
+            except OSError:  # the folder went (moved or deleted meanwhile): nothing to put back
+                untouched = False
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
             if untouched:  # no entry of the folder came or went but the lock: its times as they were

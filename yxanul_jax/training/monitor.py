@@ -154,19 +154,24 @@ def open_wandb(cfg: Config, run_dir: str, resume_step: int | None):
     if os.path.isfile(id_path):
         with open(id_path, encoding="utf-8") as fh:
             lines = [line.strip() for line in fh.read().splitlines()]
-    taken = bool(lines and lines[0]) and (bool(resume_step) or lines[1:2] == [WANDB_UNUSED])
-    run_id = lines[0] if taken else generate_id()
-    if lines != [run_id]:  # a new id, or the unused mark dropped: rows logged from here on are this run's steps
-        atomic_write(id_path, run_id + "\n")
-    try:
-        return wandb.init(project=m.wandb_project, entity=m.wandb_entity or None, id=run_id, resume="allow",
-                          name=m.wandb_name or os.path.basename(os.path.abspath(run_dir)), dir=run_dir,
-                          mode=None if m.wandb_mode == "auto" else m.wandb_mode, config=to_dict(cfg),
-                          settings=wandb.Settings(console="off"))  # our console stays ours (progress line)
-    except wandb.errors.Error as e:
-        raise UserError(f"Weights & Biases did not start ({type(e).__name__}: {one_line(e, 200)}); run "
-                        "'wandb login', or set monitor.wandb_mode=offline (upload later with wandb sync) or "
-                        "monitor.wandb=false") from None
+    resumed = bool(lines and lines[0]) and bool(resume_step)
+    unused = bool(lines and lines[0]) and not resume_step and lines[1:2] == [WANDB_UNUSED]
+    # an unused run's id is tried first; refused (deleted in W&B's UI, say), a new one is the fallback
+    ids = [lines[0]] if resumed else [lines[0], generate_id()] if unused else [generate_id()]
+    for i, run_id in enumerate(ids):
+        if lines != [run_id]:  # a new id, or the unused mark dropped: rows logged from here on are this run's
+            atomic_write(id_path, run_id + "\n")
+        try:
+            return wandb.init(project=m.wandb_project, entity=m.wandb_entity or None, id=run_id, resume="allow",
+                              name=m.wandb_name or os.path.basename(os.path.abspath(run_dir)), dir=run_dir,
+                              mode=None if m.wandb_mode == "auto" else m.wandb_mode, config=to_dict(cfg),
+                              settings=wandb.Settings(console="off"))  # our console stays ours (progress line)
+        except wandb.errors.Error as e:
+            if i + 1 < len(ids):
+                continue
+            raise UserError(f"Weights & Biases did not start ({type(e).__name__}: {one_line(e, 200)}); run "
+                            "'wandb login', or set monitor.wandb_mode=offline (upload later with wandb sync) or "
+                            "monitor.wandb=false") from None
 
 
 # --------------------------------------------------------------------------------------------

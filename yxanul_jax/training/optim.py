@@ -85,15 +85,17 @@ def base_schedule(cfg: Config) -> optax.Schedule:
 
 
 def warmup_warning(cfg: Config) -> str | None:
-    """The warning for a warmup as long as the run (`optim.warmup_steps` >= `train.steps`): the rates never reach
-    their peak and the decay never starts. None otherwise, and for a run whose schedule `train.extend` continued."""
+    """The warning for a warmup as long as the run (`optim.warmup_steps` >= `train.steps`): the rates rise to the
+    last step (at most to their peak) and the decay never starts. None otherwise, and for a run whose schedule
+    `train.extend` continued."""
     o, total = cfg.optim, cfg.train.steps
     if o.warmup_steps < total or o.continue_as != "none":
         return None
     end = "" if o.schedule == "constant" else f", and the {o.schedule} decay never starts"
     return (f"optim.warmup_steps ({o.warmup_steps}) is not below train.steps ({total}): the learning rates rise "
             f"through the whole run (the last step at {total / max(o.warmup_steps, 1):.0%} of the peak){end}; set "
-            f"optim.warmup_steps={total // 10} or so for a full schedule")
+            f"{'optim.warmup_steps=0 (no warmup)' if total < 10 else f'optim.warmup_steps={total // 10} or so'} for "
+            "a full schedule")
 
 
 def continuation_lr(o: OptimConfig) -> float:
