@@ -51,7 +51,7 @@ from orbax.checkpoint import checkpoint_managers as ocm
 from yxanul_jax.core import console
 from yxanul_jax.core.config import CheckpointConfig, FP8Config, ModelConfig, fp8_mismatch, model_mismatch
 from yxanul_jax.core.errors import UserError, one_line
-from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, checkpoint_steps
+from yxanul_jax.core.rundir import CHECKPOINT_DIR, CORRUPT_DIR, atomic_write, checkpoint_steps
 from yxanul_jax.training.integrity import (CHECKSUMS, FORMAT, FORMAT_VERSION, LEGACY, META_CHECKSUMS, format_refusal,
                                            leaf_specs, meta_checksums, mismatch, tree_checksums, verify, verify_meta)
 from yxanul_jax.training.orbax_logs import keep_quiet_until_exit, quiet_orbax, write_failure
@@ -61,6 +61,7 @@ REASON_FILE = "REASON.txt"
 """Written into a checkpoint moved aside into `corrupt/`: why it could not be used."""
 
 METRIC = "val_ppl"
+METRIC_ITEM = "metrics"  # the item (folder and file) Orbax keeps a step's metrics in
 """Name of the metric that Orbax stores with each step and ranks by (lower is better)."""
 
 
@@ -246,6 +247,29 @@ class Checkpointer:
         with self._writing(step):
             self._mngr.save(step, args=args, metrics=metrics, force=True)
         self._pending = step if self.cfg.async_save else None
+        return True
+
+    def attach_metric(self, step: int, val_ppl: float) -> bool:
+        """Record `val_ppl` for checkpoint `step` saved without one (a signal cut its validation short, and the
+        resumed run validated it): Orbax takes a metric only as it saves, so the metrics item the save would have
+        written (`<step>/metrics/metrics`, `METRIC`) is written into the step's folder and the manager re-reads
+        its steps; `keep_best` then weighs it as any validated step. Returns whether it was attached (not for a
+        step that is not here, has a metric, or a value that is not finite)."""
+        if self.read_only or step not in self.all_steps() or self._mngr.metrics(step) is not None:
+            return False
+        value = float(val_ppl)
+        if not math.isfinite(value):
+            return False
+        self.wait()
+        if jax.process_index() == 0:  # the primary host writes, as Orbax's own saves do
+            item = os.path.join(self.directory, str(step), METRIC_ITEM)
+            os.makedirs(item, exist_ok=True)
+            atomic_write(os.path.join(item, METRIC_ITEM), json.dumps({METRIC: value}))
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"yxanul attach_metric {step}")
+        self._mngr.reload()
         return True
 
     @contextlib.contextmanager

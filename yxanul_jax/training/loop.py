@@ -537,6 +537,7 @@ def _run(loop: Loop, state, start: int, meta: dict, signals: SignalStop) -> Trai
             report_validation(row, start)
         else:
             console.info(f"step {start} validation (its run was stopped during it)\n{format_eval(row)}")
+        loop.ckpt.attach_metric(start, row["val/mean/ppl"])  # saved without its perplexity: keep_best weighs it now
     if finished:
         return TrainResult(start, validation=row)
     state, step, stop = loop.run(state, start)
