@@ -227,7 +227,7 @@ def test_a_signal_in_the_final_phase_saves_the_last_step_and_exits_within_10_s(e
         assert rc == 0 and "this run already finished: step 3" in out and "validation at step 3" in out, err
         ppl = next(json.loads(line) for line in out.splitlines() if line.startswith('{"step": 3'))["val/mean/ppl"]
         with Checkpointer(str(run / "checkpoints"), read_only=True) as ckpt:  # its perplexity is the checkpoint's
-            assert ckpt.best_step() == 3 and ckpt._mngr.metrics(3) == {"val_ppl": pytest.approx(ppl, rel=1e-3)}
+            assert ckpt.best_step() == 3 and ckpt.metric(3) == pytest.approx(ppl, rel=1e-3)
         # validated once: a later rerun finds its row in metrics.jsonl, validates nothing and logs nothing again
         rc, out, err = cli("--run-dir", str(run), *TRAINED_RUN, "train.steps=3", "eval.max_batches=4")
         assert rc == 0 and "this run already finished: step 3" in out and "validation at step 3" not in out, err

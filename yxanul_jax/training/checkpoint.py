@@ -193,6 +193,10 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
 
+    def metric(self, step: int) -> float | None:
+        """The validation perplexity recorded with checkpoint `step` (`METRIC`), or None (saved without one)."""
+        return (self._mngr.metrics(step) or {}).get(METRIC)
+
     def best_step(self) -> int | None:
         """The present step with the lowest finite validation perplexity, or None if none has one."""
         return self._mngr.best_step()
@@ -255,7 +259,7 @@ class Checkpointer:
         written (`<step>/metrics/metrics`, `METRIC`) is written into the step's folder and the manager re-reads
         its steps; `keep_best` then weighs it as any validated step. Returns whether it was attached (not for a
         step that is not here, has a metric, or a value that is not finite)."""
-        if self.read_only or step not in self.all_steps() or self._mngr.metrics(step) is not None:
+        if self.read_only or step not in self.all_steps() or self.metric(step) is not None:
             return False
         value = float(val_ppl)
         if not math.isfinite(value):
