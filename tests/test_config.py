@@ -311,6 +311,7 @@ def test_a_ctrl_c_that_python_could_only_print_still_stops_the_command(where):
     # finalizer of our own take the signal at the same place, as JAX's would.
     code = ("import gc, os, signal, sys, time\n"
             "from yxanul_jax.core.args import cli_entry\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal: xdist's workers ignore it\n"
             "fired = []\n"
             f"{where}"
             "@cli_entry\n"
