@@ -154,10 +154,13 @@ def open_wandb(cfg: Config, run_dir: str, resume_step: int | None):
     if os.path.isfile(id_path):
         with open(id_path, encoding="utf-8") as fh:
             lines = [line.strip() for line in fh.read().splitlines()]
-    resumed = bool(lines and lines[0]) and bool(resume_step)
-    unused = bool(lines and lines[0]) and not resume_step and lines[1:2] == [WANDB_UNUSED]
-    # an unused run's id is tried first; refused (deleted in W&B's UI, say), a new one is the fallback
-    ids = [lines[0]] if resumed else [lines[0], generate_id()] if unused else [generate_id()]
+    known = lines[0] if lines and lines[0] else None
+    if known and resume_step:  # the run's own W&B run, continued
+        ids = [known]
+    elif known and lines[1:2] == [WANDB_UNUSED]:  # a start at step 0 after one that logged nothing: that run, or
+        ids = [known, generate_id()]  # a new one where W&B refuses its id (deleted in its UI, say)
+    else:
+        ids = [generate_id()]
     for i, run_id in enumerate(ids):
         if lines != [run_id]:  # a new id, or the unused mark dropped: rows logged from here on are this run's
             atomic_write(id_path, run_id + "\n")

@@ -92,10 +92,10 @@ def warmup_warning(cfg: Config) -> str | None:
     if o.warmup_steps < total or o.continue_as != "none":
         return None
     end = "" if o.schedule == "constant" else f", and the {o.schedule} decay never starts"
+    fix = "optim.warmup_steps=0 (no warmup)" if total < 10 else f"optim.warmup_steps={total // 10} or so"
     return (f"optim.warmup_steps ({o.warmup_steps}) is not below train.steps ({total}): the learning rates rise "
             f"through the whole run (the last step at {total / max(o.warmup_steps, 1):.0%} of the peak){end}; set "
-            f"{'optim.warmup_steps=0 (no warmup)' if total < 10 else f'optim.warmup_steps={total // 10} or so'} for "
-            "a full schedule")
+            f"{fix} for a full schedule")
 
 
 def continuation_lr(o: OptimConfig) -> float:
