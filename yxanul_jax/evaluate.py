@@ -182,7 +182,6 @@ def task_manager(include_paths: list[str], tasks: list[str]):
 
 
 HUB_PROBE_S = 3.0  # how long the Hub's host may take to accept a connection before evaluate works offline
-_TRUE = {"1", "ON", "YES", "TRUE"}  # what the Hugging Face libraries read as a set flag
 
 
 def hub_unreachable() -> str | None:
@@ -194,7 +193,7 @@ def hub_unreachable() -> str | None:
 
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in _TRUE:
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in constants.ENV_VARS_TRUE_VALUES:
         return None
     url = urllib.parse.urlsplit(constants.ENDPOINT)
     proxies = urllib.request.getproxies()
