@@ -120,6 +120,7 @@ RESUMABLE = ("train.steps", "train.log_every", "train.sample_prompt", "train.sam
              "model.remat", "model.attention",  # memory against time, another attention kernel: the same function
              "eval.", "checkpoint.interval", "checkpoint.max_to_keep", "checkpoint.async_save", "profile.",
              "optim.lr", "optim.muon_lr", "data.num_workers", "data.prefetch", "monitor.",
+             "optim.muon_ns_dtype",  # the same state, the iterations rounded otherwise (tests/test_muon.py)
              "train.extend", "optim.continue_",  # how a changed train.steps goes on (tests/test_schedule_extend.py)
              # how the FP8 GEMMs are written and the weight gradient's precision: no state, no stream changes
              "fp8.gemm_form", "fp8.wgrad",

@@ -194,11 +194,13 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100_and_is_pr
     gemms = hlo.gemms(hlo_text)
     targets = Counter(x.target for x in gemms if x.precision == "fp8")
     assert targets == {t: 12 for t in ("q", "k", "v", "o", "gate", "up", "down")}, targets
-    # Muon's Newton-Schulz (training/muon.py): 3 float32 GEMMs x 5 iterations per distinct kernel shape ([128, 128]
-    # q and o, [128, 64] k and v, [128, 384] gate and up, [384, 128] down), batched over its 4 layers' kernels: 60,
-    # not the 420 of a chain per kernel; nothing else in the step is a float32 GEMM
-    ns = [x for x in gemms if x.precision == "f32"]
-    assert len(ns) == 3 * 5 * 4 and all("/optimizer/" in x.op_name and x.runs == 1 for x in ns)
+    # Muon's Newton-Schulz (training/muon.py): 3 BF16 GEMMs (optim.muon_ns_dtype) x 5 iterations per distinct kernel
+    # shape ([128, 128] q and o, [128, 64] k and v, [128, 384] gate and up, [384, 128] down), batched over its 4
+    # layers' kernels: 60, not the 420 of a chain per kernel; no float32 (TF32) GEMM is left in the step
+    ns = [x for x in gemms if "/optimizer/" in x.op_name]
+    assert len(ns) == 3 * 5 * 4 and all(x.precision == "bf16" and x.runs == 1 for x in ns), Counter(
+        x.precision for x in ns)
+    assert not [x for x in gemms if x.precision in ("f32", "tf32")]
     assert g["cudnn_attention"] == {"forward": 4, "backward": 4}
     assert g["fp8_values_in_hlo"] and on["memory"]["peak_bytes"] > 0
     # fp8.gemm_form: auto is `dequant` for a GPU: cuBLASLt FP8 GEMMs, compiled with Triton GEMMs off

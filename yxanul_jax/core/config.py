@@ -389,6 +389,14 @@ class OptimConfig:
     0.04: 4.468; 2026-11-28). The yxanul configs set 0.02, the 8k study's."""
     muon_momentum: float = 0.95
     """`muon` only: Nesterov momentum of the Muon group."""
+    muon_ns_dtype: Literal["float32", "bfloat16"] = field(default="bfloat16", metadata=RESUME)
+    """`muon` only: the dtype the Newton-Schulz iterations run in (`training/muon.py`): the momentum is normalized in
+    float32, cast to it for the iterations, and the orthogonalized update cast back (the momentum itself stays
+    float32). `bfloat16`, Keller Jordan's Muon's, runs them as BF16 GEMMs (float32 accumulation) where `float32`
+    (optax's, in the momentum's dtype) runs TF32 GEMMs on a GPU at twice the bytes: predicted 6.8 ms less a step on
+    an H100 (yxanul-197m: 485.2 -> 478.4 ms at stage 9, 198.7 -> 191.9 at stage 0; docs/BENCHMARKS.md). On the demo,
+    three seeds each, 4.082 +- 0.043 against float32's 4.084 +- 0.047: no effect detected (docs/QUALITY.md,
+    2026-11-29). A saved config without this key ran float32 (`SAVED_WITHOUT`)."""
     muon_weight_decay: float = 0.0
     """`muon` only: decoupled weight decay of the Muon group (times its learning rate)."""
     cautious_weight_decay: bool = False
@@ -869,10 +877,11 @@ def fp8_mismatch(saved: dict, fp8: FP8Config) -> tuple[str, object, object] | No
     return None
 
 
-SAVED_WITHOUT = {"optim.name": "adamw"}
+SAVED_WITHOUT = {"optim.name": "adamw", "optim.muon_ns_dtype": "float32"}
 """Keys whose default changed after saved configs could lack them: the value a saved resolved config (a run
 directory's config.yaml, a checkpoint's meta) that lacks the key was trained with, where the default would now say
-otherwise. `optim.name` came with Muon (2026-11-24), AdamW then the only optimizer; its default is `muon` since
+otherwise. `optim.muon_ns_dtype` came with its default `bfloat16` (2026-11-29); Muon ran its iterations in float32
+before. `optim.name` came with Muon (2026-11-24), AdamW then the only optimizer; its default is `muon` since
 2026-11-28."""
 
 

@@ -14,6 +14,10 @@ every step. The FLOPs are the same (`accounting.newton_schulz_flops`); fewer, la
 well, and the step has fewer ops to compile. Each matrix is still normalized by its own Frobenius norm and runs
 optax's ops; the updates equal optax's to float32 rounding (XLA's CPU GEMMs round a batch of 1 and of 5 matrices
 differently; tests/test_muon.py).
+
+The iterations run in `optim.muon_ns_dtype`: BF16 by default, as Keller Jordan's Muon runs them (each matrix
+normalized in float32, then cast; the update cast back to float32), which on a GPU makes them BF16 tensor-core GEMMs
+at half the bytes of optax's float32 (TF32) ones; `float32` is optax's, to float32 rounding as above.
 """
 from __future__ import annotations
 
@@ -30,26 +34,29 @@ NS_EPS = 1e-8
 """Added to each matrix's Frobenius norm before dividing by it (optax's default)."""
 
 
-def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int) -> jax.Array:
+def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int, dtype: Any = None) -> jax.Array:
     """The iteration f(X) = a X + (b A + c A^2) X, A = X X^T, on a batch of M <= N matrices, each first divided
     by its own Frobenius norm; each matrix's ops written as optax writes them (`x @ x.T`, `(c A) @ A`), so that a
-    matrix gets optax's result."""
-    a, b, c = (coeffs[i].astype(x_BxMxN.dtype) for i in range(3))
+    matrix gets optax's result. `dtype`: the iterations run in it (the normalization in the input's dtype, then one
+    cast), and the result comes back in the input's; None: the input's."""
+    dtype = x_BxMxN.dtype if dtype is None else jnp.dtype(dtype)
+    a, b, c = (coeffs[i].astype(dtype) for i in range(3))
 
     def iteration(_, x_MxN):
         a_MxM = x_MxN @ x_MxN.T
         return a * x_MxN + (b * a_MxM + c * a_MxM @ a_MxM) @ x_MxN
 
     def one(x_MxN):
-        x_MxN = x_MxN / (jnp.linalg.norm(x_MxN, ord="fro") + NS_EPS)
+        x_MxN = (x_MxN / (jnp.linalg.norm(x_MxN, ord="fro") + NS_EPS)).astype(dtype)
         return jax.lax.fori_loop(0, steps, iteration, x_MxN, unroll=True)  # optax's loop
 
-    return jax.vmap(one)(x_BxMxN)
+    return jax.vmap(one)(x_BxMxN).astype(x_BxMxN.dtype)
 
 
-def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_STEPS) -> Any:  # a pytree of 2-D+ arrays
+def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_STEPS, dtype: Any = None) -> Any:
     """Each leaf's last two axes orthogonalized (its leading axes, a scanned stack's layers, are a batch), one
-    batched Newton-Schulz chain per (rows, columns, dtype) over all the leaves."""
+    batched Newton-Schulz chain per (rows, columns, dtype) over all the leaves; the iterations in `dtype` (None: each
+    leaf's own), each leaf's result in its own dtype."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     groups: dict[tuple, list[int]] = {}
     for i, leaf in enumerate(leaves):
@@ -58,9 +65,9 @@ def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_ST
     for (rows, cols, _), members in groups.items():
         x_BxRxC = jnp.concatenate([leaves[i].reshape(-1, rows, cols) for i in members])
         if rows <= cols:
-            done_BxRxC = _newton_schulz_BxMxN(x_BxRxC, coeffs, steps)
+            done_BxRxC = _newton_schulz_BxMxN(x_BxRxC, coeffs, steps, dtype)
         else:
-            done_BxRxC = jnp.swapaxes(_newton_schulz_BxMxN(jnp.swapaxes(x_BxRxC, 1, 2), coeffs, steps), 1, 2)
+            done_BxRxC = jnp.swapaxes(_newton_schulz_BxMxN(jnp.swapaxes(x_BxRxC, 1, 2), coeffs, steps, dtype), 1, 2)
         start = 0
         for i in members:
             size = leaves[i].size // (rows * cols)
@@ -69,9 +76,10 @@ def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_ST
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS) -> optax.GradientTransformation:
+def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS, ns_dtype: Any = None) -> optax.GradientTransformation:
     """optax's `scale_by_muon(ns_steps=steps, beta=beta, nesterov=True)` on kernels whose last two axes are the
-    matrix, its Newton-Schulz grouped by shape (`orthogonalize_by_shape`); the same `MuonState`."""
+    matrix, its Newton-Schulz grouped by shape (`orthogonalize_by_shape`) and run in `ns_dtype` (None: the momentum's,
+    optax's; `optim.muon_ns_dtype`); the same `MuonState`."""
     # optax's own init: its state and its coefficients (Keller Jordan's quintic), which `update` reads from the state
     init = optax.contrib.scale_by_muon(ns_steps=steps, beta=beta, nesterov=True).init
 
@@ -83,7 +91,7 @@ def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS) -> optax.GradientTran
             lambda m, g: beta * m + (1 - beta) * g,
             optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
             optax.tree.bias_correction(updates, beta, count))
-        return orthogonalize_by_shape(mu_hat, state.ns_coeffs, steps), MuonState(count=count, mu=mu,
+        return orthogonalize_by_shape(mu_hat, state.ns_coeffs, steps, ns_dtype), MuonState(count=count, mu=mu,
                                                                                   ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(init, update)

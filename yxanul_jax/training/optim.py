@@ -226,7 +226,7 @@ def make_optimizer(cfg: Config) -> optax.GradientTransformation:
         return _adamw(cfg, schedule)
     ratio = o.muon_lr / o.peak_lr
     muon = optax.chain(
-        scale_by_muon(beta=o.muon_momentum),
+        scale_by_muon(beta=o.muon_momentum, ns_dtype=o.muon_ns_dtype),
         decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay, scale=width_scale),
         optax.scale_by_learning_rate(lambda step: schedule(step) * ratio))
     return optax.partition({"muon": muon, "adamw": _adamw(cfg, schedule)}, muon_labels)
