@@ -104,10 +104,10 @@ def test_newton_schulz_runs_once_per_matrix_shape_with_optax_state_and_updates(o
 
 def test_newton_schulz_in_bfloat16_is_float32s_to_its_rounding_in_bf16_gemms():
     """`optim.muon_ns_dtype=bfloat16` (Keller Jordan's Muon): the same momentum (bit-exact: it is taken before the
-    iterations), float32 updates within 12 % of the float32 iterations' (relative Frobenius error per kernel, 4.9-8.1 %
-    on the tiny model's: BF16 keeps 8 bits, and the quintic's coefficients, up to 4.8, amplify its rounding over five
-    iterations), their singular values in the same band, and every GEMM of the lowered update on BF16 operands, as
-    many GEMMs as in float32."""
+    iterations), float32 updates within 6 % of the float32 iterations' (relative Frobenius error per kernel, 2.9-4.1 %
+    on the tiny model's: BF16 keeps 8 bits, and the quintic's coefficients, up to 4.8 and kept float32, amplify its
+    rounding over five iterations), their singular values in the same band, and every GEMM of the lowered update on
+    BF16 operands, as many GEMMs as in float32."""
     from yxanul_jax.training import muon
 
     params = _params(TRAINED_RUN)
@@ -129,16 +129,19 @@ def test_newton_schulz_in_bfloat16_is_float32s_to_its_rounding_in_bf16_gemms():
         # rounding moves them inside that band: BF16's stay in it wherever float32's are (a square kernel's smallest
         # value of a random matrix, near 0, is lifted by neither)
         assert s16.max() < 1.3 and s16[s32 > 0.6].min() > 0.5, (k, s16, s32)
-    assert 1e-3 < min(errors) and max(errors) < 0.12, errors  # BF16's rounding, and no more (4.9-8.1 % here)
-    dots = [line for line in jax.jit(bf16.update).lower(grads, state).as_text().splitlines() if "dot_general" in line]
-    assert dots and all(line.count("xbf16>") == 3 for line in dots), dots  # both operands and the product
-    assert len(dots) == jax.jit(f32.update).lower(grads, state).as_text().count("dot_general")
+    # BF16's rounding, and no more: 2.9-4.1 % here; 4.9-8.1 % with the coefficients rounded to BF16 too
+    assert 1e-3 < min(errors) and max(errors) < 0.06, errors
+    def dots(update):
+        return [line for line in jax.jit(update).lower(grads, state).as_text().splitlines() if "dot_general" in line]
+
+    assert dots(bf16.update) and all(line.count("xbf16>") == 3 for line in dots(bf16.update))  # operands and product
+    assert len(dots(bf16.update)) == len(dots(f32.update))
 
 
 def test_a_config_saved_before_muon_ns_dtype_existed_ran_float32(tmp_path, capsys):
     # The default became bfloat16 (2026-11-29); a run directory or checkpoint saved before holds no
     # optim.muon_ns_dtype and ran its iterations in float32 (config.SAVED_WITHOUT). A resume under today's default
-    # may change it (the rate-like keys may: config.RESUME) and says so.
+    # may change it (the rate-like keys may: config.RESUME) and says so; an AdamW run is not told about Muon's keys.
     import yaml
 
     from yxanul_jax.core.config import from_saved
@@ -157,6 +160,16 @@ def test_a_config_saved_before_muon_ns_dtype_existed_ran_float32(tmp_path, capsy
     prepare_run_dir(str(run_dir), load_config())
     told = capsys.readouterr().err
     assert "optim.muon_ns_dtype" in told and "'bfloat16'" in told and "pass them: optim.muon_ns_dtype=float32" in told
+    # an AdamW run never read the Muon group's settings: their changed defaults are no change of it, and unsaid
+    adamw_dir = tmp_path / "adamw"
+    prepare_run_dir(str(adamw_dir), load_config(None, ["optim.name=adamw", "optim.muon_lr=0.005"]))
+    (adamw_dir / "checkpoints" / "10").mkdir(parents=True)
+    saved = yaml.safe_load((adamw_dir / "config.yaml").read_text())
+    del saved["optim"]["muon_ns_dtype"]
+    (adamw_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    capsys.readouterr()
+    prepare_run_dir(str(adamw_dir), load_config(None, ["optim.name=adamw"]))
+    assert "differ" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("overrides", [[], ["model.scan_layers=true", "model.remat=full"]], ids=["unrolled", "scanned"])

@@ -414,9 +414,18 @@ def eos_map(eos_token: str) -> bytes:
 
 def settings_differences(saved: Any, cfg: Config) -> list[tuple[str, Any, Any]]:
     """`differences` of a run's saved resolved config (a dict) and `cfg`: saved defaults filled in, the head and
-    the rate resolved alike on both sides."""
-    now = yaml.safe_load(to_yaml(cfg))
-    return differences(*(_resolved_lr(_resolved_head(c)) for c in (_with_defaults(saved), now)))
+    the rate resolved alike on both sides; the Muon group's settings (`optim.muon_*`) left out between two AdamW
+    configs, which never read them (a changed default of theirs is no change of an AdamW run)."""
+    old, now = (_resolved_lr(_resolved_head(c)) for c in (_with_defaults(saved), yaml.safe_load(to_yaml(cfg))))
+    diffs = differences(old, now)
+    if _optimizer(old) == _optimizer(now) == "adamw":
+        diffs = [d for d in diffs if not d[0].startswith("optim.muon_")]
+    return diffs
+
+
+def _optimizer(config: Any) -> Any:
+    optim = config.get("optim") if isinstance(config, dict) else None
+    return optim.get("name") if isinstance(optim, dict) else None
 
 
 def _give_back(key: str, was: Any) -> str | None:

@@ -40,11 +40,14 @@ def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int, dtyp
     matrix gets optax's result. `dtype`: the iterations run in it (the normalization in the input's dtype, then one
     cast), and the result comes back in the input's; None: the input's."""
     dtype = x_BxMxN.dtype if dtype is None else jnp.dtype(dtype)
-    a, b, c = (coeffs[i].astype(dtype) for i in range(3))
+    a, b, c = (coeffs[i] for i in range(3))  # float32: a coefficient rounded to BF16 would change the quintic
+
+    def times(s, t):  # s t in float32, rounded to t's dtype, as PyTorch multiplies a BF16 tensor by a Python float
+        return (s * t.astype(s.dtype)).astype(t.dtype)
 
     def iteration(_, x_MxN):
         a_MxM = x_MxN @ x_MxN.T
-        return a * x_MxN + (b * a_MxM + c * a_MxM @ a_MxM) @ x_MxN
+        return times(a, x_MxN) + (times(b, a_MxM) + times(c, a_MxM) @ a_MxM) @ x_MxN
 
     def one(x_MxN):
         x_MxN = (x_MxN / (jnp.linalg.norm(x_MxN, ord="fro") + NS_EPS)).astype(dtype)
