@@ -45,9 +45,13 @@ def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int, dtyp
     def times(s, t):  # s t in float32, rounded to t's dtype, as PyTorch multiplies a BF16 tensor by a Python float
         return (s * t.astype(s.dtype)).astype(t.dtype)
 
+    def mm(p, q):  # a GEMM's float32 product rounded once: sharded over its contracted axis (FSDP, the first matrix
+        # axis), its partial products are summed in float32 before the rounding, as one device's accumulator does
+        return jnp.matmul(p, q, preferred_element_type=jnp.float32).astype(p.dtype)
+
     def iteration(_, x_MxN):
-        a_MxM = x_MxN @ x_MxN.T
-        return times(a, x_MxN) + (times(b, a_MxM) + times(c, a_MxM) @ a_MxM) @ x_MxN
+        a_MxM = mm(x_MxN, x_MxN.T)
+        return times(a, x_MxN) + mm(times(b, a_MxM) + mm(times(c, a_MxM), a_MxM), x_MxN)
 
     def one(x_MxN):
         x_MxN = (x_MxN / (jnp.linalg.norm(x_MxN, ord="fro") + NS_EPS)).astype(dtype)
