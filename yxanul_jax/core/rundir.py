@@ -424,6 +424,7 @@ def settings_differences(saved: Any, cfg: Config) -> list[tuple[str, Any, Any]]:
 
 
 def _optimizer(config: Any) -> Any:
+    """A config dict's optim.name (None where it has none)."""
     optim = config.get("optim") if isinstance(config, dict) else None
     return optim.get("name") if isinstance(optim, dict) else None
 

@@ -16,8 +16,10 @@ optax's ops; the updates equal optax's to float32 rounding (XLA's CPU GEMMs roun
 differently; tests/test_muon.py).
 
 The iterations run in `optim.muon_ns_dtype`: BF16 by default, as Keller Jordan's Muon runs them (each matrix
-normalized in float32, then cast; the update cast back to float32), which on a GPU makes them BF16 tensor-core GEMMs
-at half the bytes of optax's float32 (TF32) ones; `float32` is optax's, to float32 rounding as above.
+normalized in float32, then cast; the coefficients multiplying in float32; each GEMM's float32 product rounded once,
+so that a GEMM sharded over its contracted axis sums float32 partials as one device does; the update cast back to
+float32), which on a GPU makes them BF16 tensor-core GEMMs at half the operand bytes of optax's float32 (TF32) ones;
+`float32` is optax's, to float32 rounding as above.
 """
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS, ns_dtype: Any = None)
             lambda m, g: beta * m + (1 - beta) * g,
             optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
             optax.tree.bias_correction(updates, beta, count))
-        return orthogonalize_by_shape(mu_hat, state.ns_coeffs, steps, ns_dtype), MuonState(count=count, mu=mu,
-                                                                                  ns_coeffs=state.ns_coeffs)
+        return orthogonalize_by_shape(mu_hat, state.ns_coeffs, steps, ns_dtype), MuonState(
+            count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(init, update)
