@@ -140,23 +140,33 @@ def test_newton_schulz_in_bfloat16_is_float32s_to_its_rounding_in_bf16_gemms():
     assert len(dots(bf16.update)) == len(dots(f32.update))
 
 
+def _saved_without(run_dir, overrides: list[str], key: str) -> dict:
+    """A run directory of `overrides` with a checkpoint, whose config.yaml then loses `key` (optim.NAME), as one
+    written before that key existed; returns the saved dict as it was before the key was removed."""
+    import yaml
+
+    from yxanul_jax.core.rundir import prepare_run_dir
+
+    prepare_run_dir(str(run_dir), load_config(None, overrides))
+    (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    section, name = key.split(".")
+    without = {**saved, section: {k: v for k, v in saved[section].items() if k != name}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(without))
+    return saved
+
+
 def test_a_config_saved_before_muon_ns_dtype_existed_ran_float32(tmp_path, capsys):
     # The default became bfloat16 (2026-11-29); a run directory or checkpoint saved before holds no
     # optim.muon_ns_dtype and ran its iterations in float32 (config.SAVED_WITHOUT). A resume under today's default
     # may change it (the rate-like keys may: config.RESUME) and says so; an AdamW run is not told about Muon's keys.
-    import yaml
-
     from yxanul_jax.core.config import from_saved
     from yxanul_jax.core.rundir import prepare_run_dir
 
     assert load_config().optim.muon_ns_dtype == "bfloat16" and from_saved({}).optim.muon_ns_dtype == "float32"
     run_dir = tmp_path / "run"
-    prepare_run_dir(str(run_dir), load_config())
-    (run_dir / "checkpoints" / "10").mkdir(parents=True)
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    saved = _saved_without(run_dir, [], "optim.muon_ns_dtype")
     assert saved["optim"]["muon_ns_dtype"] == "bfloat16"  # written out, so a later default change shows on resume
-    del saved["optim"]["muon_ns_dtype"]
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
     assert load_config(str(run_dir / "config.yaml"), run=True).optim.muon_ns_dtype == "float32"
     capsys.readouterr()
     prepare_run_dir(str(run_dir), load_config())
@@ -164,11 +174,7 @@ def test_a_config_saved_before_muon_ns_dtype_existed_ran_float32(tmp_path, capsy
     assert "optim.muon_ns_dtype" in told and "'bfloat16'" in told and "pass them: optim.muon_ns_dtype=float32" in told
     # an AdamW run never read the Muon group's settings: their changed defaults are no change of it, and unsaid
     adamw_dir = tmp_path / "adamw"
-    prepare_run_dir(str(adamw_dir), load_config(None, ["optim.name=adamw", "optim.muon_lr=0.005"]))
-    (adamw_dir / "checkpoints" / "10").mkdir(parents=True)
-    saved = yaml.safe_load((adamw_dir / "config.yaml").read_text())
-    del saved["optim"]["muon_ns_dtype"]
-    (adamw_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    _saved_without(adamw_dir, ["optim.name=adamw", "optim.muon_lr=0.005"], "optim.muon_ns_dtype")
     capsys.readouterr()
     prepare_run_dir(str(adamw_dir), load_config(None, ["optim.name=adamw"]))
     assert "differ" not in capsys.readouterr().err
@@ -296,17 +302,12 @@ def test_an_adamw_run_does_not_resume_under_muon(tmp_path):
 def test_a_config_saved_before_optim_name_existed_was_adamw(tmp_path):
     # Run directories and checkpoints written before Muon (2026-11-24) hold no optim.name: AdamW trained them, so
     # the default's change to muon must not read them as Muon runs (config.SAVED_WITHOUT).
-    import yaml
-
     from yxanul_jax.core.config import from_saved
     from yxanul_jax.core.rundir import prepare_run_dir
 
     run_dir = tmp_path / "run"
-    prepare_run_dir(str(run_dir), load_config(None, ["optim.name=adamw"]))
-    (run_dir / "checkpoints" / "10").mkdir(parents=True)
-    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    saved = _saved_without(run_dir, ["optim.name=adamw"], "optim.name")
     del saved["optim"]["name"]
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
     assert from_saved(saved).optim.name == "adamw" and from_saved({}).optim.name == "adamw"
     assert load_config(str(run_dir / "config.yaml"), run=True).optim.name == "adamw"
     with pytest.raises(UserError, match="'optim.name' is 'adamw', not 'muon'.*pass optim.name=adamw"):
