@@ -6,7 +6,7 @@
 #   .venv-gpu-check/bin/python -m yxanul_jax.analyze --config configs/tiny.yaml fp8.backend=te --target h100
 #
 # Pinned, matching versions: TE 2.20.2 (its CUDA 12 core wheel, ~0.7 GB download, and its JAX extension built
-# from the sdist with plain g++, ~5 min on 2 cores, cached as a wheel in ~/.cache/yxanul_jax/wheels) for the
+# from the sdist with plain g++, ~2 min on 2 cores, cached as a wheel in ~/.cache/yxanul_jax/wheels) for the
 # jaxlib of this Python (0.10.x). CUDA 12.9 headers come from NVIDIA's wheels (NVTE_BUILD_USE_NVIDIA_WHEELS).
 #
 # Without a driver TE needs three things to import and lower, all confined to compile checks
@@ -34,8 +34,9 @@ PIP=("$PY" -m pip install --quiet --disable-pip-version-check)
 # 2. TE's JAX extension: built once from the sdist, then installed from the cached wheel.
 mkdir -p "$WHEELS"
 if ! ls "$WHEELS"/transformer_engine_jax-"$TE"-*.whl >/dev/null 2>&1; then
-  echo "building transformer_engine_jax $TE from its sdist (about 5 minutes on 2 cores) ..."
-  NVTE_BUILD_USE_NVIDIA_WHEELS=1 NVTE_FRAMEWORK=jax \
+  echo "building transformer_engine_jax $TE from its sdist (about 2 minutes on 2 cores) ..."
+  # its sources compiled one per core (scripts/parallel_build: TE's setup.py alone compiles them one after another)
+  PYTHONPATH="$PWD/scripts/parallel_build" NVTE_BUILD_USE_NVIDIA_WHEELS=1 NVTE_FRAMEWORK=jax \
     "$PY" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps \
     --no-binary transformer_engine_jax -w "$WHEELS" "transformer_engine_jax==$TE"
 fi

@@ -48,9 +48,10 @@ install() {
   py="$VENV/bin/python"
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$BUILD/$(core_wheel)" \
     .te/base/transformer_engine-*.whl .te/base/nvidia_cudnn_frontend-*.whl
-  # The JAX extension: compiled here against this machine's jaxlib, CUDA 13 toolkit and Python.
+  # The JAX extension: compiled here against this machine's jaxlib, CUDA 13 toolkit and Python, one source per core
+  # (scripts/parallel_build)
   CUDNN_PATH=${CUDNN_PATH:-$("$py" -c "import nvidia.cudnn as c; print(list(c.__path__)[0])" 2>/dev/null || true)} \
-  NVTE_FRAMEWORK=jax MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+  NVTE_FRAMEWORK=jax MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONPATH="$PWD/scripts/parallel_build" \
     "$py" -m pip wheel -q --no-index --no-deps --no-build-isolation -w "$BUILD" .te/base/transformer_engine_jax-*.tar.gz
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "$BUILD"/transformer_engine_jax-*.whl
   "$py" - <<'PY'
