@@ -134,3 +134,31 @@ def test_a_start_refused_before_its_first_step_leaves_its_wb_run_to_the_next_sta
     assert (run_dir / WANDB_ID_FILE).read_text() == run_id + "\n"
     runs = offline_runs(run_dir)
     assert [i for i, _, _ in runs] == [run_id, run_id] and sorted(runs[1][2]) == [1, 2]
+
+
+@pytest.mark.slow
+def test_an_id_wandb_refuses_gives_way_to_a_new_run_at_step_0_and_is_one_line_on_a_resume(offline, tmp_path):
+    # A W&B run id the library refuses ("/" is not allowed in one: wandb raises UsageError, offline too), standing
+    # for any id W&B will not take again (a run deleted in its UI): left unused by a start that logged nothing, the
+    # next start at step 0 tries it, then goes on in a new W&B run
+    from yxanul_jax.core.errors import UserError
+
+    run_dir, cfg = tmp_path / "run", load_config(None, WANDB)
+    run_dir.mkdir()
+    (run_dir / WANDB_ID_FILE).write_text("not/an-id\nno steps logged\n")
+    fit(cfg, str(run_dir), hooks=[stop_after(2)])
+    new_id = (run_dir / WANDB_ID_FILE).read_text().strip()
+    assert new_id != "not/an-id" and [(i, sorted(s)) for i, _, s in offline_runs(run_dir)] == [(new_id, [1, 2])]
+    # a resume has only its own run to continue: W&B's refusal is one line naming the ways on, the id file's removal
+    # among them; that removal gives the rest of the run a new W&B run
+    (run_dir / WANDB_ID_FILE).write_text("not/an-id\n")
+    with pytest.raises(UserError) as e:
+        fit(cfg, str(run_dir), hooks=[stop_after(3)])
+    assert str(e.value).startswith("Weights & Biases did not start (UsageError: Run ID cannot contain") and \
+        str(e.value).endswith(f"or remove {run_dir / WANDB_ID_FILE} to go on in a new W&B run") and \
+        "\n" not in str(e.value), str(e.value)
+    assert [i for i, _, _ in offline_runs(run_dir)] == [new_id]
+    (run_dir / WANDB_ID_FILE).unlink()
+    assert fit(cfg, str(run_dir), hooks=[stop_after(3)]).step == 3  # resumed from step 2
+    third = (run_dir / WANDB_ID_FILE).read_text().strip()
+    assert [(i, sorted(s)) for i, _, s in offline_runs(run_dir)][1:] == [(third, [3])] and third != new_id
