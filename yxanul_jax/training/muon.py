@@ -19,7 +19,12 @@ The iterations run in `optim.muon_ns_dtype`: BF16 by default, as Keller Jordan's
 normalized in float32, then cast; the coefficients multiplying in float32; each GEMM's float32 product rounded once,
 so that a GEMM sharded over its contracted axis sums float32 partials as one device does; the update cast back to
 float32), which on a GPU makes them BF16 tensor-core GEMMs at half the operand bytes of optax's float32 (TF32) ones;
-`float32` is optax's, to float32 rounding as above.
+`float32` is optax's, to float32 rounding as above. Where each device holds whole matrices on a GPU (`products_dtype`:
+`make_optimizer` without FSDP) the GEMMs write BF16 themselves: cuBLASLt rounds the float32 product in its
+epilogue, the same rounding without the float32 product's round trip through memory (2.6 ms of a yxanul-197m step on
+an H100 by `analyze --target h100`, where the step's FP8 GEMMs keep Triton's GEMMs, which would fold the rounding in,
+off). XLA's CPU BF16 dot is not the float32 product rounded (about one element in 8,000 an ulp apart), so on a CPU
+the products stay float32: one device and an FSDP mesh then run the same numbers.
 """
 from __future__ import annotations
 
@@ -36,20 +41,23 @@ NS_EPS = 1e-8
 """Added to each matrix's Frobenius norm before dividing by it (optax's default)."""
 
 
-def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int, dtype: Any = None) -> jax.Array:
+def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int, dtype: Any = None,
+                         products: Any = jnp.float32) -> jax.Array:
     """The iteration f(X) = a X + (b A + c A^2) X, A = X X^T, on a batch of M <= N matrices, each first divided
     by its own Frobenius norm; each matrix's ops written as optax writes them (`x @ x.T`, `(c A) @ A`), so that a
     matrix gets optax's result. `dtype`: the iterations run in it (the normalization in the input's dtype, then one
-    cast), and the result comes back in the input's; None: the input's."""
+    cast), and the result comes back in the input's; None: the input's. `products`: the dtype each GEMM writes, then
+    rounded to `dtype` (`products_dtype`)."""
     dtype = x_BxMxN.dtype if dtype is None else jnp.dtype(dtype)
     a, b, c = (coeffs[i] for i in range(3))  # float32: a coefficient rounded to BF16 would change the quintic
 
     def times(s, t):  # s t in float32, rounded to t's dtype, as PyTorch multiplies a BF16 tensor by a Python float
         return (s * t.astype(s.dtype)).astype(t.dtype)
 
-    def mm(p, q):  # a GEMM's float32 product rounded once: sharded over its contracted axis (FSDP, the first matrix
-        # axis), its partial products are summed in float32 before the rounding, as one device's accumulator does
-        return jnp.matmul(p, q, preferred_element_type=jnp.float32).astype(p.dtype)
+    def mm(p, q):  # a GEMM's float32 accumulator rounded once to p's dtype: written as float32 and rounded after
+        # (`products` float32: sharded over its contracted axis, FSDP's first matrix axis, the partial products are
+        # summed in float32 first, as one device's accumulator does), or by the GEMM itself (`products` None)
+        return jnp.matmul(p, q, preferred_element_type=products).astype(p.dtype)
 
     def iteration(_, x_MxN):
         a_MxM = mm(x_MxN, x_MxN.T)
@@ -62,10 +70,18 @@ def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int, dtyp
     return jax.vmap(one)(x_BxMxN).astype(x_BxMxN.dtype)
 
 
-def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_STEPS, dtype: Any = None) -> Any:
+def products_dtype(sharded: bool, platform: str) -> Any:
+    """The dtype the Newton-Schulz GEMMs write, before the product is rounded to the iterations' dtype: float32, unless
+    the matrices are whole on each device (`sharded` False) of a GPU (`platform`), where a GEMM writes the iterations'
+    dtype itself (None) and cuBLASLt rounds in its epilogue (the module's docstring)."""
+    return None if not sharded and platform == "gpu" else jnp.float32
+
+
+def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_STEPS, dtype: Any = None,
+                           products: Any = jnp.float32) -> Any:
     """Each leaf's last two axes orthogonalized (its leading axes, a scanned stack's layers, are a batch), one
     batched Newton-Schulz chain per (rows, columns, dtype) over all the leaves; the iterations in `dtype` (None: each
-    leaf's own), each leaf's result in its own dtype."""
+    leaf's own), each leaf's result in its own dtype; each GEMM writes `products` (`products_dtype`)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     groups: dict[tuple, list[int]] = {}
     for i, leaf in enumerate(leaves):
@@ -74,9 +90,10 @@ def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_ST
     for (rows, cols, _), members in groups.items():
         x_BxRxC = jnp.concatenate([leaves[i].reshape(-1, rows, cols) for i in members])
         if rows <= cols:
-            done_BxRxC = _newton_schulz_BxMxN(x_BxRxC, coeffs, steps, dtype)
+            done_BxRxC = _newton_schulz_BxMxN(x_BxRxC, coeffs, steps, dtype, products)
         else:
-            done_BxRxC = jnp.swapaxes(_newton_schulz_BxMxN(jnp.swapaxes(x_BxRxC, 1, 2), coeffs, steps, dtype), 1, 2)
+            done_BxRxC = jnp.swapaxes(_newton_schulz_BxMxN(jnp.swapaxes(x_BxRxC, 1, 2), coeffs, steps, dtype, products),
+                                      1, 2)
         start = 0
         for i in members:
             size = leaves[i].size // (rows * cols)
@@ -85,10 +102,12 @@ def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_ST
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS, ns_dtype: Any = None) -> optax.GradientTransformation:
+def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS, ns_dtype: Any = None,
+                  ns_products: Any = jnp.float32) -> optax.GradientTransformation:
     """optax's `scale_by_muon(ns_steps=steps, beta=beta, nesterov=True)` on kernels whose last two axes are the
     matrix, its Newton-Schulz grouped by shape (`orthogonalize_by_shape`) and run in `ns_dtype` (None: the momentum's,
-    optax's; `optim.muon_ns_dtype`); the same `MuonState`."""
+    optax's; `optim.muon_ns_dtype`); the same `MuonState`. `ns_products`: the dtype its GEMMs write (`products_dtype`;
+    float32, the default, is right on any sharding)."""
     # optax's own init: its state and its coefficients (Keller Jordan's quintic), which `update` reads from the state
     init = optax.contrib.scale_by_muon(ns_steps=steps, beta=beta, nesterov=True).init
 
@@ -100,7 +119,7 @@ def scale_by_muon(beta: float, steps: int = MUON_NS_STEPS, ns_dtype: Any = None)
             lambda m, g: beta * m + (1 - beta) * g,
             optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
             optax.tree.bias_correction(updates, beta, count))
-        return orthogonalize_by_shape(mu_hat, state.ns_coeffs, steps, ns_dtype), MuonState(
+        return orthogonalize_by_shape(mu_hat, state.ns_coeffs, steps, ns_dtype, ns_products), MuonState(
             count=count, mu=mu, ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(init, update)

@@ -37,7 +37,7 @@ import optax
 from yxanul_jax.core.config import Config, OptimConfig, from_saved
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.model.transformer import stacked_axes
-from yxanul_jax.training.muon import scale_by_muon
+from yxanul_jax.training.muon import products_dtype, scale_by_muon
 
 
 def _decay(shape: str, step, start: float, end: float, high: float, low: float):
@@ -217,16 +217,18 @@ def _adamw(cfg: Config, schedule) -> optax.GradientTransformation:
                        decayed_weights(o.weight_decay, decay_mask, cautious=True), optax.scale_by_learning_rate(schedule))
 
 
-def make_optimizer(cfg: Config) -> optax.GradientTransformation:
+def make_optimizer(cfg: Config, platform: str | None = None) -> optax.GradientTransformation:
     """AdamW, or (`optim.name: muon`) Muon for the blocks' kernels and AdamW for the rest; moments take
-    the parameters' dtype (float32 master weights -> float32 moments)."""
+    the parameters' dtype (float32 master weights -> float32 moments). `platform` (default: jax's default backend):
+    where the update runs, which with `mesh.fsdp` decides what Muon's GEMMs write (`muon.products_dtype`)."""
     o = cfg.optim
     schedule = lr_schedule(cfg)
     if o.name == "adamw":
         return _adamw(cfg, schedule)
     ratio = o.muon_lr / o.peak_lr
+    products = products_dtype(sharded=cfg.mesh.fsdp != 1, platform=platform or jax.default_backend())
     muon = optax.chain(
-        scale_by_muon(beta=o.muon_momentum, ns_dtype=o.muon_ns_dtype),
+        scale_by_muon(beta=o.muon_momentum, ns_dtype=o.muon_ns_dtype, ns_products=products),
         decayed_weights(o.muon_weight_decay, cautious=o.cautious_weight_decay, scale=width_scale),
         optax.scale_by_learning_rate(lambda step: schedule(step) * ratio))
     return optax.partition({"muon": muon, "adamw": _adamw(cfg, schedule)}, muon_labels)
