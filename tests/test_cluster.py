@@ -13,7 +13,7 @@ from yxanul_jax.core.errors import UserError
 from yxanul_jax.training.sharding import process_group
 
 from conftest import REPO
-from multihost import RUN, cpu_env, free_port, losses, start
+from multihost import RUN, cpu_env, free_port, losses, start, train
 
 _LAUNCHERS = ("SLURM_", "OMPI_", "JAX_", "JOB_COMPLETION_INDEX", "KUBERNETES_")
 
@@ -153,8 +153,11 @@ def test_two_slurm_tasks_lose_one_and_resume_bit_exactly(tmp_path):
         assert "mesh data=2 x fsdp=1" in out
     want = losses(whole)
     assert len(want) == 12
-    # (That each process feeds its half of every global batch, as one process with both devices would, is
-    # test_sharding's resume of a two-process run as one process: its losses follow the unbroken run's.)
+    # Data sharding: each process fed its half of every global batch, so one process with both devices sees
+    # the same batches and the same losses (up to the reduction order).
+    one = str(tmp_path / "one")
+    train(cpu_env(2), "--run-dir", one, *args)
+    assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(want, losses(one))), (want, losses(one))
 
     run = str(tmp_path / "killed")
     procs, outs = _run_pair(run, *args, kill=True)

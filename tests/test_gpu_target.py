@@ -205,7 +205,7 @@ def test_tiny_stage_compiles_to_fp8_gemms_and_cudnn_attention_for_h100_and_is_pr
     # Triton's GEMMs off a float32 product's rounding was a kernel of its own: muon.products_dtype)
     ns_calls = [line for line in hlo_text.splitlines() if "custom-call(" in line and "/optimizer/" in line
                 and "__cublas" in line]
-    assert len(ns_calls) == 60 and all(re.search(r"= \(bf16\[[0-9,]+\]", line) for line in ns_calls), ns_calls[:2]
+    assert len(ns_calls) == len(ns) and all(re.search(r"= \(bf16\[[0-9,]+\]", line) for line in ns_calls), ns_calls[:2]
     assert g["cudnn_attention"] == {"forward": 4, "backward": 4}
     assert g["fp8_values_in_hlo"] and on["memory"]["peak_bytes"] > 0
     # fp8.gemm_form: auto is `dequant` for a GPU: cuBLASLt FP8 GEMMs, compiled with Triton GEMMs off

@@ -142,13 +142,16 @@ def test_newton_schulz_in_bfloat16_is_float32s_to_its_rounding_in_bf16_gemms():
 
 def test_on_a_gpu_without_fsdp_the_newton_schulz_gemms_round_their_own_products():
     """`make_optimizer(cfg, platform)`: where a GPU holds whole kernels (mesh.fsdp 1) each BF16 Newton-Schulz GEMM
-    writes BF16 itself (cuBLASLt rounds in its epilogue: no float32 product through memory); under FSDP, or on a
-    CPU (whose BF16 dot is not the float32 product rounded), each writes float32, rounded after."""
+    writes BF16 itself (cuBLASLt rounds in its epilogue: no float32 product through memory); under FSDP (mesh.fsdp
+    -1 too: the mesh may shard), or on a CPU (whose BF16 dot is not the float32 product rounded), each writes float32,
+    rounded after."""
     params = _params(TRAINED_RUN)
     grads = jax.tree_util.tree_map(lambda p: jnp.full_like(p, 0.01), params)
     counts = set()
-    for fsdp, platform, product in ((1, "gpu", "xbf16>"), (2, "gpu", "xf32>"), (1, "cpu", "xf32>")):
-        opt = optim.make_optimizer(load_config(None, [*TRAINED_RUN, f"mesh.fsdp={fsdp}"]), platform)
+    for fsdp, platform, product in ((1, "gpu", "xbf16>"), (2, "gpu", "xf32>"), (-1, "gpu", "xf32>"),
+                                    (1, "cpu", "xf32>")):
+        mesh = [f"mesh.fsdp={fsdp}"] + (["mesh.data=1"] if fsdp == -1 else [])
+        opt = optim.make_optimizer(load_config(None, [*TRAINED_RUN, *mesh]), platform)
         text = jax.jit(opt.update).lower(grads, opt.init(params), params).as_text()
         ns = [line for line in text.splitlines() if "dot_general" in line and line.count("xbf16>") >= 2]
         assert ns and all(line.endswith(product) for line in ns), (fsdp, platform, ns[:2])

@@ -155,7 +155,7 @@ def test_an_id_wandb_refuses_gives_way_to_a_new_run_at_step_0_and_is_one_line_on
     with pytest.raises(UserError) as e:
         fit(cfg, str(run_dir), hooks=[stop_after(3)])
     assert str(e.value).startswith("Weights & Biases did not start (UsageError: Run ID cannot contain") and \
-        str(e.value).endswith(f"or remove {run_dir / WANDB_ID_FILE} to go on in a new W&B run") and \
+        str(e.value).endswith(f"remove {run_dir / WANDB_ID_FILE} to go on in a new W&B run") and \
         "\n" not in str(e.value), str(e.value)
     assert [i for i, _, _ in offline_runs(run_dir)] == [new_id]
     (run_dir / WANDB_ID_FILE).unlink()

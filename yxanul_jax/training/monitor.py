@@ -172,7 +172,8 @@ def open_wandb(cfg: Config, run_dir: str, resume_step: int | None):
         except wandb.errors.Error as e:
             if i + 1 < len(ids):
                 continue
-            anew = f", or remove {id_path} to go on in a new W&B run" if known and resume_step else ""
+            anew = f", or, if W&B refuses this run's id, remove {id_path} to go on in a new W&B run" \
+                if known and resume_step else ""
             raise UserError(f"Weights & Biases did not start ({type(e).__name__}: {one_line(e, 200)}); run "
                             "'wandb login', or set monitor.wandb_mode=offline (upload later with wandb sync) or "
                             f"monitor.wandb=false{anew}") from None

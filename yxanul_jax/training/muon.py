@@ -20,11 +20,12 @@ normalized in float32, then cast; the coefficients multiplying in float32; each 
 so that a GEMM sharded over its contracted axis sums float32 partials as one device does; the update cast back to
 float32), which on a GPU makes them BF16 tensor-core GEMMs at half the operand bytes of optax's float32 (TF32) ones;
 `float32` is optax's, to float32 rounding as above. Where each device holds whole matrices on a GPU (`products_dtype`:
-`make_optimizer` without FSDP) the GEMMs write BF16 themselves: cuBLASLt rounds the float32 product in its
-epilogue, the same rounding without the float32 product's round trip through memory (2.6 ms of a yxanul-197m step on
-an H100 by `analyze --target h100`, where the step's FP8 GEMMs keep Triton's GEMMs, which would fold the rounding in,
-off). XLA's CPU BF16 dot is not the float32 product rounded (about one element in 8,000 an ulp apart), so on a CPU
-the products stay float32: one device and an FSDP mesh then run the same numbers.
+`make_optimizer` with `mesh.fsdp` 1) the GEMMs write BF16 themselves: cuBLASLt rounds the float32 accumulator in its
+epilogue, the same rounding (unless an algorithm autotuned on the GPU splits K and sums its partials in BF16: a few
+ulps; not yet compared on a GPU) without the float32 product's round trip through memory (2.6 ms of a yxanul-197m
+step on an H100 by `analyze --target h100`, where the step's FP8 GEMMs keep Triton's GEMMs, which would fold the
+rounding in, off). XLA's CPU BF16 dot is not the float32 product rounded (about one element in 8,000 an ulp apart),
+so on a CPU the products stay float32: one device and an FSDP mesh then run the same numbers.
 """
 from __future__ import annotations
 
@@ -72,8 +73,8 @@ def _newton_schulz_BxMxN(x_BxMxN: jax.Array, coeffs: jax.Array, steps: int, dtyp
 
 def products_dtype(sharded: bool, platform: str) -> Any:
     """The dtype the Newton-Schulz GEMMs write, before the product is rounded to the iterations' dtype: float32, unless
-    the matrices are whole on each device (`sharded` False) of a GPU (`platform`), where a GEMM writes the iterations'
-    dtype itself (None) and cuBLASLt rounds in its epilogue (the module's docstring)."""
+    the matrices are whole on each device (`sharded` False: `mesh.fsdp` 1; -1 may shard) of a GPU (`platform`), where
+    a GEMM writes the iterations' dtype itself (None) and cuBLASLt rounds in its epilogue (the module's docstring)."""
     return None if not sharded and platform == "gpu" else jnp.float32
 
 
