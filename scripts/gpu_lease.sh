@@ -36,8 +36,10 @@
 # micro-batch in 2 on an H100, train.micro_split; since the ninth session FP8 weight gradients and one FP8 cast for
 # gate and up) against BF16 weight gradients (fp8.wgrad=bf16, the eighth session's config) and against the whole
 # micro-batch with `attention` (the seventh session's choice), then stage 1 likewise against `full`.
-# Plan mosaic (the fifteenth session's changes: the default training kernels of the fused loss are the Mosaic GPU
-# ones, core/tiles.py `auto`; their RS form, $RS, takes every GEMM's left operand from registers): the fused loss
+# Plan mosaic (first Muon's Newton-Schulz update at the 197m config's shapes, its GEMMs writing BF16 against float32
+# products rounded after, compared element by element and timed, and float32 iterations timed:
+# scripts/muon_rounding_check.py; then the fifteenth session's changes: the default training kernels of the fused
+# loss are the Mosaic GPU ones, core/tiles.py `auto`; their RS form, $RS, takes every GEMM's left operand from registers): the fused loss
 # checked against float32 and timed with the default tiles, with $TRITON (the Triton kernels the default ran before),
 # with $RS and with $RS3,
 # then the config as shipped (its layers unrolled: the step compiles for minutes on a cold machine, hence limits of
@@ -119,7 +121,8 @@ case "$PLAN" in
       --precisions bf16 --torch --out "$RES/s9_bf16_torch"
     ;;
   mosaic)  # the default tiles (Mosaic GPU training kernels) against the Triton ones and the RS form; the unrolled
-          # config's stages
+          # config's stages; first Muon's BF16-writing Newton-Schulz GEMMs against float32 products (seconds)
+    step muon_rounding 60 20 "$PY" scripts/muon_rounding_check.py --json-out "$RES/muon_rounding.json"
     step fused_ce 210 80 "$PY" scripts/fused_ce_check.py --check-tokens 8000 --time-tokens 131072 --iters 5 \
       --tiles default "$TRITON" "$RS" "$RS3" --json-out "$RES/fused_ce.json"
     step s9_fp8 260 150 "${BENCH[@]}" --stages 9 --precisions fp8-xla --no-torch --out "$RES/s9_fp8"

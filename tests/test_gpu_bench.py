@@ -275,7 +275,7 @@ def test_gpu_lease_skips_what_its_deadline_cannot_hold(tmp_path):
                        "r270_s5_fp8-xla", "r270_s5_bf16"),
              "proj": ("s0_fp8", "s0_fp8_loop", "s9_fp8", "s9_fp8_loop_o_fp8", "s9_bf16_loop_unfused"),
              "split": ("fused_ce", "s9_fp8", "s9_fp8_attention", "s1_fp8", "s1_fp8_full"),
-             "mosaic": ("fused_ce", "s9_fp8", "s0_fp8", "s9_fp8_rs", "s9_bf16")}
+             "mosaic": ("muon_rounding", "fused_ce", "s9_fp8", "s0_fp8", "s9_fp8_rs", "s9_bf16")}
     procs = {plan: subprocess.Popen(["bash", "scripts/gpu_lease.sh", "12", plan], cwd=REPO,
                                     env={**env, "OUT": str(tmp_path / plan)}, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True) for plan in steps}

@@ -2,6 +2,7 @@
 state's size and sharding, FP8 state outside it, a bit-exact resume through a real Orbax checkpoint, and
 the refusal to resume an AdamW run under Muon."""
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from yxanul_jax.core.config import load_config
 from yxanul_jax.core.errors import UserError
 from yxanul_jax.training import optim
 
-from conftest import REPO, TRAINED_RUN, stop_after
+from conftest import REPO, TRAINED_RUN, load_script, stop_after
 
 
 def _params(overrides):
@@ -157,6 +158,22 @@ def test_on_a_gpu_without_fsdp_the_newton_schulz_gemms_round_their_own_products(
         assert ns and all(line.endswith(product) for line in ns), (fsdp, platform, ns[:2])
         counts.add(len(ns))
     assert len(counts) == 1  # the same GEMMs, only what they write differs
+
+
+def test_muon_rounding_check_compares_both_products_at_a_configs_shapes(tmp_path):
+    # scripts/muon_rounding_check.py (a GPU lease's check that BF16-writing GEMMs round as float32 products do): on
+    # a CPU the forms differ (XLA's CPU BF16 dot is not the float32 product rounded, and five iterations spread an
+    # ulp), by BF16's own rounding and no more, which is why the CPU keeps float32 products
+    from data_fixtures import run_cli
+
+    rc, out, _ = run_cli(load_script("muon_rounding_check").main,
+                         ["--config", "configs/tiny.yaml", "--layers", "1", "--iters", "1",
+                          "--json-out", str(tmp_path / "r.json")])
+    row = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and row == json.loads((tmp_path / "r.json").read_text())
+    assert row["kernels"] == 7 and row["platform"] == "cpu"
+    assert set(row["ms"]) == {"float32 iterations", "float32 products", "bf16 products"}
+    assert 0 < row["differ_share"] < 1 and 0 < row["relative_frobenius"] < 0.06, row
 
 
 def _saved_without(run_dir, overrides: list[str], key: str) -> dict:
@@ -346,8 +363,6 @@ def test_newton_schulz_on_an_fsdp_sharded_state_matches_one_device(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "yxanul_jax.train", "--run-dir", str(tmp_path / name), *run, *extra],
                               env=e, cwd=REPO, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        import json
-
         with open(tmp_path / name / "metrics.jsonl") as fh:
             losses[name] = [r["loss"] for r in map(json.loads, fh) if "loss" in r]
     assert len(losses["one"]) == len(losses["eight"]) == 6

@@ -21,8 +21,9 @@ so that a GEMM sharded over its contracted axis sums float32 partials as one dev
 float32), which on a GPU makes them BF16 tensor-core GEMMs at half the operand bytes of optax's float32 (TF32) ones;
 `float32` is optax's, to float32 rounding as above. Where each device holds whole matrices on a GPU (`products_dtype`:
 `make_optimizer` with `mesh.fsdp` 1) the GEMMs write BF16 themselves: cuBLASLt rounds the float32 accumulator in its
-epilogue, the same rounding (unless an algorithm autotuned on the GPU splits K and sums its partials in BF16: a few
-ulps; not yet compared on a GPU) without the float32 product's round trip through memory (2.6 ms of a yxanul-197m
+epilogue, the same rounding (unless an algorithm autotuned on the GPU splits K and sums its partials in BF16: an ulp
+here and there, which five iterations spread to BF16's own rounding noise; scripts/muon_rounding_check.py compares
+the two on a GPU) without the float32 product's round trip through memory (2.6 ms of a yxanul-197m
 step on an H100 by `analyze --target h100`, where the step's FP8 GEMMs keep Triton's GEMMs, which would fold the
 rounding in, off). XLA's CPU BF16 dot is not the float32 product rounded (about one element in 8,000 an ulp apart),
 so on a CPU the products stay float32: one device and an FSDP mesh then run the same numbers.
