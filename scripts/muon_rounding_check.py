@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     tree = kernels(args.config, args.layers)
-    coeffs = jnp.asarray((3.4445, -4.775, 2.0315), jnp.float32)  # Keller Jordan's quintic (optax's MuonState)
+    coeffs = muon.scale_by_muon(0.95).init(tree).ns_coeffs  # the quintic's, as the optimizer's state holds them
     forms = {"float32 iterations": ("float32", jnp.float32), "float32 products": ("bfloat16", jnp.float32),
              "bf16 products": ("bfloat16", None)}
     out, times = {}, {}

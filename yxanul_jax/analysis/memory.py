@@ -424,16 +424,21 @@ def remat_label(remat: str, split: int) -> str:
     return remat if split == 1 else f"{remat}/{split}"
 
 
+def step_device(device=None):
+    """The device a train step is planned and built for: `device`, or this process's first (every process of a
+    multi-host run asks its own, which are alike)."""
+    import jax
+
+    return device or jax.local_devices()[0]
+
+
 def device_budget(device=None, headroom: float = DEFAULT_HEADROOM) -> tuple[int | None, Platform]:
     """(bytes a train step may use on `device`, its planner platform): JAX's pool as the device reports it
     (`bytes_limit`), else the pool of its GPU model (a compile-only device: `gpus.of_device_kind`), else, for
     a CPU, the host's memory; less `headroom`. None for a GPU that reports neither (`auto` then takes the
-    policy that saves the most). Default device: this process's first (every process of a multi-host run
-    asks its own, which are alike). The budget is one device's, planned as if it held the whole micro-batch:
-    on a mesh that shards the batch, `auto` errs toward saving memory."""
-    import jax
-
-    device = device or jax.local_devices()[0]
+    policy that saves the most). Default device: `step_device`'s. The budget is one device's, planned as if it
+    held the whole micro-batch: on a mesh that shards the batch, `auto` errs toward saving memory."""
+    device = step_device(device)
     platform: Platform = "gpu" if device.platform == "gpu" else "cpu"
     try:
         limit = (device.memory_stats() or {}).get("bytes_limit")

@@ -214,7 +214,7 @@ def make_train_step(cfg: Config, stage: StageConfig, device: jax.Device | None =
     validation reports), "z_loss", a "loss/<name>" per real token for each other sum `loss` returns, "grad_norm",
     "lr" (the AdamW parameters' rate), "step_tokens" and the FP8 counters."""
     cfg = memory.with_stage_remat(cfg, stage, device)
-    optimizer = make_optimizer(cfg, (device or jax.local_devices()[0]).platform)
+    optimizer = make_optimizer(cfg, memory.step_device(device).platform)
     schedule = lr_schedule(cfg)
     split = cfg.train.micro_split
     accumulate = make_accumulate(cfg, stage.split(split), loss)
