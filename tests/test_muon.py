@@ -21,6 +21,11 @@ from yxanul_jax.training import optim
 from conftest import REPO, TRAINED_RUN, load_script, stop_after
 
 
+def _dot_lines(update, *args) -> list[str]:
+    """The `dot_general` lines of `update` lowered for `args` (StableHLO: operand and result types on each line)."""
+    return [line for line in jax.jit(update).lower(*args).as_text().splitlines() if "dot_general" in line]
+
+
 def _params(overrides):
     from yxanul_jax.training.steps import init_train_state
 
@@ -132,13 +137,11 @@ def test_newton_schulz_in_bfloat16_is_float32s_to_its_rounding_in_bf16_gemms():
         assert s16.max() < 1.3 and s16[s32 > 0.6].min() > 0.5, (k, s16, s32)
     # BF16's rounding, and no more: 2.9-4.1 % here; 4.9-8.1 % with the coefficients rounded to BF16 too
     assert 1e-3 < min(errors) and max(errors) < 0.06, errors
-    def dots(update):
-        return [line for line in jax.jit(update).lower(grads, state).as_text().splitlines() if "dot_general" in line]
-
     # BF16 operands and a float32 product (rounded after: a sharded GEMM sums its partials in float32, as one
     # device's accumulator does)
-    assert dots(bf16.update) and all(line.count("xbf16>") == 2 and line.endswith("xf32>") for line in dots(bf16.update))
-    assert len(dots(bf16.update)) == len(dots(f32.update))
+    dots = _dot_lines(bf16.update, grads, state)
+    assert dots and all(line.count("xbf16>") == 2 and line.endswith("xf32>") for line in dots)
+    assert len(dots) == len(_dot_lines(f32.update, grads, state))
 
 
 def test_on_a_gpu_without_fsdp_the_newton_schulz_gemms_round_their_own_products():
@@ -153,8 +156,7 @@ def test_on_a_gpu_without_fsdp_the_newton_schulz_gemms_round_their_own_products(
                                     (1, "cpu", "xf32>")):
         mesh = [f"mesh.fsdp={fsdp}"] + (["mesh.data=1"] if fsdp == -1 else [])
         opt = optim.make_optimizer(load_config(None, [*TRAINED_RUN, *mesh]), platform)
-        text = jax.jit(opt.update).lower(grads, opt.init(params), params).as_text()
-        ns = [line for line in text.splitlines() if "dot_general" in line and line.count("xbf16>") >= 2]
+        ns = [line for line in _dot_lines(opt.update, grads, opt.init(params), params) if line.count("xbf16>") >= 2]
         assert ns and all(line.endswith(product) for line in ns), (fsdp, platform, ns[:2])
         counts.add(len(ns))
     assert len(counts) == 1  # the same GEMMs, only what they write differs

@@ -395,9 +395,9 @@ class OptimConfig:
     float32). `bfloat16`, Keller Jordan's Muon's, runs them as BF16 GEMMs (float32 products, rounded once: by the
     GEMM itself on a GPU without FSDP, `muon.products_dtype`) where `float32` (optax's, in the momentum's dtype) runs
     TF32 GEMMs on a GPU at twice the bytes: predicted 6.9 ms less a step on an H100 (yxanul-197m: 485.2 -> 478.3 ms at
-    stage 9, 198.7 -> 191.8 at stage 0; docs/BENCHMARKS.md). On the demo,
-    three seeds each, 4.082 +- 0.058 against float32's 4.084 +- 0.047: no effect detected (docs/QUALITY.md,
-    2026-11-29). A saved config without this key ran float32 (`SAVED_WITHOUT`)."""
+    stage 9, 198.7 -> 191.8 at stage 0; docs/BENCHMARKS.md). On the demo, three seeds each, 4.082 +- 0.058 against
+    float32's 4.084 +- 0.047: no effect detected (docs/QUALITY.md, 2026-11-29). A saved config without this key ran
+    float32 (`SAVED_WITHOUT`)."""
     muon_weight_decay: float = 0.0
     """`muon` only: decoupled weight decay of the Muon group (times its learning rate)."""
     cautious_weight_decay: bool = False

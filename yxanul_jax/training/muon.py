@@ -91,11 +91,8 @@ def orthogonalize_by_shape(tree: Any, coeffs: jax.Array, steps: int = MUON_NS_ST
     out = [None] * len(leaves)
     for (rows, cols, _), members in groups.items():
         x_BxRxC = jnp.concatenate([leaves[i].reshape(-1, rows, cols) for i in members])
-        if rows <= cols:
-            done_BxRxC = _newton_schulz_BxMxN(x_BxRxC, coeffs, steps, dtype, products)
-        else:
-            done_BxRxC = jnp.swapaxes(_newton_schulz_BxMxN(jnp.swapaxes(x_BxRxC, 1, 2), coeffs, steps, dtype, products),
-                                      1, 2)
+        turn = (lambda x: jnp.swapaxes(x, 1, 2)) if rows > cols else (lambda x: x)  # a tall matrix runs turned
+        done_BxRxC = turn(_newton_schulz_BxMxN(turn(x_BxRxC), coeffs, steps, dtype, products))
         start = 0
         for i in members:
             size = leaves[i].size // (rows * cols)
